@@ -1,0 +1,524 @@
+//! The lease engine: the lessor's state shared by all requests, a writer
+//! thread that commits changes in batches (group commit), an expiry timer,
+//! and FIFO waiters.
+//!
+//! # Request path
+//! A request locks the lessor (a std `Mutex`: nothing awaits while it is
+//! held), applies its rule, and notes which sequence number must be durable
+//! before its reply may go out. It then waits, without the lock, until the
+//! writer has committed that sequence. While one commit syncs the disk, the
+//! next requests pile up in the lessor's dirty set, so one fsync serves many
+//! of them. Reads (Check, Get, List) wait only when the key they reveal has a
+//! change that is not durable yet, so they normally never wait on the disk and
+//! still never show a grant or release that a crash could undo.
+//!
+//! # Failure
+//! If a commit fails, the engine stops taking requests (UNAVAILABLE) rather
+//! than retrying: after a failed fsync the state of the file is unknown
+//! (PostgreSQL's "fsyncgate"). Restart the server to recover from the file.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, oneshot, watch};
+
+use crate::clock::{Clock, Millis};
+use crate::error::{Error, Result};
+use crate::lease::{
+    EndedTerm, Fence, LeaseId, Term, validate_key, validate_owner, validate_request_id,
+    validate_ttl, validate_wait,
+};
+use crate::lessor::{
+    AcquireOutcome, AcquireSpec, Grant, KeyView, Lessor, ListFilter, WaiterHandle,
+};
+use crate::store::{Store, StoreError};
+
+/// Tuning knobs of the engine. The defaults suit production.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// How long changes that need no durability before their reply (renewals,
+    /// expiries) may sit in memory before the writer commits them anyway.
+    pub lazy_flush: Duration,
+    /// How many keys one List call scans at most, bounding lock hold time.
+    pub list_scan_budget: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            lazy_flush: Duration::from_secs(1),
+            list_scan_budget: 10_000,
+        }
+    }
+}
+
+/// What an Acquire asks for, as received.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireRequest {
+    pub key: String,
+    pub owner: String,
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    /// Empty means no retry token.
+    pub request_id: String,
+}
+
+/// One page of [`Engine::list`].
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub keys: Vec<KeyView>,
+    /// The key to continue after, when there may be more.
+    pub next_after: Option<String>,
+}
+
+/// The wake-up end of a queued Acquire.
+struct Waiter(oneshot::Sender<Grant>);
+
+impl WaiterHandle for Waiter {
+    fn is_waiting(&self) -> bool {
+        !self.0.is_closed()
+    }
+}
+
+/// How far storage has caught up.
+#[derive(Debug, Clone, Default)]
+struct Durable {
+    /// Every change up to this sequence is committed.
+    seq: u64,
+    /// Set when a commit failed; the engine then refuses all requests.
+    failure: Option<String>,
+}
+
+/// State shared by request handlers, the writer thread and the expiry timer.
+struct Shared {
+    /// The live lease table.
+    lessor: Mutex<Lessor<Waiter>>,
+    /// Wakes the writer when a change must be made durable.
+    writer_wake: Condvar,
+    /// Published by the writer after each commit; replies wait on it.
+    durable: watch::Sender<Durable>,
+    /// Wakes the expiry timer when a grant moved the earliest deadline.
+    timer_wake: Notify,
+    /// The lease clock.
+    clock: Arc<dyn Clock>,
+    /// Set when the server begins to shut down: waiting Acquires give up.
+    closing: watch::Sender<bool>,
+    /// Set when the writer must flush what is left and exit.
+    stopping: AtomicBool,
+    /// Transactions committed so far (to show batching).
+    commits: AtomicU64,
+    /// The writer thread, joined at shutdown.
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Tuning.
+    config: EngineConfig,
+}
+
+/// A cheap, cloneable handle to the lease engine. When the last handle is
+/// dropped the writer flushes what is pending and exits.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    /// Stops the background work when the last handle goes (mini-redis style).
+    _guard: Arc<StopGuard>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("commits", &self.commits())
+            .finish_non_exhaustive()
+    }
+}
+
+struct StopGuard(Arc<Shared>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.0.stop_writer();
+    }
+}
+
+impl Engine {
+    /// Loads the lease table from `store` and starts the writer and the
+    /// expiry timer. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// Whatever [`Store::load`] returns.
+    pub fn start(
+        mut store: Box<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+    ) -> std::result::Result<Engine, StoreError> {
+        let snapshot = store.load()?;
+        let keys = snapshot.records.len();
+        let lessor = Lessor::restore(snapshot.records, snapshot.fence_high_water, clock.now());
+        tracing::info!(
+            keys,
+            fence_high_water = snapshot.fence_high_water,
+            "lease table loaded"
+        );
+        let shared = Arc::new(Shared {
+            lessor: Mutex::new(lessor),
+            writer_wake: Condvar::new(),
+            durable: watch::Sender::new(Durable::default()),
+            timer_wake: Notify::new(),
+            clock,
+            closing: watch::Sender::new(false),
+            stopping: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
+            writer: Mutex::new(None),
+            config,
+        });
+        let writer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("leasehold-writer".into())
+                .spawn(move || shared.write_loop(store))
+                .map_err(|e| StoreError::Io(format!("cannot start the writer thread: {e}")))?
+        };
+        *shared.writer.lock().expect("writer slot") = Some(writer);
+        tokio::spawn(shared.clone().expiry_loop());
+        Ok(Engine {
+            _guard: Arc::new(StopGuard(shared.clone())),
+            shared,
+        })
+    }
+
+    /// Grants `req.key`, waiting up to `req.wait_ms` in line if it is held.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for malformed input; [`Error::Busy`] when the
+    /// key is still held after the wait; [`Error::Unavailable`] when the
+    /// server is closing or storage failed.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant> {
+        validate_key(&req.key)?;
+        validate_owner(&req.owner)?;
+        validate_ttl(req.ttl_ms)?;
+        validate_wait(req.wait_ms)?;
+        validate_request_id(&req.request_id)?;
+        self.shared.ensure_open()?;
+        let spec = AcquireSpec {
+            key: req.key,
+            owner: req.owner,
+            ttl_ms: req.ttl_ms,
+            request_id: (!req.request_id.is_empty()).then_some(req.request_id),
+        };
+        let now = self.shared.clock.now();
+        let (waiter, mut granted) = if req.wait_ms > 0 {
+            let (tx, rx) = oneshot::channel();
+            (Some(Waiter(tx)), Some(rx))
+        } else {
+            (None, None)
+        };
+        let outcome = self
+            .shared
+            .with_lessor(|l| l.acquire(spec.clone(), now, waiter));
+        let grant = match outcome {
+            AcquireOutcome::Granted(grant) => grant,
+            AcquireOutcome::Busy(err) => return Err(err),
+            AcquireOutcome::Queued(id) => {
+                let granted = granted.as_mut().expect("queued only with a waiter");
+                let mut closing = self.shared.closing.subscribe();
+                tokio::select! {
+                    grant = &mut *granted => grant.map_err(|_| closed())?,
+                    _ = self.shared.clock.sleep_until(now + req.wait_ms) => {
+                        self.give_up_waiting(spec, id, granted).await?
+                    }
+                    _ = async { closing.wait_for(|closing| *closing).await.map(|_| ()) } => {
+                        if self.shared.with_lessor(|l| l.cancel_waiter(&spec.key, id)) {
+                            return Err(closed());
+                        }
+                        granted.await.map_err(|_| closed())?
+                    }
+                }
+            }
+        };
+        self.shared.wait_durable(grant.visible_seq).await?;
+        Ok(grant)
+    }
+
+    /// Leaves the line after the wait ran out: busy, unless the grant raced in.
+    async fn give_up_waiting(
+        &self,
+        spec: AcquireSpec,
+        id: crate::lessor::WaiterId,
+        granted: &mut oneshot::Receiver<Grant>,
+    ) -> Result<Grant> {
+        let now = self.shared.clock.now();
+        let outcome = self.shared.with_lessor(|l| {
+            if l.cancel_waiter(&spec.key, id) {
+                // One last look: the key may have freed with nobody ahead of us.
+                Some(l.acquire(spec, now, None))
+            } else {
+                None
+            }
+        });
+        match outcome {
+            Some(AcquireOutcome::Granted(grant)) => Ok(grant),
+            Some(AcquireOutcome::Busy(err)) => Err(err),
+            Some(AcquireOutcome::Queued(_)) => unreachable!("no waiter was given"),
+            // Granted between the timeout and the cancel: take the grant.
+            None => granted.await.map_err(|_| closed()),
+        }
+    }
+
+    /// Extends the live term `fence` of `key`; `ttl_ms = 0` keeps its TTL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub async fn renew(&self, key: &str, fence: u64, lease_id: &str, ttl_ms: u64) -> Result<Term> {
+        validate_key(key)?;
+        let lease_id = LeaseId::parse(lease_id)?;
+        let ttl = if ttl_ms == 0 {
+            None
+        } else {
+            validate_ttl(ttl_ms)?;
+            Some(ttl_ms)
+        };
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let (term, seq) = self
+            .shared
+            .with_lessor(|l| l.renew(key, Fence(fence), lease_id, ttl, now))?;
+        self.shared.wait_durable(seq).await?;
+        Ok(term)
+    }
+
+    /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub async fn release(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        suspend: bool,
+    ) -> Result<EndedTerm> {
+        validate_key(key)?;
+        let lease_id = LeaseId::parse(lease_id)?;
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let (ended, seq) = self
+            .shared
+            .with_lessor(|l| l.release(key, Fence(fence), lease_id, suspend, now))?;
+        self.shared.wait_durable(seq).await?;
+        Ok(ended)
+    }
+
+    /// The live term of `key` if `fence` is it (Chubby's CheckSequencer).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`], [`Error::Unavailable`].
+    pub async fn check(&self, key: &str, fence: u64) -> Result<Term> {
+        validate_key(key)?;
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let (term, seq) = self
+            .shared
+            .with_lessor(|l| l.check(key, Fence(fence), now))?;
+        self.shared.wait_durable(seq).await?;
+        Ok(term)
+    }
+
+    /// The state of `key`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
+    pub async fn get(&self, key: &str) -> Result<KeyView> {
+        validate_key(key)?;
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let view = self.shared.with_lessor(|l| l.get(key, now))?;
+        self.shared.wait_durable(view.visible_seq).await?;
+        Ok(view)
+    }
+
+    /// One page of keys starting with `prefix`, after the key `after`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a page size over 1000; [`Error::Unavailable`].
+    pub async fn list(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        after: Option<&str>,
+        page_size: usize,
+    ) -> Result<Page> {
+        if page_size > 1000 {
+            return Err(Error::InvalidArgument(format!(
+                "page_size {page_size} is over the limit of 1000"
+            )));
+        }
+        let limit = if page_size == 0 { 100 } else { page_size };
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let budget = self.shared.config.list_scan_budget;
+        let (keys, next_after) = {
+            let lessor = self.shared.lessor.lock().expect("lessor lock");
+            lessor.list(prefix, filter, after, limit, budget, now)
+        };
+        let seq = keys.iter().map(|k| k.visible_seq).max().unwrap_or(0);
+        self.shared.wait_durable(seq).await?;
+        Ok(Page { keys, next_after })
+    }
+
+    /// Makes waiting Acquires give up with UNAVAILABLE, so a graceful shutdown
+    /// does not wait out their waits. Requests in flight still complete.
+    pub fn begin_shutdown(&self) {
+        self.shared.closing.send_replace(true);
+    }
+
+    /// Commits everything pending and stops the writer. Call after the gRPC
+    /// server has drained; later requests get UNAVAILABLE.
+    pub async fn shutdown(&self) {
+        self.begin_shutdown();
+        self.shared.stop_writer();
+        let writer = self.shared.writer.lock().expect("writer slot").take();
+        if let Some(writer) = writer {
+            let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+        }
+    }
+
+    /// Transactions committed so far; far fewer than writes under load.
+    pub fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
+    }
+
+    /// The number of keys in the table.
+    pub fn key_count(&self) -> usize {
+        self.shared.with_lessor(|l| l.key_count())
+    }
+
+    /// The lease clock's current time.
+    pub fn now(&self) -> Millis {
+        self.shared.clock.now()
+    }
+}
+
+impl Shared {
+    /// Runs `f` on the locked lessor, then delivers handoffs and wakes the
+    /// writer and the timer as the change requires.
+    fn with_lessor<T>(&self, f: impl FnOnce(&mut Lessor<Waiter>) -> T) -> T {
+        let mut lessor = self.lessor.lock().expect("lessor lock");
+        let out = f(&mut lessor);
+        self.after_change(&mut lessor);
+        out
+    }
+
+    fn after_change(&self, lessor: &mut MutexGuard<'_, Lessor<Waiter>>) {
+        for (Waiter(tx), grant) in lessor.take_handoffs() {
+            // A waiter that left just now loses its grant; the term then
+            // lapses at its TTL (or its request-id retry picks it up).
+            let _ = tx.send(grant);
+        }
+        if lessor.has_urgent() {
+            self.writer_wake.notify_one();
+        }
+        if lessor.take_deadline_changed() {
+            self.timer_wake.notify_one();
+        }
+    }
+
+    fn ensure_open(&self) -> Result<()> {
+        if let Some(failure) = &self.durable.borrow().failure {
+            return Err(Error::Unavailable(format!("storage failed: {failure}")));
+        }
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        Ok(())
+    }
+
+    /// Waits until storage has committed every change up to `seq`.
+    async fn wait_durable(&self, seq: u64) -> Result<()> {
+        let mut durable = self.durable.subscribe();
+        let state = durable
+            .wait_for(|d| d.seq >= seq || d.failure.is_some())
+            .await
+            .map_err(|_| closed())?;
+        match &state.failure {
+            Some(failure) if state.seq < seq => {
+                Err(Error::Unavailable(format!("storage failed: {failure}")))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn stop_writer(&self) {
+        self.closing.send_replace(true);
+        self.stopping.store(true, Ordering::Release);
+        let _guard = self.lessor.lock().expect("lessor lock");
+        self.writer_wake.notify_all();
+        self.timer_wake.notify_one();
+    }
+
+    /// The writer thread: commits urgent changes at once, lazy ones within
+    /// `lazy_flush`, everything at shutdown.
+    fn write_loop(&self, mut store: Box<dyn Store>) {
+        let lazy_flush = self.config.lazy_flush;
+        let mut last_flush = Instant::now();
+        let mut lessor = self.lessor.lock().expect("lessor lock");
+        loop {
+            let stopping = self.stopping.load(Ordering::Acquire);
+            let due = lessor.has_urgent()
+                || (lessor.has_dirty() && (stopping || last_flush.elapsed() >= lazy_flush));
+            if due {
+                let batch = lessor.take_batch();
+                drop(lessor);
+                let result = store.commit(&batch);
+                last_flush = Instant::now();
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "commit failed; refusing further requests");
+                    self.durable
+                        .send_modify(|d| d.failure = Some(e.to_string()));
+                    return;
+                }
+                self.commits.store(store.commits(), Ordering::Relaxed);
+                self.durable.send_modify(|d| d.seq = d.seq.max(batch.seq));
+                lessor = self.lessor.lock().expect("lessor lock");
+                continue;
+            }
+            if stopping {
+                tracing::info!(commits = store.commits(), "writer stopped");
+                return;
+            }
+            let wait = if lessor.has_dirty() {
+                lazy_flush.saturating_sub(last_flush.elapsed())
+            } else {
+                lazy_flush
+            };
+            lessor = self
+                .writer_wake
+                .wait_timeout(lessor, wait.max(Duration::from_millis(1)))
+                .expect("lessor lock")
+                .0;
+        }
+    }
+
+    /// Ends terms at their deadlines and hands freed keys to waiters.
+    async fn expiry_loop(self: Arc<Self>) {
+        while !self.stopping.load(Ordering::Acquire) {
+            let next = self.with_lessor(|l| {
+                l.expire_due(self.clock.now());
+                l.next_deadline()
+            });
+            let sleep = match next {
+                Some(at) => self.clock.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                _ = sleep => {}
+                _ = self.timer_wake.notified() => {}
+            }
+        }
+    }
+}
+
+fn closed() -> Error {
+    Error::Unavailable("the server is shutting down".into())
+}

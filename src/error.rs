@@ -1,0 +1,96 @@
+//! The one error type of leasehold's lease rules.
+//!
+//! Every refusal the lessor can make is a named variant here. The gRPC layer
+//! turns them into `tonic::Status` in exactly one place
+//! ([`crate::grpc::status`]), and the client turns statuses back into this
+//! type through the reverse of that table.
+
+use std::fmt;
+
+use crate::clock::Millis;
+
+/// Why a presented fence is not the key's live term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleReason {
+    /// The term's TTL ran out at this time.
+    Expired { at: Millis },
+    /// The holder released the term at this time.
+    Released { at: Millis },
+    /// The holder released the term as unfinished at this time.
+    Suspended { at: Millis },
+    /// A later term (with this fence) has been granted since.
+    Superseded { by: u64 },
+    /// This key never had a term with this fence.
+    Unknown,
+}
+
+impl StaleReason {
+    /// A stable one-word name, used in status metadata.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StaleReason::Expired { .. } => "expired",
+            StaleReason::Released { .. } => "released",
+            StaleReason::Suspended { .. } => "suspended",
+            StaleReason::Superseded { .. } => "superseded",
+            StaleReason::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for StaleReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StaleReason::Expired { at } => write!(f, "it expired at {at} ms"),
+            StaleReason::Released { at } => write!(f, "it was released at {at} ms"),
+            StaleReason::Suspended { at } => write!(f, "it was suspended at {at} ms"),
+            StaleReason::Superseded { by } => write!(f, "it was superseded by fence {by}"),
+            StaleReason::Unknown => write!(f, "the key never had a term with this fence"),
+        }
+    }
+}
+
+/// A refusal or failure of a lease operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The request itself is malformed; retrying it unchanged cannot succeed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The key is held by another term.
+    #[error(
+        "key {key:?} is held by owner {holder:?} (fence {fence}) for another {remaining_ms} ms"
+    )]
+    Busy {
+        key: String,
+        holder: String,
+        fence: u64,
+        remaining_ms: u64,
+    },
+
+    /// The presented fence is not the key's live term.
+    #[error("fence {fence} is not the live term of key {key:?}: {reason}")]
+    StaleFence {
+        key: String,
+        fence: u64,
+        reason: StaleReason,
+    },
+
+    /// The fence is live but the lease_id (the capability) does not match it.
+    #[error("lease_id does not match the live term of key {key:?} (fence {fence})")]
+    PermissionDenied { key: String, fence: u64 },
+
+    /// The key has never been acquired.
+    #[error("key {0:?} not found")]
+    NotFound(String),
+
+    /// The server cannot serve the request now (shutting down, storage failed).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+
+    /// Storage failed in a way the client did not cause.
+    #[error("storage error: {0}")]
+    Storage(String),
+}
+
+/// Result alias for lease operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

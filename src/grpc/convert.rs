@@ -1,0 +1,91 @@
+//! Conversions between domain values and the generated `pb` types, in one place.
+
+use crate::lease::{EndedTerm, Term, TermEnd};
+use crate::lessor::{KeyView, ListFilter};
+use crate::pb;
+
+/// A term as a `pb::Lease`; `with_secret` decides whether the lease id is shown
+/// (only to the holder: Acquire and Renew).
+pub fn lease(key: &str, term: &Term, with_secret: bool) -> pb::Lease {
+    pb::Lease {
+        key: key.to_owned(),
+        fence: term.fence.0,
+        owner: term.owner.clone(),
+        lease_id: if with_secret {
+            term.lease_id.to_string()
+        } else {
+            String::new()
+        },
+        ttl_ms: term.ttl_ms,
+        acquired_at_ms: term.acquired_at,
+        expires_at_ms: term.expires_at,
+    }
+}
+
+/// An ended term as a `pb::EndedTerm` (its lease id never leaves the server).
+pub fn ended(ended: &EndedTerm) -> pb::EndedTerm {
+    pb::EndedTerm {
+        fence: ended.fence.0,
+        owner: ended.owner.clone(),
+        end: term_end(ended.end) as i32,
+        ended_at_ms: ended.ended_at,
+    }
+}
+
+fn term_end(end: TermEnd) -> pb::TermEnd {
+    match end {
+        TermEnd::Released => pb::TermEnd::Released,
+        TermEnd::Suspended => pb::TermEnd::Suspended,
+        TermEnd::Expired => pb::TermEnd::Expired,
+    }
+}
+
+/// A reader's view of a key as a `pb::KeyState`.
+pub fn key_state(view: &KeyView) -> pb::KeyState {
+    pb::KeyState {
+        key: view.key.clone(),
+        lease: view.live.as_ref().map(|t| lease(&view.key, t, false)),
+        last_ended: view.last_ended.as_ref().map(ended),
+        recoverable: view.recoverable,
+    }
+}
+
+/// The List filter a client asked for; unspecified (and unknown) mean all.
+pub fn list_filter(value: i32) -> ListFilter {
+    match pb::ListFilter::try_from(value) {
+        Ok(pb::ListFilter::Live) => ListFilter::Live,
+        Ok(pb::ListFilter::Recoverable) => ListFilter::Recoverable,
+        _ => ListFilter::All,
+    }
+}
+
+/// Encodes the key to continue after as an opaque page token.
+pub fn page_token(after: &str) -> String {
+    after.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Decodes a page token made by [`page_token`]; `None` when it is malformed.
+pub fn parse_page_token(token: &str) -> Option<String> {
+    if token.len() % 2 != 0 {
+        return None;
+    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip() {
+        for key in ["a", "session/ü/1", ""] {
+            assert_eq!(parse_page_token(&page_token(key)).as_deref(), Some(key));
+        }
+        assert_eq!(parse_page_token("zz"), None);
+        assert_eq!(parse_page_token("abc"), None);
+    }
+}

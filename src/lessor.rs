@@ -1,0 +1,759 @@
+//! The lease rules, in memory, with no I/O: grants, renewals, releases,
+//! expiry, FIFO waiters and fence allocation.
+//!
+//! The [`Lessor`] is the live state of the server. Every operation changes it
+//! at once and records which keys must be written to storage; the engine's
+//! writer later takes those keys ([`Lessor::take_batch`]) and commits them in
+//! one transaction (group commit). Each change that must be durable before
+//! anyone may observe it gets a sequence number; a reply waits until the
+//! storage has committed up to the sequence of the key it reveals
+//! ([`KeyView::visible_seq`]), which makes reads linearizable with acknowledged
+//! writes without touching the disk.
+//!
+//! # Rules
+//! - A term is live while `now < expires_at`; the server's clock decides.
+//! - Fences come from one counter for all keys and only go up.
+//! - A key that frees (release, expiry) is handed to the first waiter still
+//!   waiting, before any newcomer: waiters are served first come, first served.
+//! - Renew never makes a term shorter than what was already acknowledged.
+//! - On restore (start-up), every term that had not ended gets at least its
+//!   full TTL again, since its holder could not renew while the server was down.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashSet, VecDeque};
+
+use crate::clock::Millis;
+use crate::error::{Error, Result, StaleReason};
+use crate::lease::{EndedTerm, Fence, LeaseId, Term, TermEnd};
+
+/// The waiting side of a queued Acquire, owned by whoever delivers grants.
+pub trait WaiterHandle {
+    /// False once the waiter has given up (its request was cancelled), so the
+    /// key is not handed to nobody.
+    fn is_waiting(&self) -> bool;
+}
+
+/// Identifies a queued Acquire, to cancel it when its wait runs out.
+pub type WaiterId = u64;
+
+/// What an Acquire asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireSpec {
+    pub key: String,
+    pub owner: String,
+    pub ttl_ms: u64,
+    /// The retry token; `None` when the client sent none.
+    pub request_id: Option<String>,
+}
+
+/// A term handed out by Acquire (new or replayed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub key: String,
+    pub term: Term,
+    /// How the key's previous term ended, if it had one.
+    pub previous: Option<EndedTerm>,
+    /// True when this repeats an earlier grant for the same request id.
+    pub replayed: bool,
+    /// The reply may only be sent once storage has committed this sequence.
+    pub visible_seq: u64,
+}
+
+/// The result of [`Lessor::acquire`].
+#[derive(Debug)]
+pub enum AcquireOutcome {
+    /// The key was free (or this is a retry of the grant): here is the term.
+    Granted(Grant),
+    /// The key is held; the request waits in line under this id.
+    Queued(WaiterId),
+    /// The key is held and the request did not want to wait.
+    Busy(Error),
+}
+
+/// A key as readers see it (never with a lease id leaving the server).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyView {
+    pub key: String,
+    pub live: Option<Term>,
+    pub last_ended: Option<EndedTerm>,
+    /// No live term, and the last one ended expired or suspended.
+    pub recoverable: bool,
+    /// The reply may only be sent once storage has committed this sequence.
+    pub visible_seq: u64,
+}
+
+/// Which keys [`Lessor::list`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListFilter {
+    Live,
+    Recoverable,
+    All,
+}
+
+/// A key's durable state: what storage keeps, and what start-up restores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub key: String,
+    pub live: Option<Term>,
+    pub last_ended: Option<EndedTerm>,
+}
+
+/// A set of changes to commit in one transaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The full current state of every key changed since the last batch.
+    pub records: Vec<KeyRecord>,
+    /// The highest fence ever granted; storage keeps it so fences never regress.
+    pub fence_high_water: u64,
+    /// Once this batch commits, every change up to this sequence is durable.
+    pub seq: u64,
+}
+
+/// One waiting Acquire.
+#[derive(Debug)]
+struct Queued<W> {
+    id: WaiterId,
+    spec: AcquireSpec,
+    handle: W,
+}
+
+/// Everything the lessor knows about one key.
+#[derive(Debug)]
+struct KeyState<W> {
+    /// The term holding the key, if any. It may have expired and not yet been
+    /// ended: [`Lessor::settle`] ends it on the next touch or timer tick.
+    live: Option<Term>,
+    /// The last ended term, for `previous`, recoverability and retried releases.
+    last_ended: Option<EndedTerm>,
+    /// Acquires waiting for this key, first come first served.
+    waiters: VecDeque<Queued<W>>,
+    /// Sequence of the last change to this key that must be durable before it
+    /// is revealed.
+    visible_seq: u64,
+}
+
+impl<W> KeyState<W> {
+    fn new() -> Self {
+        KeyState {
+            live: None,
+            last_ended: None,
+            waiters: VecDeque::new(),
+            visible_seq: 0,
+        }
+    }
+
+    /// Why `fence` is not this key's live term.
+    fn stale_reason(&self, fence: Fence) -> StaleReason {
+        if let Some(ended) = &self.last_ended {
+            if ended.fence == fence {
+                return match ended.end {
+                    TermEnd::Expired => StaleReason::Expired { at: ended.ended_at },
+                    TermEnd::Released => StaleReason::Released { at: ended.ended_at },
+                    TermEnd::Suspended => StaleReason::Suspended { at: ended.ended_at },
+                };
+            }
+        }
+        let latest = self
+            .live
+            .as_ref()
+            .map(|t| t.fence)
+            .or(self.last_ended.as_ref().map(|e| e.fence));
+        match latest {
+            Some(latest) if fence < latest => StaleReason::Superseded { by: latest.0 },
+            _ => StaleReason::Unknown,
+        }
+    }
+
+    /// The reader's view at `now`: an expired but not yet ended term shows as
+    /// ended, so readers never see a dead term as live.
+    fn view(&self, key: &str, now: Millis) -> KeyView {
+        let (live, last_ended) = match &self.live {
+            Some(term) if !term.is_live_at(now) => (None, Some(expired(term))),
+            live => (live.clone(), self.last_ended.clone()),
+        };
+        let recoverable =
+            live.is_none() && last_ended.as_ref().is_some_and(|e| e.end.is_recoverable());
+        KeyView {
+            key: key.to_owned(),
+            live,
+            last_ended,
+            recoverable,
+            visible_seq: self.visible_seq,
+        }
+    }
+}
+
+/// The ended record of a term whose TTL ran out.
+fn expired(term: &Term) -> EndedTerm {
+    EndedTerm {
+        fence: term.fence,
+        owner: term.owner.clone(),
+        lease_id: term.lease_id,
+        end: TermEnd::Expired,
+        ended_at: term.expires_at,
+    }
+}
+
+/// The in-memory lease table and its rules. `W` is how a waiting Acquire is
+/// woken; the lessor only stores it and hands it back with the grant.
+#[derive(Debug)]
+pub struct Lessor<W> {
+    /// Every key ever granted, ordered for List.
+    keys: BTreeMap<String, KeyState<W>>,
+    /// The fence the next grant gets.
+    next_fence: u64,
+    /// Expiry deadlines, earliest first. Entries go stale when a term is
+    /// renewed or ended; [`Lessor::expire_due`] re-checks each one it pops.
+    deadlines: BinaryHeap<Reverse<(Millis, String)>>,
+    /// Keys changed since the last batch.
+    dirty: HashSet<String>,
+    /// Whether some change in `dirty` must be durable before a reply.
+    urgent: bool,
+    /// The last sequence number given to a change that must be durable.
+    seq: u64,
+    /// Grants made to queued waiters, for the caller to deliver.
+    handoffs: Vec<(W, Grant)>,
+    /// The id the next queued Acquire gets.
+    next_waiter_id: WaiterId,
+    /// Set when a grant's deadline became the earliest, so the timer re-arms.
+    earliest_deadline_changed: bool,
+}
+
+impl<W: WaiterHandle> Lessor<W> {
+    /// Rebuilds the live state from storage at start-up.
+    ///
+    /// Terms that had not ended get at least their full TTL again from `now`
+    /// (invariant 4: keep a lease longer, never shorter). The next fence is
+    /// above both the stored high-water mark and every stored fence.
+    pub fn restore(records: Vec<KeyRecord>, fence_high_water: u64, now: Millis) -> Self {
+        let mut lessor = Lessor {
+            keys: BTreeMap::new(),
+            next_fence: fence_high_water + 1,
+            deadlines: BinaryHeap::new(),
+            dirty: HashSet::new(),
+            urgent: false,
+            seq: 0,
+            handoffs: Vec::new(),
+            next_waiter_id: 1,
+            earliest_deadline_changed: true,
+        };
+        for record in records {
+            let mut state = KeyState::new();
+            if let Some(mut term) = record.live {
+                term.expires_at = term.expires_at.max(now + term.ttl_ms);
+                lessor.next_fence = lessor.next_fence.max(term.fence.0 + 1);
+                lessor
+                    .deadlines
+                    .push(Reverse((term.expires_at, record.key.clone())));
+                state.live = Some(term);
+            }
+            if let Some(ended) = &record.last_ended {
+                lessor.next_fence = lessor.next_fence.max(ended.fence.0 + 1);
+            }
+            state.last_ended = record.last_ended;
+            lessor.keys.insert(record.key, state);
+        }
+        lessor
+    }
+
+    /// An empty lessor whose first fence is 1.
+    pub fn new() -> Self {
+        Self::restore(Vec::new(), 0, 0)
+    }
+
+    /// Grants `spec.key` if it is free; otherwise queues `waiter` or reports busy.
+    ///
+    /// A request whose owner and request id match the live term gets that term
+    /// back (a retry after a lost reply), not a conflict.
+    pub fn acquire(&mut self, spec: AcquireSpec, now: Millis, waiter: Option<W>) -> AcquireOutcome {
+        self.settle(&spec.key, now);
+        if let Some(state) = self.keys.get_mut(&spec.key) {
+            if let Some(term) = &state.live {
+                if spec.request_id.is_some()
+                    && term.request_id == spec.request_id
+                    && term.owner == spec.owner
+                {
+                    return AcquireOutcome::Granted(Grant {
+                        key: spec.key,
+                        term: term.clone(),
+                        previous: state.last_ended.clone(),
+                        replayed: true,
+                        visible_seq: state.visible_seq,
+                    });
+                }
+                return match waiter {
+                    Some(handle) => {
+                        let id = self.next_waiter_id;
+                        self.next_waiter_id += 1;
+                        state.waiters.push_back(Queued { id, spec, handle });
+                        AcquireOutcome::Queued(id)
+                    }
+                    None => AcquireOutcome::Busy(Error::Busy {
+                        holder: term.owner.clone(),
+                        fence: term.fence.0,
+                        remaining_ms: term.expires_at.saturating_sub(now),
+                        key: spec.key,
+                    }),
+                };
+            }
+        }
+        AcquireOutcome::Granted(self.grant(spec, now))
+    }
+
+    /// Removes a queued Acquire whose wait ran out. Returns false when it is no
+    /// longer queued (it was granted meanwhile; the grant is in its handoff).
+    pub fn cancel_waiter(&mut self, key: &str, id: WaiterId) -> bool {
+        let Some(state) = self.keys.get_mut(key) else {
+            return false;
+        };
+        let before = state.waiters.len();
+        state.waiters.retain(|q| q.id != id);
+        state.waiters.len() != before
+    }
+
+    /// Extends the live term `fence` of `key` to `now + ttl` (never shortening it).
+    ///
+    /// `ttl_ms = None` keeps the term's TTL. Returns the term and the sequence
+    /// the reply must wait for: a longer TTL is made durable before the reply,
+    /// because a restart restores terms with their stored TTL.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`] when `fence` is not the live term;
+    /// [`Error::PermissionDenied`] when `lease_id` does not match it.
+    pub fn renew(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        lease_id: LeaseId,
+        ttl_ms: Option<u64>,
+        now: Millis,
+    ) -> Result<(Term, u64)> {
+        self.settle(key, now);
+        let state = self.keys.get_mut(key).ok_or_else(|| unknown(key, fence))?;
+        let Some(term) = state.live.as_mut().filter(|t| t.fence == fence) else {
+            return Err(stale(key, fence, state.stale_reason(fence)));
+        };
+        if term.lease_id != lease_id {
+            return Err(Error::PermissionDenied {
+                key: key.to_owned(),
+                fence: fence.0,
+            });
+        }
+        let ttl_ms = ttl_ms.unwrap_or(term.ttl_ms);
+        let longer_ttl = ttl_ms > term.ttl_ms;
+        term.ttl_ms = ttl_ms;
+        term.expires_at = term.expires_at.max(now + ttl_ms);
+        let term = term.clone();
+        if longer_ttl {
+            self.seq += 1;
+            state.visible_seq = self.seq;
+            self.urgent = true;
+        }
+        let visible_seq = state.visible_seq;
+        self.dirty.insert(key.to_owned());
+        Ok((term, visible_seq))
+    }
+
+    /// Ends the live term `fence` of `key`, as released or (with `suspend`) as
+    /// unfinished, and hands the key to the first waiter.
+    ///
+    /// Releasing a term this same fence already released or suspended succeeds
+    /// again and returns the term as it first ended, so retries are safe.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`] when `fence` is not the live term (and was not
+    /// released by that fence); [`Error::PermissionDenied`] when `lease_id`
+    /// does not match it.
+    pub fn release(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        lease_id: LeaseId,
+        suspend: bool,
+        now: Millis,
+    ) -> Result<(EndedTerm, u64)> {
+        self.settle(key, now);
+        let state = self.keys.get_mut(key).ok_or_else(|| unknown(key, fence))?;
+        let denied = || Error::PermissionDenied {
+            key: key.to_owned(),
+            fence: fence.0,
+        };
+        match (&state.live, &state.last_ended) {
+            (Some(term), _) if term.fence == fence => {
+                if term.lease_id != lease_id {
+                    return Err(denied());
+                }
+            }
+            (_, Some(ended)) if ended.fence == fence && ended.end != TermEnd::Expired => {
+                if ended.lease_id != lease_id {
+                    return Err(denied());
+                }
+                return Ok((ended.clone(), state.visible_seq));
+            }
+            _ => return Err(stale(key, fence, state.stale_reason(fence))),
+        }
+        let end = if suspend {
+            TermEnd::Suspended
+        } else {
+            TermEnd::Released
+        };
+        let ended = self
+            .end_term(key, end, now)
+            .expect("live term checked above");
+        self.settle(key, now);
+        let visible_seq = self.keys[key].visible_seq;
+        Ok((ended, visible_seq))
+    }
+
+    /// The live term of `key` if it has fence `fence`.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`] when `fence` is not the key's live term.
+    pub fn check(&mut self, key: &str, fence: Fence, now: Millis) -> Result<(Term, u64)> {
+        self.settle(key, now);
+        let state = self.keys.get(key).ok_or_else(|| unknown(key, fence))?;
+        match &state.live {
+            Some(term) if term.fence == fence => Ok((term.clone(), state.visible_seq)),
+            _ => Err(stale(key, fence, state.stale_reason(fence))),
+        }
+    }
+
+    /// The reader's view of `key`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the key was never acquired.
+    pub fn get(&mut self, key: &str, now: Millis) -> Result<KeyView> {
+        self.settle(key, now);
+        self.keys
+            .get(key)
+            .map(|state| state.view(key, now))
+            .ok_or_else(|| Error::NotFound(key.to_owned()))
+    }
+
+    /// Up to `limit` keys starting with `prefix`, in key order, after `after`.
+    ///
+    /// Scans at most `scan_budget` keys so one call never holds the table for
+    /// long; returns the key to continue after when there may be more.
+    pub fn list(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        after: Option<&str>,
+        limit: usize,
+        scan_budget: usize,
+        now: Millis,
+    ) -> (Vec<KeyView>, Option<String>) {
+        use std::ops::Bound;
+        let start = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after.to_owned()),
+            _ => Bound::Included(prefix.to_owned()),
+        };
+        let mut views = Vec::new();
+        let mut scanned = 0;
+        let mut last = None;
+        for (key, state) in self.keys.range((start, Bound::Unbounded)) {
+            if !key.starts_with(prefix) {
+                return (views, None);
+            }
+            if views.len() == limit || scanned == scan_budget {
+                return (views, last);
+            }
+            scanned += 1;
+            last = Some(key.clone());
+            let view = state.view(key, now);
+            let wanted = match filter {
+                ListFilter::Live => view.live.is_some(),
+                ListFilter::Recoverable => view.recoverable,
+                ListFilter::All => true,
+            };
+            if wanted {
+                views.push(view);
+            }
+        }
+        (views, None)
+    }
+
+    /// Ends every term whose deadline has passed and hands freed keys to waiters.
+    pub fn expire_due(&mut self, now: Millis) {
+        while let Some(Reverse((deadline, _))) = self.deadlines.peek() {
+            if *deadline > now {
+                break;
+            }
+            let Reverse((_, key)) = self.deadlines.pop().expect("peeked");
+            let expires_at = self
+                .keys
+                .get(&key)
+                .and_then(|s| s.live.as_ref())
+                .map(|t| t.expires_at);
+            match expires_at {
+                Some(at) if at > now => self.deadlines.push(Reverse((at, key))),
+                Some(_) => self.settle(&key, now),
+                None => {}
+            }
+        }
+    }
+
+    /// The earliest deadline the expiry timer must wake for.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.deadlines.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Whether a grant moved the earliest deadline since the last call, so a
+    /// sleeping timer must re-arm.
+    pub fn take_deadline_changed(&mut self) -> bool {
+        std::mem::take(&mut self.earliest_deadline_changed)
+    }
+
+    /// Grants made to queued waiters since the last call, to deliver.
+    pub fn take_handoffs(&mut self) -> Vec<(W, Grant)> {
+        std::mem::take(&mut self.handoffs)
+    }
+
+    /// Whether a change waits to be made durable before some reply.
+    pub fn has_urgent(&self) -> bool {
+        self.urgent
+    }
+
+    /// Whether any change (urgent or not) is not yet handed to storage.
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Takes every change since the last batch, for storage to commit at once.
+    pub fn take_batch(&mut self) -> Batch {
+        let records = self
+            .dirty
+            .drain()
+            .filter_map(|key| {
+                let state = self.keys.get(&key)?;
+                Some(KeyRecord {
+                    live: state.live.clone(),
+                    last_ended: state.last_ended.clone(),
+                    key,
+                })
+            })
+            .collect();
+        self.urgent = false;
+        Batch {
+            records,
+            fence_high_water: self.next_fence - 1,
+            seq: self.seq,
+        }
+    }
+
+    /// The number of keys the lessor tracks.
+    pub fn key_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Ends an expired term of `key`, then, if the key is free, grants it to
+    /// the first waiter still waiting.
+    fn settle(&mut self, key: &str, now: Millis) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        if state.live.as_ref().is_some_and(|t| !t.is_live_at(now)) {
+            let at = state.live.as_ref().map_or(now, |t| t.expires_at);
+            self.end_term(key, TermEnd::Expired, at);
+        }
+        loop {
+            let state = self.keys.get_mut(key).expect("checked above");
+            if state.live.is_some() {
+                return;
+            }
+            let Some(queued) = state.waiters.pop_front() else {
+                return;
+            };
+            if queued.handle.is_waiting() {
+                let grant = self.grant(queued.spec, now);
+                self.handoffs.push((queued.handle, grant));
+            }
+        }
+    }
+
+    /// Starts a new term on a free key.
+    fn grant(&mut self, spec: AcquireSpec, now: Millis) -> Grant {
+        let fence = Fence(self.next_fence);
+        self.next_fence += 1;
+        self.seq += 1;
+        let term = Term {
+            fence,
+            owner: spec.owner,
+            lease_id: LeaseId::random(),
+            request_id: spec.request_id,
+            ttl_ms: spec.ttl_ms,
+            acquired_at: now,
+            expires_at: now + spec.ttl_ms,
+        };
+        if self.next_deadline().is_none_or(|at| term.expires_at < at) {
+            self.earliest_deadline_changed = true;
+        }
+        self.deadlines
+            .push(Reverse((term.expires_at, spec.key.clone())));
+        let state = self
+            .keys
+            .entry(spec.key.clone())
+            .or_insert_with(KeyState::new);
+        state.live = Some(term.clone());
+        state.visible_seq = self.seq;
+        self.dirty.insert(spec.key.clone());
+        self.urgent = true;
+        Grant {
+            key: spec.key,
+            term,
+            previous: state.last_ended.clone(),
+            replayed: false,
+            visible_seq: self.seq,
+        }
+    }
+
+    /// Moves the live term of `key` to its ended record.
+    ///
+    /// A release must be durable before its reply; an expiry need not be, since
+    /// a restart that forgets it only keeps the term longer.
+    fn end_term(&mut self, key: &str, end: TermEnd, at: Millis) -> Option<EndedTerm> {
+        let state = self.keys.get_mut(key)?;
+        let term = state.live.take()?;
+        let ended = EndedTerm {
+            fence: term.fence,
+            owner: term.owner,
+            lease_id: term.lease_id,
+            end,
+            ended_at: at,
+        };
+        state.last_ended = Some(ended.clone());
+        if end != TermEnd::Expired {
+            self.seq += 1;
+            state.visible_seq = self.seq;
+            self.urgent = true;
+        }
+        self.dirty.insert(key.to_owned());
+        Some(ended)
+    }
+}
+
+impl<W: WaiterHandle> Default for Lessor<W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn stale(key: &str, fence: Fence, reason: StaleReason) -> Error {
+    Error::StaleFence {
+        key: key.to_owned(),
+        fence: fence.0,
+        reason,
+    }
+}
+
+fn unknown(key: &str, fence: Fence) -> Error {
+    stale(key, fence, StaleReason::Unknown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter that is always waiting, tagged for assertions.
+    #[derive(Debug, PartialEq)]
+    struct Tag(&'static str);
+    impl WaiterHandle for Tag {
+        fn is_waiting(&self) -> bool {
+            true
+        }
+    }
+
+    fn spec(key: &str, owner: &str) -> AcquireSpec {
+        AcquireSpec {
+            key: key.into(),
+            owner: owner.into(),
+            ttl_ms: 1000,
+            request_id: None,
+        }
+    }
+
+    fn granted(outcome: AcquireOutcome) -> Grant {
+        match outcome {
+            AcquireOutcome::Granted(grant) => grant,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fences_rise_across_keys() {
+        let mut lessor = Lessor::<Tag>::new();
+        let a = granted(lessor.acquire(spec("a", "o"), 0, None));
+        let b = granted(lessor.acquire(spec("b", "o"), 0, None));
+        assert!(b.term.fence > a.term.fence);
+    }
+
+    #[test]
+    fn a_held_key_is_busy_until_it_expires() {
+        let mut lessor = Lessor::<Tag>::new();
+        let first = granted(lessor.acquire(spec("k", "a"), 0, None));
+        assert!(matches!(
+            lessor.acquire(spec("k", "b"), 999, None),
+            AcquireOutcome::Busy(Error::Busy {
+                remaining_ms: 1,
+                ..
+            })
+        ));
+        let second = granted(lessor.acquire(spec("k", "b"), 1000, None));
+        assert!(second.term.fence > first.term.fence);
+        let previous = second.previous.expect("previous term");
+        assert_eq!(previous.end, TermEnd::Expired);
+        assert_eq!(previous.ended_at, 1000);
+    }
+
+    #[test]
+    fn waiters_are_served_in_arrival_order() {
+        let mut lessor = Lessor::<Tag>::new();
+        let held = granted(lessor.acquire(spec("k", "a"), 0, None));
+        assert!(matches!(
+            lessor.acquire(spec("k", "b"), 1, Some(Tag("b"))),
+            AcquireOutcome::Queued(_)
+        ));
+        assert!(matches!(
+            lessor.acquire(spec("k", "c"), 2, Some(Tag("c"))),
+            AcquireOutcome::Queued(_)
+        ));
+        lessor
+            .release("k", held.term.fence, held.term.lease_id, false, 3)
+            .unwrap();
+        let handoffs = lessor.take_handoffs();
+        assert_eq!(handoffs.len(), 1);
+        assert_eq!(handoffs[0].0, Tag("b"));
+        // A newcomer arriving now queues behind c.
+        assert!(matches!(
+            lessor.acquire(spec("k", "d"), 4, None),
+            AcquireOutcome::Busy(_)
+        ));
+        lessor.expire_due(2000);
+        let handoffs = lessor.take_handoffs();
+        assert_eq!(handoffs[0].0, Tag("c"));
+    }
+
+    #[test]
+    fn renew_never_shortens_a_term() {
+        let mut lessor = Lessor::<Tag>::new();
+        let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+        let (term, _) = lessor
+            .renew("k", g.term.fence, g.term.lease_id, Some(100), 10)
+            .unwrap();
+        assert_eq!(term.expires_at, 1000);
+        assert_eq!(term.ttl_ms, 100);
+    }
+
+    #[test]
+    fn restore_gives_unended_terms_their_full_ttl_again() {
+        let mut lessor = Lessor::<Tag>::new();
+        let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+        let batch = lessor.take_batch();
+        let restored = Lessor::<Tag>::restore(batch.records, batch.fence_high_water, 5000);
+        let mut restored = restored;
+        let (term, _) = restored.check("k", g.term.fence, 5999).unwrap();
+        assert_eq!(term.expires_at, 6000);
+        let next = granted(restored.acquire(spec("other", "a"), 5999, None));
+        assert!(next.term.fence > g.term.fence);
+    }
+}

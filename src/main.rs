@@ -1,0 +1,7 @@
+//! The `leasehold` command: the server and operator commands.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

@@ -1,0 +1,87 @@
+//! Running the gRPC server: the lease service, gRPC health and reflection.
+//!
+//! The caller binds the listener (tests bind `127.0.0.1:0`) and provides the
+//! shutdown future, as in mini-redis. On shutdown, waiting Acquires give up,
+//! in-flight requests finish, and the engine commits what is pending.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+use crate::clock::Clock;
+use crate::engine::{Engine, EngineConfig};
+use crate::grpc::LeaseholdService;
+use crate::pb;
+use crate::store::StoreError;
+use crate::store::sqlite::{SqliteStore, SyncMode};
+
+/// A failure to run the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Opens the SQLite database at `db` and starts an engine on it.
+///
+/// # Errors
+/// [`StoreError`] when the database cannot be opened, is locked by another
+/// server, or was written by a newer leasehold.
+pub fn open_engine(
+    db: &Path,
+    sync: SyncMode,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+) -> Result<Engine, StoreError> {
+    let store = SqliteStore::open(db, sync)?;
+    Engine::start(Box::new(store), clock, config)
+}
+
+/// Serves leases from `engine` on `listener` until `shutdown` resolves, then
+/// drains and flushes the engine.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(engine.clone()));
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let draining = {
+        let engine = engine.clone();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down: draining requests");
+            health_reporter
+                .set_not_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
+                .await;
+            engine.begin_shutdown();
+        }
+    };
+    let served = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, draining)
+        .await;
+    engine.shutdown().await;
+    tracing::info!(commits = engine.commits(), "stopped");
+    Ok(served?)
+}
