@@ -180,6 +180,7 @@ async fn run(command: Command) -> ExitCode {
 
 async fn serve(listen: SocketAddr, db: PathBuf, sync: Sync) -> ExitCode {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
@@ -209,6 +210,8 @@ async fn serve(listen: SocketAddr, db: PathBuf, sync: Sync) -> ExitCode {
     };
     let addr = listener.local_addr().map_or(listen, |a| a);
     tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
+    // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
+    println!("listening on {addr}");
     match server::serve(listener, engine, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -16,9 +16,11 @@
 //! - [`server`]: running it all on a listener.
 //! - [`pb`]: generated protobuf code.
 
+pub mod client;
 pub mod clock;
 pub mod engine;
 pub mod error;
+pub mod fence;
 pub mod grpc;
 pub mod lease;
 pub mod lessor;

@@ -1,0 +1,1 @@
+//! The Rust client: fenced session guards (being built; see issue 3).

@@ -1,0 +1,1 @@
+//! Storage-side fencing helpers (being built; see issue 3).
