@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
@@ -37,6 +38,9 @@ enum Command {
         /// full: every acknowledged write survives power loss; normal: survives crashes only.
         #[arg(long, value_enum, default_value_t = Sync::Full)]
         sync: Sync,
+        /// On SIGINT/SIGTERM, how long to wait for open connections to finish.
+        #[arg(long, default_value_t = 5000)]
+        drain_timeout_ms: u64,
     },
     /// Acquire a lease on KEY.
     Acquire {
@@ -167,7 +171,12 @@ pub fn main() -> ExitCode {
 
 async fn run(command: Command) -> ExitCode {
     match command {
-        Command::Serve { listen, db, sync } => serve(listen, db, sync).await,
+        Command::Serve {
+            listen,
+            db,
+            sync,
+            drain_timeout_ms,
+        } => serve(listen, db, sync, Duration::from_millis(drain_timeout_ms)).await,
         other => match operate(other).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
@@ -178,7 +187,7 @@ async fn run(command: Command) -> ExitCode {
     }
 }
 
-async fn serve(listen: SocketAddr, db: PathBuf, sync: Sync) -> ExitCode {
+async fn serve(listen: SocketAddr, db: PathBuf, sync: Sync, drain_timeout: Duration) -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -212,7 +221,8 @@ async fn serve(listen: SocketAddr, db: PathBuf, sync: Sync) -> ExitCode {
     tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
     // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
     println!("listening on {addr}");
-    match server::serve(listener, engine, shutdown_signal()).await {
+    match server::serve_with_drain_timeout(listener, engine, shutdown_signal(), drain_timeout).await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -449,16 +449,14 @@ impl<W: WaiterHandle> Lessor<W> {
             _ => Bound::Included(prefix.to_owned()),
         };
         let mut views = Vec::new();
-        let mut scanned = 0;
         let mut last = None;
-        for (key, state) in self.keys.range((start, Bound::Unbounded)) {
+        for (scanned, (key, state)) in self.keys.range((start, Bound::Unbounded)).enumerate() {
             if !key.starts_with(prefix) {
                 return (views, None);
             }
             if views.len() == limit || scanned == scan_budget {
                 return (views, last);
             }
-            scanned += 1;
             last = Some(key.clone());
             let view = state.view(key, now);
             let wanted = match filter {

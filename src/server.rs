@@ -7,8 +7,10 @@
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tonic::transport::server::TcpIncoming;
 
 use crate::clock::Clock;
@@ -44,6 +46,9 @@ pub fn open_engine(
     Engine::start(Box::new(store), clock, config)
 }
 
+/// How long a shutdown waits for connections to drain by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves leases from `engine` on `listener` until `shutdown` resolves, then
 /// drains and flushes the engine.
 ///
@@ -53,6 +58,25 @@ pub async fn serve(
     listener: TcpListener,
     engine: Engine,
     shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    serve_with_drain_timeout(listener, engine, shutdown, DEFAULT_DRAIN_TIMEOUT).await
+}
+
+/// As [`serve`], but gives up draining after `drain_timeout`.
+///
+/// Draining waits for in-flight requests and for clients to close their
+/// connections; an idle client that keeps its HTTP/2 connection open would
+/// otherwise hold the server up indefinitely (hyperium/hyper#4170). Every
+/// acknowledged write is already durable, so cutting the drain short loses
+/// nothing: the engine still commits what is pending before returning.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve_with_drain_timeout(
+    listener: TcpListener,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send,
+    drain_timeout: Duration,
 ) -> Result<(), ServeError> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
@@ -64,8 +88,10 @@ pub async fn serve(
         .build_v1()?;
     let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(engine.clone()));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let signalled = Arc::new(Notify::new());
     let draining = {
         let engine = engine.clone();
+        let signalled = signalled.clone();
         async move {
             shutdown.await;
             tracing::info!("shutting down: draining requests");
@@ -73,14 +99,24 @@ pub async fn serve(
                 .set_not_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
                 .await;
             engine.begin_shutdown();
+            signalled.notify_one();
         }
     };
-    let served = tonic::transport::Server::builder()
+    let serving = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
         .add_service(service)
-        .serve_with_incoming_shutdown(incoming, draining)
-        .await;
+        .serve_with_incoming_shutdown(incoming, draining);
+    let served = tokio::select! {
+        served = serving => served,
+        _ = async {
+            signalled.notified().await;
+            tokio::time::sleep(drain_timeout).await;
+        } => {
+            tracing::warn!(?drain_timeout, "connections still open after the drain timeout; closing");
+            Ok(())
+        }
+    };
     engine.shutdown().await;
     tracing::info!(commits = engine.commits(), "stopped");
     Ok(served?)

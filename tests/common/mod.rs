@@ -59,9 +59,14 @@ impl TestServer {
         let task = tokio::spawn({
             let engine = engine.clone();
             async move {
-                server::serve(listener, engine, async {
-                    let _ = stopped.await;
-                })
+                server::serve_with_drain_timeout(
+                    listener,
+                    engine,
+                    async {
+                        let _ = stopped.await;
+                    },
+                    Duration::from_millis(300),
+                )
                 .await
                 .expect("serve");
             }
@@ -138,7 +143,14 @@ impl ServerProcess {
     /// Starts `leasehold serve` on 127.0.0.1:0 over `db` and waits until it listens.
     pub fn start(db: &Path) -> ServerProcess {
         let mut child = Command::new(binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--drain-timeout-ms",
+                "300",
+                "--db",
+            ])
             .arg(db)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
