@@ -38,7 +38,12 @@ fn check(key: &str, fence: u64) -> pb::CheckRequest {
 async fn acquire_grants_a_fenced_lease() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
-    let lease = lease_of(client.acquire(acquire("session:1", "graph-a", 5000)).await.unwrap());
+    let lease = lease_of(
+        client
+            .acquire(acquire("session:1", "graph-a", 5000))
+            .await
+            .unwrap(),
+    );
     assert_eq!(lease.key, "session:1");
     assert_eq!(lease.owner, "graph-a");
     assert_eq!(lease.ttl_ms, 5000);
@@ -70,7 +75,10 @@ async fn a_held_key_is_busy_with_holder_and_time_left() {
     let mut client = server.client().await;
     client.acquire(acquire("k", "graph-a", 5000)).await.unwrap();
     server.clock.advance(1500);
-    let status = client.acquire(acquire("k", "graph-b", 5000)).await.unwrap_err();
+    let status = client
+        .acquire(acquire("k", "graph-b", 5000))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::Aborted);
     assert!(status.message().contains("graph-a"), "{}", status.message());
     assert!(status.message().contains("3500 ms"), "{}", status.message());
@@ -113,14 +121,23 @@ async fn malformed_input_is_invalid_argument() {
         lease_id: "not-a-uuid".into(),
         ..renew(&lease, 0)
     };
-    assert_eq!(client.renew(bad_id).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        client.renew(bad_id).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
     let bad_ttl = renew(&lease, 50);
-    assert_eq!(client.renew(bad_ttl).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        client.renew(bad_ttl).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
     let bad_page = pb::ListRequest {
         page_token: "zz".into(),
         ..Default::default()
     };
-    assert_eq!(client.list(bad_page).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        client.list(bad_page).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
 }
 
 /// Renew extends the live term; ttl 0 keeps the old TTL.
@@ -130,12 +147,24 @@ async fn renew_extends_the_live_term() {
     let mut client = server.client().await;
     let lease = lease_of(client.acquire(acquire("k", "o", 1000)).await.unwrap());
     server.clock.advance(900);
-    let renewed = client.renew(renew(&lease, 0)).await.unwrap().into_inner().lease.unwrap();
+    let renewed = client
+        .renew(renew(&lease, 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .lease
+        .unwrap();
     assert_eq!(renewed.expires_at_ms, T0 + 1900);
     assert_eq!(renewed.fence, lease.fence);
     assert_eq!(renewed.lease_id, lease.lease_id);
     server.clock.advance(900);
-    let renewed = client.renew(renew(&lease, 5000)).await.unwrap().into_inner().lease.unwrap();
+    let renewed = client
+        .renew(renew(&lease, 5000))
+        .await
+        .unwrap()
+        .into_inner()
+        .lease
+        .unwrap();
     assert_eq!(renewed.ttl_ms, 5000);
     assert_eq!(renewed.expires_at_ms, T0 + 1800 + 5000);
     // Still held by us after the original TTL would have run out.
@@ -149,7 +178,13 @@ async fn renew_never_shortens_an_acknowledged_term() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     let lease = lease_of(client.acquire(acquire("k", "o", 10_000)).await.unwrap());
-    let renewed = client.renew(renew(&lease, 100)).await.unwrap().into_inner().lease.unwrap();
+    let renewed = client
+        .renew(renew(&lease, 100))
+        .await
+        .unwrap()
+        .into_inner()
+        .lease
+        .unwrap();
     assert_eq!(renewed.expires_at_ms, T0 + 10_000);
 }
 
@@ -208,9 +243,17 @@ async fn released_and_superseded_fences_are_refused() {
     client.release(release(&first, false)).await.unwrap();
     let status = client.check(check("k", first.fence)).await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
-    assert!(status.message().contains("released"), "{}", status.message());
+    assert!(
+        status.message().contains("released"),
+        "{}",
+        status.message()
+    );
     let status = client.renew(renew(&first, 0)).await.unwrap_err();
-    assert!(status.message().contains("released"), "{}", status.message());
+    assert!(
+        status.message().contains("released"),
+        "{}",
+        status.message()
+    );
 
     let second = lease_of(client.acquire(acquire("k", "b", 1000)).await.unwrap());
     client.release(release(&second, true)).await.unwrap();
@@ -218,7 +261,9 @@ async fn released_and_superseded_fences_are_refused() {
     let status = client.check(check("k", first.fence)).await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert!(
-        status.message().contains(&format!("superseded by fence {}", third.fence)),
+        status
+            .message()
+            .contains(&format!("superseded by fence {}", third.fence)),
         "{}",
         status.message()
     );
@@ -227,7 +272,10 @@ async fn released_and_superseded_fences_are_refused() {
     assert_eq!(status.code(), Code::FailedPrecondition);
     client.check(check("k", third.fence)).await.unwrap();
     // A fence never issued for this key is refused too.
-    let status = client.check(check("k", third.fence + 100)).await.unwrap_err();
+    let status = client
+        .check(check("k", third.fence + 100))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     let status = client.check(check("never-held", 1)).await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
@@ -239,9 +287,17 @@ async fn a_retried_release_succeeds_again() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     let lease = lease_of(client.acquire(acquire("k", "o", 1000)).await.unwrap());
-    let first = client.release(release(&lease, true)).await.unwrap().into_inner();
+    let first = client
+        .release(release(&lease, true))
+        .await
+        .unwrap()
+        .into_inner();
     server.clock.advance(10);
-    let again = client.release(release(&lease, false)).await.unwrap().into_inner();
+    let again = client
+        .release(release(&lease, false))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(first, again);
     assert_eq!(again.ended.unwrap().end, pb::TermEnd::Suspended as i32);
 }
@@ -261,7 +317,11 @@ async fn get_hides_the_lease_id_and_reports_not_found() {
     assert_eq!(live.fence, lease.fence);
     assert!(live.lease_id.is_empty());
     assert!(!got.recoverable);
-    let checked = client.check(check("k", lease.fence)).await.unwrap().into_inner();
+    let checked = client
+        .check(check("k", lease.fence))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(checked.lease.unwrap().lease_id.is_empty());
     let status = client
         .get(pb::GetRequest { key: "nope".into() })
@@ -288,9 +348,15 @@ async fn a_retried_acquire_returns_the_same_lease() {
         owner: "graph-b".into(),
         ..req.clone()
     };
-    assert_eq!(client.acquire(other).await.unwrap_err().code(), Code::Aborted);
+    assert_eq!(
+        client.acquire(other).await.unwrap_err().code(),
+        Code::Aborted
+    );
     // Once the term ended, the same request id starts a new term.
-    client.release(release(first.lease.as_ref().unwrap(), false)).await.unwrap();
+    client
+        .release(release(first.lease.as_ref().unwrap(), false))
+        .await
+        .unwrap();
     let fresh = client.acquire(req).await.unwrap().into_inner();
     assert!(!fresh.replayed);
     assert!(fresh.lease.unwrap().fence > first.lease.unwrap().fence);
@@ -304,11 +370,19 @@ async fn an_expired_key_is_free_and_previous_says_expired() {
     let old = lease_of(client.acquire(acquire("k", "graph-a", 1000)).await.unwrap());
     server.clock.advance(999);
     assert_eq!(
-        client.acquire(acquire("k", "graph-b", 1000)).await.unwrap_err().code(),
+        client
+            .acquire(acquire("k", "graph-b", 1000))
+            .await
+            .unwrap_err()
+            .code(),
         Code::Aborted
     );
     server.clock.advance(1);
-    let reply = client.acquire(acquire("k", "graph-b", 1000)).await.unwrap().into_inner();
+    let reply = client
+        .acquire(acquire("k", "graph-b", 1000))
+        .await
+        .unwrap()
+        .into_inner();
     let previous = reply.previous.unwrap();
     assert_eq!(previous.fence, old.fence);
     assert_eq!(previous.owner, "graph-a");
@@ -322,7 +396,12 @@ async fn an_expired_key_is_free_and_previous_says_expired() {
 async fn waiters_are_served_in_arrival_order() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
-    let held = lease_of(client.acquire(acquire("k", "holder", 60_000)).await.unwrap());
+    let held = lease_of(
+        client
+            .acquire(acquire("k", "holder", 60_000))
+            .await
+            .unwrap(),
+    );
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for name in ["w1", "w2", "w3"] {
         let mut waiter = server.client().await;
@@ -383,7 +462,10 @@ async fn a_waiter_gets_the_key_when_the_lease_expires() {
 async fn a_wait_that_runs_out_is_aborted() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
-    client.acquire(acquire("k", "holder", 60_000)).await.unwrap();
+    client
+        .acquire(acquire("k", "holder", 60_000))
+        .await
+        .unwrap();
     let mut waiter = server.client().await;
     let waiting = tokio::spawn(async move {
         let req = pb::AcquireRequest {
@@ -409,9 +491,20 @@ async fn recoverable_keys_are_listed_until_someone_acquires_them() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     let done = lease_of(client.acquire(acquire("s/done", "o", 1000)).await.unwrap());
-    let paused = lease_of(client.acquire(acquire("s/paused", "o", 1000)).await.unwrap());
-    client.acquire(acquire("s/crashed", "o", 500)).await.unwrap();
-    client.acquire(acquire("s/live", "o", 60_000)).await.unwrap();
+    let paused = lease_of(
+        client
+            .acquire(acquire("s/paused", "o", 1000))
+            .await
+            .unwrap(),
+    );
+    client
+        .acquire(acquire("s/crashed", "o", 500))
+        .await
+        .unwrap();
+    client
+        .acquire(acquire("s/live", "o", 60_000))
+        .await
+        .unwrap();
     client.release(release(&done, false)).await.unwrap();
     client.release(release(&paused, true)).await.unwrap();
     server.clock.advance(500);
@@ -423,11 +516,23 @@ async fn recoverable_keys_are_listed_until_someone_acquires_them() {
         page_token: String::new(),
     };
     let keys = |reply: pb::ListResponse| reply.keys.into_iter().map(|k| k.key).collect::<Vec<_>>();
-    let recoverable = client.list(list(pb::ListFilter::Recoverable)).await.unwrap().into_inner();
+    let recoverable = client
+        .list(list(pb::ListFilter::Recoverable))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(keys(recoverable), ["s/crashed", "s/paused"]);
-    let live = client.list(list(pb::ListFilter::Live)).await.unwrap().into_inner();
+    let live = client
+        .list(list(pb::ListFilter::Live))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(keys(live), ["s/live"]);
-    let all = client.list(list(pb::ListFilter::All)).await.unwrap().into_inner();
+    let all = client
+        .list(list(pb::ListFilter::All))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(keys(all), ["s/crashed", "s/done", "s/live", "s/paused"]);
 
     let got = client
@@ -456,7 +561,11 @@ async fn recoverable_keys_are_listed_until_someone_acquires_them() {
             .code(),
         Code::Aborted
     );
-    let recoverable = client.list(list(pb::ListFilter::Recoverable)).await.unwrap().into_inner();
+    let recoverable = client
+        .list(list(pb::ListFilter::Recoverable))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(keys(recoverable), ["s/paused"]);
 }
 
@@ -471,7 +580,10 @@ async fn list_pages_in_key_order() {
             .await
             .unwrap();
     }
-    client.acquire(acquire("q/other", "o", 60_000)).await.unwrap();
+    client
+        .acquire(acquire("q/other", "o", 60_000))
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     let mut token = String::new();
     for _ in 0..10 {
@@ -498,7 +610,10 @@ async fn list_pages_in_key_order() {
         page_size: 1001,
         ..Default::default()
     };
-    assert_eq!(client.list(too_big).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(
+        client.list(too_big).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
 }
 
 /// A clean restart keeps fences rising and gives live leases their full TTL again.
