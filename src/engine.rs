@@ -30,8 +30,12 @@ use crate::lease::{
     EndedTerm, Fence, LeaseId, Term, validate_key, validate_owner, validate_request_id,
     validate_ttl, validate_wait,
 };
+use crate::ledger::{
+    BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
+};
 use crate::lessor::{
-    AcquireOutcome, AcquireSpec, Grant, KeyView, Lessor, ListFilter, WaiterHandle,
+    AcquireOutcome, AcquireSpec, DEFAULT_LEDGER_RETENTION_MS, Grant, KeyView, Lessor, ListFilter,
+    WaiterHandle,
 };
 use crate::store::{Store, StoreError};
 
@@ -43,6 +47,8 @@ pub struct EngineConfig {
     pub lazy_flush: Duration,
     /// How many keys one List call scans at most, bounding lock hold time.
     pub list_scan_budget: usize,
+    /// How long settled tool calls of a cleanly released key are kept.
+    pub ledger_retention_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +56,7 @@ impl Default for EngineConfig {
         EngineConfig {
             lazy_flush: Duration::from_secs(1),
             list_scan_budget: 10_000,
+            ledger_retention_ms: DEFAULT_LEDGER_RETENTION_MS,
         }
     }
 }
@@ -153,7 +160,13 @@ impl Engine {
     ) -> std::result::Result<Engine, StoreError> {
         let snapshot = store.load()?;
         let keys = snapshot.records.len();
-        let lessor = Lessor::restore(snapshot.records, snapshot.fence_high_water, clock.now());
+        let lessor = Lessor::restore(
+            snapshot.records,
+            snapshot.calls,
+            snapshot.fence_high_water,
+            clock.now(),
+            config.ledger_retention_ms,
+        );
         tracing::info!(
             keys,
             fence_high_water = snapshot.fence_high_water,
@@ -365,6 +378,70 @@ impl Engine {
         let seq = keys.iter().map(|k| k.visible_seq).max().unwrap_or(0);
         self.shared.wait_durable(seq).await?;
         Ok(Page { keys, next_after })
+    }
+
+    /// Records tool calls as running under the live term, all or none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub async fn begin_tool_calls(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        specs: Vec<CallSpec>,
+    ) -> Result<BeginOutcome> {
+        validate_key(key)?;
+        let lease_id = LeaseId::parse(lease_id)?;
+        validate_specs(&specs)?;
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let (outcome, seq) = self
+            .shared
+            .with_lessor(|l| l.begin_tool_calls(key, Fence(fence), lease_id, specs, now))?;
+        self.shared.wait_durable(seq).await?;
+        Ok(outcome)
+    }
+
+    /// Records a tool call's terminal outcome; the first one wins. Returns
+    /// the winning record and whether an earlier settle had won.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::NotFound`], [`Error::Unavailable`].
+    pub async fn settle_tool_call(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        settlement: Settlement,
+    ) -> Result<(ToolCall, bool)> {
+        validate_key(key)?;
+        let lease_id = LeaseId::parse(lease_id)?;
+        validate_settlement(&settlement)?;
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let (call, already, seq) = self
+            .shared
+            .with_lessor(|l| l.settle_tool_call(key, Fence(fence), lease_id, settlement, now))?;
+        self.shared.wait_durable(seq).await?;
+        Ok((call, already))
+    }
+
+    /// The tool calls of `key` in registration order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
+    pub async fn list_tool_calls(&self, key: &str, filter: CallFilter) -> Result<Vec<ToolCall>> {
+        validate_key(key)?;
+        self.shared.ensure_open()?;
+        let now = self.shared.clock.now();
+        let (calls, seq) = self
+            .shared
+            .with_lessor(|l| l.list_tool_calls(key, filter, now))?;
+        self.shared.wait_durable(seq).await?;
+        Ok(calls)
     }
 
     /// Makes waiting Acquires give up with UNAVAILABLE, so a graceful shutdown

@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashSet, VecDeque};
 use crate::clock::Millis;
 use crate::error::{Error, Result, StaleReason};
 use crate::lease::{EndedTerm, Fence, LeaseId, Term, TermEnd};
+use crate::ledger::{BeginOutcome, CallFilter, CallSpec, Ledger, Settlement, ToolCall};
 
 /// The waiting side of a queued Acquire, owned by whoever delivers grants.
 pub trait WaiterHandle {
@@ -55,6 +56,8 @@ pub struct Grant {
     pub previous: Option<EndedTerm>,
     /// True when this repeats an earlier grant for the same request id.
     pub replayed: bool,
+    /// Tool calls earlier terms began and never settled.
+    pub unsettled_tool_calls: usize,
     /// The reply may only be sent once storage has committed this sequence.
     pub visible_seq: u64,
 }
@@ -103,6 +106,10 @@ pub struct KeyRecord {
 pub struct Batch {
     /// The full current state of every key changed since the last batch.
     pub records: Vec<KeyRecord>,
+    /// Tool calls pruned from ledgers: (key, call ids). Applied before `calls`.
+    pub pruned_calls: Vec<(String, Vec<String>)>,
+    /// The current state of every tool call changed since the last batch.
+    pub calls: Vec<(String, ToolCall)>,
     /// The highest fence ever granted; storage keeps it so fences never regress.
     pub fence_high_water: u64,
     /// Once this batch commits, every change up to this sequence is durable.
@@ -130,6 +137,8 @@ struct KeyState<W> {
     /// Sequence of the last change to this key that must be durable before it
     /// is revealed.
     visible_seq: u64,
+    /// The key's tool calls; boxed and optional so keys without calls stay small.
+    ledger: Option<Box<Ledger>>,
 }
 
 impl<W> KeyState<W> {
@@ -139,7 +148,12 @@ impl<W> KeyState<W> {
             last_ended: None,
             waiters: VecDeque::new(),
             visible_seq: 0,
+            ledger: None,
         }
+    }
+
+    fn unsettled_tool_calls(&self) -> usize {
+        self.ledger.as_ref().map_or(0, |l| l.unsettled())
     }
 
     /// Why `fence` is not this key's live term.
@@ -217,7 +231,20 @@ pub struct Lessor<W> {
     next_waiter_id: WaiterId,
     /// Set when a grant's deadline became the earliest, so the timer re-arms.
     earliest_deadline_changed: bool,
+    /// The registration counter of tool calls, server-wide.
+    next_ordinal: u64,
+    /// Tool calls changed since the last batch: (key, call id).
+    dirty_calls: HashSet<(String, String)>,
+    /// Tool calls pruned since the last batch.
+    pruned_calls: Vec<(String, Vec<String>)>,
+    /// When to prune the settled calls of cleanly released keys, earliest first.
+    prunes: BinaryHeap<Reverse<(Millis, String)>>,
+    /// How long settled calls of a cleanly released key are kept.
+    ledger_retention_ms: u64,
 }
+
+/// How long settled tool calls of a cleanly released key are kept by default (24 h).
+pub const DEFAULT_LEDGER_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
 
 impl<W: WaiterHandle> Lessor<W> {
     /// Rebuilds the live state from storage at start-up.
@@ -225,7 +252,13 @@ impl<W: WaiterHandle> Lessor<W> {
     /// Terms that had not ended get at least their full TTL again from `now`
     /// (invariant 4: keep a lease longer, never shorter). The next fence is
     /// above both the stored high-water mark and every stored fence.
-    pub fn restore(records: Vec<KeyRecord>, fence_high_water: u64, now: Millis) -> Self {
+    pub fn restore(
+        records: Vec<KeyRecord>,
+        calls: Vec<(String, ToolCall)>,
+        fence_high_water: u64,
+        now: Millis,
+        ledger_retention_ms: u64,
+    ) -> Self {
         let mut lessor = Lessor {
             keys: BTreeMap::new(),
             next_fence: fence_high_water + 1,
@@ -236,6 +269,11 @@ impl<W: WaiterHandle> Lessor<W> {
             handoffs: Vec::new(),
             next_waiter_id: 1,
             earliest_deadline_changed: true,
+            next_ordinal: 1,
+            dirty_calls: HashSet::new(),
+            pruned_calls: Vec::new(),
+            prunes: BinaryHeap::new(),
+            ledger_retention_ms,
         };
         for record in records {
             let mut state = KeyState::new();
@@ -253,12 +291,28 @@ impl<W: WaiterHandle> Lessor<W> {
             state.last_ended = record.last_ended;
             lessor.keys.insert(record.key, state);
         }
+        let mut by_key: BTreeMap<String, Vec<ToolCall>> = BTreeMap::new();
+        for (key, call) in calls {
+            lessor.next_ordinal = lessor.next_ordinal.max(call.ordinal + 1);
+            by_key.entry(key).or_default().push(call);
+        }
+        for (key, calls) in by_key {
+            let state = lessor.keys.entry(key.clone()).or_insert_with(KeyState::new);
+            let ledger = Ledger::from_calls(calls);
+            if let Some(ended) = state.last_ended.as_ref().filter(|_| state.live.is_none()) {
+                if ended.end == TermEnd::Released && ledger.has_settled() {
+                    let at = ended.ended_at.saturating_add(ledger_retention_ms);
+                    lessor.prunes.push(Reverse((at, key)));
+                }
+            }
+            state.ledger = Some(Box::new(ledger));
+        }
         lessor
     }
 
     /// An empty lessor whose first fence is 1.
     pub fn new() -> Self {
-        Self::restore(Vec::new(), 0, 0)
+        Self::restore(Vec::new(), Vec::new(), 0, 0, DEFAULT_LEDGER_RETENTION_MS)
     }
 
     /// Grants `spec.key` if it is free; otherwise queues `waiter` or reports busy.
@@ -278,6 +332,7 @@ impl<W: WaiterHandle> Lessor<W> {
                         term: term.clone(),
                         previous: state.last_ended.clone(),
                         replayed: true,
+                        unsettled_tool_calls: state.unsettled_tool_calls(),
                         visible_seq: state.visible_seq,
                     });
                 }
@@ -329,16 +384,8 @@ impl<W: WaiterHandle> Lessor<W> {
         now: Millis,
     ) -> Result<(Term, u64)> {
         self.settle(key, now);
-        let state = self.keys.get_mut(key).ok_or_else(|| unknown(key, fence))?;
-        let Some(term) = state.live.as_mut().filter(|t| t.fence == fence) else {
-            return Err(stale(key, fence, state.stale_reason(fence)));
-        };
-        if term.lease_id != lease_id {
-            return Err(Error::PermissionDenied {
-                key: key.to_owned(),
-                fence: fence.0,
-            });
-        }
+        let state = holder(&mut self.keys, key, fence, lease_id)?;
+        let term = state.live.as_mut().expect("holder has a live term");
         let ttl_ms = ttl_ms.unwrap_or(term.ttl_ms);
         let longer_ttl = ttl_ms > term.ttl_ms;
         term.ttl_ms = ttl_ms;
@@ -400,6 +447,17 @@ impl<W: WaiterHandle> Lessor<W> {
         let ended = self
             .end_term(key, end, now)
             .expect("live term checked above");
+        let has_settled = self.keys[key]
+            .ledger
+            .as_ref()
+            .is_some_and(|l| l.has_settled());
+        if end == TermEnd::Released && has_settled {
+            let at = now.saturating_add(self.ledger_retention_ms);
+            if self.next_deadline().is_none_or(|next| at < next) {
+                self.earliest_deadline_changed = true;
+            }
+            self.prunes.push(Reverse((at, key.to_owned())));
+        }
         self.settle(key, now);
         let visible_seq = self.keys[key].visible_seq;
         Ok((ended, visible_seq))
@@ -416,6 +474,101 @@ impl<W: WaiterHandle> Lessor<W> {
             Some(term) if term.fence == fence => Ok((term.clone(), state.visible_seq)),
             _ => Err(stale(key, fence, state.stale_reason(fence))),
         }
+    }
+
+    /// Records tool calls as running under the live term `fence`, all or none.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`] when `fence` is not the live term;
+    /// [`Error::PermissionDenied`] when `lease_id` does not match it.
+    pub fn begin_tool_calls(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        lease_id: LeaseId,
+        specs: Vec<CallSpec>,
+        now: Millis,
+    ) -> Result<(BeginOutcome, u64)> {
+        let mut ordinal = self.next_ordinal;
+        self.settle(key, now);
+        let state = holder(&mut self.keys, key, fence, lease_id)?;
+        let outcome =
+            state
+                .ledger
+                .get_or_insert_with(Box::default)
+                .begin(specs, fence, now, &mut ordinal);
+        let mut changed = Vec::new();
+        if let BeginOutcome::Recorded(calls) = &outcome {
+            changed.extend(calls.iter().map(|c| c.call_id.clone()));
+        }
+        let visible_seq = if changed.is_empty() {
+            state.visible_seq
+        } else {
+            self.seq += 1;
+            state.visible_seq = self.seq;
+            self.seq
+        };
+        for call_id in changed {
+            self.dirty_calls.insert((key.to_owned(), call_id));
+            self.urgent = true;
+        }
+        self.next_ordinal = ordinal;
+        Ok((outcome, visible_seq))
+    }
+
+    /// Records a tool call's outcome under the live term `fence`; the first
+    /// terminal outcome wins. Returns the winning record and whether an
+    /// earlier settle had won.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`], [`Error::PermissionDenied`], or
+    /// [`Error::NotFound`] when the key's ledger has no such call.
+    pub fn settle_tool_call(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        lease_id: LeaseId,
+        settlement: Settlement,
+        now: Millis,
+    ) -> Result<(ToolCall, bool, u64)> {
+        let call_id = settlement.call_id.clone();
+        self.settle(key, now);
+        let state = holder(&mut self.keys, key, fence, lease_id)?;
+        let (call, already) = state
+            .ledger
+            .get_or_insert_with(Box::default)
+            .settle(key, settlement, fence, now)?;
+        if already {
+            return Ok((call, true, state.visible_seq));
+        }
+        self.seq += 1;
+        state.visible_seq = self.seq;
+        let visible_seq = self.seq;
+        self.dirty_calls.insert((key.to_owned(), call_id));
+        self.urgent = true;
+        Ok((call, false, visible_seq))
+    }
+
+    /// The tool calls of `key` in registration order.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the key was never acquired.
+    pub fn list_tool_calls(
+        &mut self,
+        key: &str,
+        filter: CallFilter,
+        now: Millis,
+    ) -> Result<(Vec<ToolCall>, u64)> {
+        self.settle(key, now);
+        let state = self
+            .keys
+            .get(key)
+            .ok_or_else(|| Error::NotFound(key.to_owned()))?;
+        let calls = state
+            .ledger
+            .as_ref()
+            .map_or_else(Vec::new, |l| l.list(filter));
+        Ok((calls, state.visible_seq))
     }
 
     /// The reader's view of `key`.
@@ -471,8 +624,10 @@ impl<W: WaiterHandle> Lessor<W> {
         (views, None)
     }
 
-    /// Ends every term whose deadline has passed and hands freed keys to waiters.
+    /// Ends every term whose deadline has passed, hands freed keys to waiters,
+    /// and prunes ledgers whose retention ran out.
     pub fn expire_due(&mut self, now: Millis) {
+        self.prune_due(now);
         while let Some(Reverse((deadline, _))) = self.deadlines.peek() {
             if *deadline > now {
                 break;
@@ -491,9 +646,43 @@ impl<W: WaiterHandle> Lessor<W> {
         }
     }
 
+    /// Drops settled tool calls of keys released cleanly at least the
+    /// retention time ago (and not acquired since).
+    fn prune_due(&mut self, now: Millis) {
+        while let Some(Reverse((at, _))) = self.prunes.peek() {
+            if *at > now {
+                break;
+            }
+            let Reverse((_, key)) = self.prunes.pop().expect("peeked");
+            let retention = self.ledger_retention_ms;
+            let Some(state) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            let due = state.live.is_none()
+                && state.last_ended.as_ref().is_some_and(|e| {
+                    e.end == TermEnd::Released && e.ended_at.saturating_add(retention) <= now
+                });
+            let Some(ledger) = state.ledger.as_mut().filter(|_| due) else {
+                continue;
+            };
+            let pruned = ledger.prune_settled();
+            if ledger.is_empty() {
+                state.ledger = None;
+            }
+            if !pruned.is_empty() {
+                self.pruned_calls.push((key, pruned));
+            }
+        }
+    }
+
     /// The earliest deadline the expiry timer must wake for.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.deadlines.peek().map(|Reverse((at, _))| *at)
+        let expiry = self.deadlines.peek().map(|Reverse((at, _))| *at);
+        let prune = self.prunes.peek().map(|Reverse((at, _))| *at);
+        match (expiry, prune) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Whether a grant moved the earliest deadline since the last call, so a
@@ -514,7 +703,7 @@ impl<W: WaiterHandle> Lessor<W> {
 
     /// Whether any change (urgent or not) is not yet handed to storage.
     pub fn has_dirty(&self) -> bool {
-        !self.dirty.is_empty()
+        !self.dirty.is_empty() || !self.dirty_calls.is_empty() || !self.pruned_calls.is_empty()
     }
 
     /// Takes every change since the last batch, for storage to commit at once.
@@ -531,9 +720,19 @@ impl<W: WaiterHandle> Lessor<W> {
                 })
             })
             .collect();
+        let calls = self
+            .dirty_calls
+            .drain()
+            .filter_map(|(key, call_id)| {
+                let call = self.keys.get(&key)?.ledger.as_ref()?.get(&call_id)?.clone();
+                Some((key, call))
+            })
+            .collect();
         self.urgent = false;
         Batch {
             records,
+            pruned_calls: std::mem::take(&mut self.pruned_calls),
+            calls,
             fence_high_water: self.next_fence - 1,
             seq: self.seq,
         }
@@ -601,6 +800,7 @@ impl<W: WaiterHandle> Lessor<W> {
             term,
             previous: state.last_ended.clone(),
             replayed: false,
+            unsettled_tool_calls: state.unsettled_tool_calls(),
             visible_seq: self.seq,
         }
     }
@@ -633,6 +833,29 @@ impl<W: WaiterHandle> Lessor<W> {
 impl<W: WaiterHandle> Default for Lessor<W> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The state of `key` if `fence` is its live term and `lease_id` its secret.
+/// Call after [`Lessor::settle`], so an expired term is not taken for live.
+fn holder<'a, W>(
+    keys: &'a mut BTreeMap<String, KeyState<W>>,
+    key: &str,
+    fence: Fence,
+    lease_id: LeaseId,
+) -> Result<&'a mut KeyState<W>> {
+    let state = keys.get_mut(key).ok_or_else(|| unknown(key, fence))?;
+    match &state.live {
+        Some(term) if term.fence == fence => {
+            if term.lease_id != lease_id {
+                return Err(Error::PermissionDenied {
+                    key: key.to_owned(),
+                    fence: fence.0,
+                });
+            }
+            Ok(state)
+        }
+        _ => Err(stale(key, fence, state.stale_reason(fence))),
     }
 }
 
@@ -747,7 +970,13 @@ mod tests {
         let mut lessor = Lessor::<Tag>::new();
         let g = granted(lessor.acquire(spec("k", "a"), 0, None));
         let batch = lessor.take_batch();
-        let restored = Lessor::<Tag>::restore(batch.records, batch.fence_high_water, 5000);
+        let restored = Lessor::<Tag>::restore(
+            batch.records,
+            batch.calls,
+            batch.fence_high_water,
+            5000,
+            DEFAULT_LEDGER_RETENTION_MS,
+        );
         let mut restored = restored;
         let (term, _) = restored.check("k", g.term.fence, 5999).unwrap();
         assert_eq!(term.expires_at, 6000);

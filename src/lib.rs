@@ -9,11 +9,14 @@
 //! # Layout
 //! - [`lease`]: the values (fence, lease id, term) and input rules.
 //! - [`lessor`]: the lease rules in memory, with no I/O.
+//! - [`ledger`]: the per-key tool-call ledger, with no I/O.
 //! - [`clock`]: the injected clock.
 //! - [`store`]: durable storage behind a trait; [`store::sqlite`] implements it.
 //! - [`engine`]: shared state, the group-commit writer, expiry and waiters.
 //! - [`grpc`]: the tonic service and the one error-to-status table.
 //! - [`server`]: running it all on a listener.
+//! - [`transcript`]: diagnose and repair tool-call pairing in transcripts
+//!   (no dependency on the server).
 //! - [`pb`]: generated protobuf code.
 
 pub mod client;
@@ -23,10 +26,12 @@ pub mod error;
 pub mod fence;
 pub mod grpc;
 pub mod lease;
+pub mod ledger;
 pub mod lessor;
 pub mod pb;
 pub mod server;
 pub mod store;
+pub mod transcript;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{Engine, EngineConfig};

@@ -1,6 +1,8 @@
 //! Conversions between domain values and the generated `pb` types, in one place.
 
+use crate::error::{Error, Result};
 use crate::lease::{EndedTerm, Term, TermEnd};
+use crate::ledger::{CallFilter, CallSpec, CallState, Settlement, ToolCall, idempotency_key};
 use crate::lessor::{KeyView, ListFilter};
 use crate::pb;
 
@@ -56,6 +58,76 @@ pub fn list_filter(value: i32) -> ListFilter {
         Ok(pb::ListFilter::Live) => ListFilter::Live,
         Ok(pb::ListFilter::Recoverable) => ListFilter::Recoverable,
         _ => ListFilter::All,
+    }
+}
+
+/// A ledger entry as a `pb::ToolCall`.
+pub fn tool_call(key: &str, call: &ToolCall) -> pb::ToolCall {
+    pb::ToolCall {
+        key: key.to_owned(),
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        input_digest: call.input_digest.clone(),
+        fence: call.fence.0,
+        state: call_state(call.state) as i32,
+        settled_fence: call.settled_fence.map_or(0, |f| f.0),
+        result_digest: call.result_digest.clone(),
+        result: call.result.clone(),
+        begun_at_ms: call.begun_at,
+        settled_at_ms: call.settled_at.unwrap_or(0),
+        ordinal: call.ordinal,
+        idempotency_key: idempotency_key(key, &call.call_id),
+    }
+}
+
+fn call_state(state: CallState) -> pb::ToolCallState {
+    match state {
+        CallState::Running => pb::ToolCallState::Running,
+        CallState::Succeeded => pb::ToolCallState::Succeeded,
+        CallState::Failed => pb::ToolCallState::Failed,
+        CallState::Unknown => pb::ToolCallState::Unknown,
+    }
+}
+
+/// A call to begin, as the domain sees it.
+pub fn call_spec(spec: pb::ToolCallSpec) -> CallSpec {
+    CallSpec {
+        call_id: spec.call_id,
+        name: spec.name,
+        input_digest: spec.input_digest,
+    }
+}
+
+/// A settle request as a domain settlement.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when the outcome is not SUCCEEDED, FAILED or UNKNOWN.
+pub fn settlement(r: pb::SettleToolCallRequest) -> Result<Settlement> {
+    let outcome = match pb::ToolCallState::try_from(r.outcome) {
+        Ok(pb::ToolCallState::Succeeded) => CallState::Succeeded,
+        Ok(pb::ToolCallState::Failed) => CallState::Failed,
+        Ok(pb::ToolCallState::Unknown) => CallState::Unknown,
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "outcome {} is not SUCCEEDED, FAILED or UNKNOWN",
+                r.outcome
+            )));
+        }
+    };
+    Ok(Settlement {
+        call_id: r.call_id,
+        outcome,
+        result_digest: r.result_digest,
+        result: r.result,
+    })
+}
+
+/// The ListToolCalls filter; unspecified (and unknown) mean all.
+pub fn call_filter(value: i32) -> CallFilter {
+    use pb::list_tool_calls_request::Filter;
+    match Filter::try_from(value) {
+        Ok(Filter::Unsettled) => CallFilter::Unsettled,
+        _ => CallFilter::All,
     }
 }
 

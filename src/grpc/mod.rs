@@ -7,6 +7,7 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::{AcquireRequest, Engine};
 use crate::error::Error;
+use crate::ledger::BeginOutcome;
 use crate::pb;
 use crate::pb::leasehold_server::Leasehold;
 
@@ -47,6 +48,7 @@ impl Leasehold for LeaseholdService {
             lease: Some(convert::lease(&g.key, &g.term, true)),
             previous: g.previous.as_ref().map(convert::ended),
             replayed: g.replayed,
+            unsettled_tool_calls: u32::try_from(g.unsettled_tool_calls).unwrap_or(u32::MAX),
         }))
     }
 
@@ -119,6 +121,101 @@ impl Leasehold for LeaseholdService {
                     .as_deref()
                     .map(convert::page_token)
                     .unwrap_or_default(),
+            }
+        }))
+    }
+
+    async fn begin_tool_call(
+        &self,
+        request: Request<pb::BeginToolCallRequest>,
+    ) -> Reply<pb::BeginToolCallResponse> {
+        let r = request.into_inner();
+        let spec = pb::ToolCallSpec {
+            call_id: r.call_id,
+            name: r.name,
+            input_digest: r.input_digest,
+        };
+        let outcome = self
+            .engine
+            .begin_tool_calls(&r.key, r.fence, &r.lease_id, vec![convert::call_spec(spec)])
+            .await;
+        reply(outcome.map(|outcome| {
+            let (calls, duplicate) = match outcome {
+                BeginOutcome::Recorded(calls) => (calls, false),
+                BeginOutcome::Duplicate { existing, .. } => (existing, true),
+            };
+            pb::BeginToolCallResponse {
+                call: calls.first().map(|c| convert::tool_call(&r.key, c)),
+                duplicate,
+            }
+        }))
+    }
+
+    async fn begin_tool_calls(
+        &self,
+        request: Request<pb::BeginToolCallsRequest>,
+    ) -> Reply<pb::BeginToolCallsResponse> {
+        let r = request.into_inner();
+        let specs = r.calls.into_iter().map(convert::call_spec).collect();
+        let outcome = self
+            .engine
+            .begin_tool_calls(&r.key, r.fence, &r.lease_id, specs)
+            .await;
+        reply(outcome.map(|outcome| {
+            match outcome {
+                BeginOutcome::Recorded(calls) => pb::BeginToolCallsResponse {
+                    calls: calls
+                        .iter()
+                        .map(|c| convert::tool_call(&r.key, c))
+                        .collect(),
+                    duplicate: false,
+                    duplicate_call_ids: Vec::new(),
+                },
+                BeginOutcome::Duplicate { ids, existing } => pb::BeginToolCallsResponse {
+                    calls: existing
+                        .iter()
+                        .map(|c| convert::tool_call(&r.key, c))
+                        .collect(),
+                    duplicate: true,
+                    duplicate_call_ids: ids,
+                },
+            }
+        }))
+    }
+
+    async fn settle_tool_call(
+        &self,
+        request: Request<pb::SettleToolCallRequest>,
+    ) -> Reply<pb::SettleToolCallResponse> {
+        let r = request.into_inner();
+        let key = r.key.clone();
+        let (fence, lease_id) = (r.fence, r.lease_id.clone());
+        let settlement = convert::settlement(r).map_err(status::to_status)?;
+        let settled = self
+            .engine
+            .settle_tool_call(&key, fence, &lease_id, settlement)
+            .await;
+        reply(settled.map(|(call, already)| pb::SettleToolCallResponse {
+            call: Some(convert::tool_call(&key, &call)),
+            already_settled: already,
+        }))
+    }
+
+    async fn list_tool_calls(
+        &self,
+        request: Request<pb::ListToolCallsRequest>,
+    ) -> Reply<pb::ListToolCallsResponse> {
+        let r = request.into_inner();
+        let calls = self
+            .engine
+            .list_tool_calls(&r.key, convert::call_filter(r.filter))
+            .await;
+        reply(calls.map(|calls| {
+            pb::ListToolCallsResponse {
+                calls: calls
+                    .iter()
+                    .map(|c| convert::tool_call(&r.key, c))
+                    .collect(),
             }
         }))
     }

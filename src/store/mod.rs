@@ -7,6 +7,7 @@
 
 pub mod sqlite;
 
+use crate::ledger::ToolCall;
 use crate::lessor::{Batch, KeyRecord};
 
 /// A storage failure. Storage errors are never the client's fault.
@@ -34,6 +35,8 @@ pub enum StoreError {
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub records: Vec<KeyRecord>,
+    /// Every tool call, with its key.
+    pub calls: Vec<(String, ToolCall)>,
     pub fence_high_water: u64,
 }
 

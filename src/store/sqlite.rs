@@ -29,10 +29,14 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{Snapshot, Store, StoreError};
 use crate::lease::{EndedTerm, Fence, LeaseId, Term, TermEnd};
+use crate::ledger::{CallState, ToolCall};
 use crate::lessor::{Batch, KeyRecord};
 
 /// The schema migrations, in order. Never remove or reorder an entry; only append.
-pub const MIGRATIONS: &[&str] = &[include_str!("../../migrations/0001_leases.sql")];
+pub const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/0001_leases.sql"),
+    include_str!("../../migrations/0002_tool_calls.sql"),
+];
 
 /// How hard a commit waits for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -164,8 +168,22 @@ impl Store for SqliteStore {
             .map_err(io)?
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT key, call_id, ordinal, name, input_digest, fence, state, settled_fence,
+                        result_digest, result, begun_at_ms, settled_at_ms
+                 FROM tool_calls",
+            )
+            .map_err(io)?;
+        let calls = stmt
+            .query_map([], read_call)
+            .map_err(io)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(io)?;
         Ok(Snapshot {
             records,
+            calls,
             fence_high_water: fence_high_water as u64,
         })
     }
@@ -204,6 +222,40 @@ impl Store for SqliteStore {
                 ])
                 .map_err(io)?;
             }
+            let mut prune = tx
+                .prepare_cached("DELETE FROM tool_calls WHERE key = ?1 AND call_id = ?2")
+                .map_err(io)?;
+            for (key, call_ids) in &batch.pruned_calls {
+                for call_id in call_ids {
+                    prune.execute(params![key, call_id]).map_err(io)?;
+                }
+            }
+            let mut put_call = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO tool_calls (key, call_id, ordinal, name, input_digest,
+                        fence, state, settled_fence, result_digest, result, begun_at_ms,
+                        settled_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                )
+                .map_err(io)?;
+            for (key, call) in &batch.calls {
+                put_call
+                    .execute(params![
+                        key,
+                        call.call_id,
+                        call.ordinal as i64,
+                        call.name,
+                        call.input_digest,
+                        call.fence.0 as i64,
+                        state_code(call.state),
+                        call.settled_fence.map(|f| f.0 as i64),
+                        call.result_digest,
+                        call.result,
+                        call.begun_at as i64,
+                        call.settled_at.map(|t| t as i64),
+                    ])
+                    .map_err(io)?;
+            }
             tx.prepare_cached(
                 "UPDATE meta SET value = max(value, ?1) WHERE name = 'fence_high_water'",
             )
@@ -227,6 +279,38 @@ fn end_code(end: TermEnd) -> i64 {
         TermEnd::Suspended => 2,
         TermEnd::Expired => 3,
     }
+}
+
+fn state_code(state: CallState) -> i64 {
+    match state {
+        CallState::Running => 1,
+        CallState::Succeeded => 2,
+        CallState::Failed => 3,
+        CallState::Unknown => 4,
+    }
+}
+
+fn read_call(row: &Row<'_>) -> rusqlite::Result<(String, ToolCall)> {
+    let state = match row.get::<_, i64>(6)? {
+        1 => CallState::Running,
+        2 => CallState::Succeeded,
+        3 => CallState::Failed,
+        _ => CallState::Unknown,
+    };
+    let call = ToolCall {
+        call_id: row.get(1)?,
+        ordinal: row.get::<_, i64>(2)? as u64,
+        name: row.get(3)?,
+        input_digest: row.get(4)?,
+        fence: Fence(row.get::<_, i64>(5)? as u64),
+        state,
+        settled_fence: row.get::<_, Option<i64>>(7)?.map(|f| Fence(f as u64)),
+        result_digest: row.get(8)?,
+        result: row.get(9)?,
+        begun_at: row.get::<_, i64>(10)? as u64,
+        settled_at: row.get::<_, Option<i64>>(11)?.map(|t| t as u64),
+    };
+    Ok((row.get(0)?, call))
 }
 
 fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {

@@ -1,0 +1,354 @@
+//! Reading and writing transcripts as text, keeping every byte that a repair
+//! did not need to change.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::TranscriptError;
+
+/// How a transcript is laid out as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// One JSON array of messages.
+    JsonArray,
+    /// JSON lines: one message per line.
+    Jsonl,
+}
+
+/// A chat history: an ordered list of JSON messages and the text they came
+/// from.
+///
+/// Messages are kept as [`serde_json::Value`]s (with key order preserved), so
+/// fields this module does not know survive a round trip. Each parsed
+/// message also remembers its exact source text: a repair that changes one
+/// message writes every other message back byte for byte, so numbers and
+/// string escapes in payloads are never reformatted.
+#[derive(Debug, Clone)]
+pub struct Transcript {
+    /// The messages, in order.
+    messages: Vec<Message>,
+    /// Array or JSONL, so output keeps the shape of the input.
+    layout: Layout,
+    /// The text the messages were parsed from; message spans point into it.
+    /// Shared so a repaired transcript can reuse it without a copy.
+    source: Arc<str>,
+    /// True while the messages are exactly those parsed from `source`, so
+    /// [`Transcript::to_text`] can return the source unchanged.
+    pristine: bool,
+}
+
+/// One message and where it came from.
+#[derive(Debug, Clone)]
+pub(crate) struct Message {
+    /// The parsed message, shared: a repaired transcript holds the same
+    /// untouched messages as its input without copying them.
+    pub(crate) value: Arc<Value>,
+    /// Byte range of the message's own text in the transcript's source, or
+    /// `None` for a message built or changed in memory.
+    pub(crate) span: Option<Range<usize>>,
+    /// 1-based line of the message, for JSONL; findings cite it.
+    pub(crate) line: Option<usize>,
+}
+
+impl Message {
+    /// A message created in memory (a placeholder, a rebuilt reply).
+    pub(crate) fn new(value: Value) -> Self {
+        Message {
+            value: Arc::new(value),
+            span: None,
+            line: None,
+        }
+    }
+}
+
+impl Transcript {
+    /// Parses a JSON array of messages, or JSON lines when the text does not
+    /// start with `[`. Blank JSONL lines are skipped.
+    ///
+    /// Messages may be any JSON value here; [`diagnose`](super::diagnose)
+    /// rejects non-objects, so a caller can still inspect what was read.
+    ///
+    /// # Errors
+    ///
+    /// [`TranscriptError::InvalidJson`] with the 1-based line where the text
+    /// stops being valid JSON.
+    pub fn parse(text: &str) -> Result<Transcript, TranscriptError> {
+        let source: Arc<str> = Arc::from(text);
+        let body = text.trim_start_matches('\u{feff}');
+        let offset = text.len() - body.len();
+        let (messages, layout) = if body.trim_start().starts_with('[') {
+            (parse_array(body, offset)?, Layout::JsonArray)
+        } else {
+            (parse_lines(body, offset)?, Layout::Jsonl)
+        };
+        Ok(Transcript {
+            messages,
+            layout,
+            source,
+            pristine: true,
+        })
+    }
+
+    /// Builds a transcript from messages held in memory.
+    ///
+    /// JSONL messages are numbered as [`Transcript::to_text`] will write
+    /// them: message `i` on line `i + 1`.
+    pub fn from_messages(messages: Vec<Value>, layout: Layout) -> Transcript {
+        let messages = messages.into_iter().map(Message::new).collect();
+        Transcript::rebuilt(messages, layout, Arc::from(""))
+    }
+
+    /// A transcript whose messages no longer match its source as a whole;
+    /// messages that kept a span still write their original bytes.
+    pub(crate) fn rebuilt(mut messages: Vec<Message>, layout: Layout, source: Arc<str>) -> Self {
+        for (index, message) in messages.iter_mut().enumerate() {
+            message.line = (layout == Layout::Jsonl).then_some(index + 1);
+        }
+        Transcript {
+            messages,
+            layout,
+            source,
+            pristine: false,
+        }
+    }
+
+    pub(crate) fn source(&self) -> &Arc<str> {
+        &self.source
+    }
+
+    pub(crate) fn raw_messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Whether the input was an array or JSONL.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// True when the input was JSON lines.
+    pub fn is_jsonl(&self) -> bool {
+        self.layout == Layout::Jsonl
+    }
+
+    /// Number of messages.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// True when there are no messages.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// The messages, in order.
+    pub fn messages(&self) -> impl ExactSizeIterator<Item = &Value> {
+        self.messages.iter().map(|message| &*message.value)
+    }
+
+    /// The message at a 0-based index.
+    pub fn message(&self, index: usize) -> Option<&Value> {
+        self.messages.get(index).map(|message| &*message.value)
+    }
+
+    /// The 1-based line of a message, for JSONL transcripts.
+    pub fn line(&self, index: usize) -> Option<usize> {
+        self.messages.get(index).and_then(|message| message.line)
+    }
+
+    /// Writes the transcript in the layout it was read in.
+    ///
+    /// An unchanged parsed transcript comes back byte for byte. After a
+    /// change, messages that were not touched keep their original text;
+    /// changed and new messages are written compactly by `serde_json` with
+    /// their key order kept. Arrays are then written one message per line.
+    pub fn to_text(&self) -> String {
+        if self.pristine {
+            return self.source.to_string();
+        }
+        let mut out = String::with_capacity(self.source.len() + 64 * self.messages.len());
+        match self.layout {
+            Layout::Jsonl => {
+                for message in &self.messages {
+                    self.write_message(message, &mut out);
+                    out.push('\n');
+                }
+            }
+            Layout::JsonArray => {
+                if self.messages.is_empty() {
+                    out.push_str("[]\n");
+                    return out;
+                }
+                // Match the input: if its messages spanned lines, indent
+                // rewritten messages the same way rather than cramming them
+                // onto one line.
+                let pretty = self.messages.iter().any(|message| {
+                    message
+                        .span
+                        .as_ref()
+                        .is_some_and(|span| self.source[span.clone()].contains('\n'))
+                });
+                out.push_str("[\n");
+                for (index, message) in self.messages.iter().enumerate() {
+                    if index > 0 {
+                        out.push_str(",\n");
+                    }
+                    out.push_str("  ");
+                    match &message.span {
+                        Some(_) => self.write_message(message, &mut out),
+                        // JSON strings never hold a raw newline, so every
+                        // newline here is layout and can take the indent.
+                        None if pretty => out.push_str(
+                            &serde_json::to_string_pretty(&*message.value)
+                                .unwrap_or_default()
+                                .replace('\n', "\n  "),
+                        ),
+                        None => self.write_message(message, &mut out),
+                    }
+                }
+                out.push_str("\n]\n");
+            }
+        }
+        out
+    }
+
+    fn write_message(&self, message: &Message, out: &mut String) {
+        match &message.span {
+            Some(span) => out.push_str(&self.source[span.clone()]),
+            // Serialising a `Value` cannot fail: its map keys are strings.
+            None => out.push_str(&serde_json::to_string(&*message.value).unwrap_or_default()),
+        }
+    }
+}
+
+/// Two transcripts are equal when they hold equal messages in the same
+/// layout; how they were written does not matter.
+impl PartialEq for Transcript {
+    fn eq(&self, other: &Self) -> bool {
+        self.layout == other.layout
+            && self.messages.len() == other.messages.len()
+            && self
+                .messages
+                .iter()
+                .zip(&other.messages)
+                .all(|(left, right)| left.value == right.value)
+    }
+}
+
+fn parse_lines(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptError> {
+    let mut messages = Vec::new();
+    let mut start = 0;
+    for (number, line) in body.split('\n').enumerate() {
+        let line_start = start;
+        start += line.len() + 1;
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let value = serde_json::from_str(line).map_err(|source| TranscriptError::InvalidJson {
+            line: number + 1,
+            source,
+        })?;
+        messages.push(Message {
+            value: Arc::new(value),
+            span: Some(offset + line_start..offset + line_start + line.len()),
+            line: Some(number + 1),
+        });
+    }
+    Ok(messages)
+}
+
+fn parse_array(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptError> {
+    let values: Vec<Value> =
+        serde_json::from_str(body).map_err(|source| TranscriptError::InvalidJson {
+            line: source.line(),
+            source,
+        })?;
+    let spans = element_spans(body);
+    // The scanner only runs on text serde_json accepted, so the counts agree;
+    // if they ever did not, dropping the spans only costs byte-exact output.
+    let spans: Vec<Option<Range<usize>>> = if spans.len() == values.len() {
+        spans
+            .into_iter()
+            .map(|span| Some(offset + span.start..offset + span.end))
+            .collect()
+    } else {
+        vec![None; values.len()]
+    };
+    Ok(values
+        .into_iter()
+        .zip(spans)
+        .map(|(value, span)| Message {
+            value: Arc::new(value),
+            span,
+            line: None,
+        })
+        .collect())
+}
+
+/// Byte ranges of the top-level elements of a JSON array already known to be
+/// valid, found by tracking nesting depth and skipping strings.
+fn element_spans(text: &str) -> Vec<Range<usize>> {
+    let bytes = text.as_bytes();
+    let mut spans = Vec::new();
+    let Some(open) = bytes.iter().position(|&byte| byte == b'[') else {
+        return spans;
+    };
+    let mut at = open + 1;
+    let mut depth = 0usize;
+    let mut start: Option<usize> = None;
+    while at < bytes.len() {
+        let byte = bytes[at];
+        match byte {
+            b'"' => {
+                start.get_or_insert(at);
+                at += 1;
+                while at < bytes.len() && bytes[at] != b'"' {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' => {
+                start.get_or_insert(at);
+                depth += 1;
+            }
+            b'}' | b']' if depth > 0 => depth -= 1,
+            b',' | b']' if depth == 0 => {
+                if let Some(begin) = start.take() {
+                    let end = begin + text[begin..at].trim_end().len();
+                    spans.push(begin..end);
+                }
+                if byte == b']' {
+                    break;
+                }
+            }
+            b' ' | b'\t' | b'\n' | b'\r' => {}
+            _ => {
+                start.get_or_insert(at);
+            }
+        }
+        at += 1;
+    }
+    spans
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Element spans cover each top-level element exactly, strings included.
+    #[test]
+    fn element_spans_skip_strings_and_nesting() {
+        let text = r#" [ {"a": "x,]}\"y"} , [1,[2]] ,3, "s" ] "#;
+        let spans = element_spans(text);
+        let pieces: Vec<&str> = spans.iter().map(|span| &text[span.clone()]).collect();
+        assert_eq!(pieces, [r#"{"a": "x,]}\"y"}"#, "[1,[2]]", "3", r#""s""#]);
+    }
+
+    /// An empty array has no elements.
+    #[test]
+    fn element_spans_of_empty_array() {
+        assert!(element_spans("[ ]").is_empty());
+    }
+}
