@@ -41,6 +41,9 @@ enum Command {
         /// On SIGINT/SIGTERM, how long to wait for open connections to finish.
         #[arg(long, default_value_t = 5000)]
         drain_timeout_ms: u64,
+        /// How long settled tool calls of a cleanly released key are kept.
+        #[arg(long, default_value_t = leasehold::lessor::DEFAULT_LEDGER_RETENTION_MS)]
+        ledger_retention_ms: u64,
     },
     /// Acquire a lease on KEY.
     Acquire {
@@ -176,7 +179,21 @@ async fn run(command: Command) -> ExitCode {
             db,
             sync,
             drain_timeout_ms,
-        } => serve(listen, db, sync, Duration::from_millis(drain_timeout_ms)).await,
+            ledger_retention_ms,
+        } => {
+            let config = EngineConfig {
+                ledger_retention_ms,
+                ..EngineConfig::default()
+            };
+            serve(
+                listen,
+                db,
+                sync,
+                config,
+                Duration::from_millis(drain_timeout_ms),
+            )
+            .await
+        }
         other => match operate(other).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
@@ -187,7 +204,13 @@ async fn run(command: Command) -> ExitCode {
     }
 }
 
-async fn serve(listen: SocketAddr, db: PathBuf, sync: Sync, drain_timeout: Duration) -> ExitCode {
+async fn serve(
+    listen: SocketAddr,
+    db: PathBuf,
+    sync: Sync,
+    config: EngineConfig,
+    drain_timeout: Duration,
+) -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -198,12 +221,7 @@ async fn serve(listen: SocketAddr, db: PathBuf, sync: Sync, drain_timeout: Durat
         Sync::Full => SyncMode::Full,
         Sync::Normal => SyncMode::Normal,
     };
-    let engine = match server::open_engine(
-        &db,
-        sync,
-        Arc::new(SystemClock::new()),
-        EngineConfig::default(),
-    ) {
+    let engine = match server::open_engine(&db, sync, Arc::new(SystemClock::new()), config) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("error: {e}");
