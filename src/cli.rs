@@ -45,6 +45,8 @@ enum Command {
         #[arg(long, default_value_t = leasehold::lessor::DEFAULT_LEDGER_RETENTION_MS)]
         ledger_retention_ms: u64,
     },
+    /// Drive a running server (or a peer: etcd, ZooKeeper) with load and report ops/s and latency.
+    Bench(leasehold::bench::BenchArgs),
     /// Acquire a lease on KEY.
     Acquire {
         key: String,
@@ -194,6 +196,7 @@ async fn run(command: Command) -> ExitCode {
             )
             .await
         }
+        Command::Bench(args) => leasehold::bench::run(args).await,
         other => match operate(other).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
@@ -287,7 +290,7 @@ fn refused(status: tonic::Status) -> String {
 
 async fn operate(command: Command) -> Result<(), String> {
     match command {
-        Command::Serve { .. } => unreachable!("handled by run"),
+        Command::Serve { .. } | Command::Bench(_) => unreachable!("handled by run"),
         Command::Acquire {
             key,
             target,

@@ -20,6 +20,7 @@
 //! - [`pb`]: generated protobuf code.
 
 pub mod client;
+pub mod bench;
 pub mod clock;
 pub mod engine;
 pub mod error;
