@@ -15,6 +15,9 @@
 //! - [`engine`]: shared state, the group-commit writer, expiry and waiters.
 //! - [`grpc`]: the tonic service and the one error-to-status table.
 //! - [`server`]: running it all on a listener.
+//! - [`client`]: the Rust client and its fenced [`client::SessionGuard`].
+//! - [`fence`]: storage-side fencing for applications' own databases.
+//! - [`bench`]: the load generator behind `leasehold bench`.
 //! - [`transcript`]: diagnose and repair tool-call pairing in transcripts
 //!   (no dependency on the server).
 //! - [`pb`]: generated protobuf code.
