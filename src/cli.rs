@@ -1,7 +1,8 @@
 //! Command-line parsing and the operator commands.
 
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use leasehold::pb;
 use leasehold::pb::leasehold_client::LeaseholdClient;
 use leasehold::server;
 use leasehold::store::sqlite::SyncMode;
+use leasehold::transcript;
 use leasehold::{Error, SystemClock};
 
 /// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite.
@@ -47,6 +49,11 @@ enum Command {
     },
     /// Drive a running server (or a peer: etcd, ZooKeeper) with load and report ops/s and latency.
     Bench(leasehold::bench::BenchArgs),
+    /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
+    Transcript {
+        #[command(subcommand)]
+        command: TranscriptCommand,
+    },
     /// Acquire a lease on KEY.
     Acquire {
         key: String,
@@ -125,6 +132,42 @@ enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum TranscriptCommand {
+    /// Report every unmatched, duplicate, late or orphaned tool result.
+    /// Exit status: 0 healthy, 1 findings, 2 unreadable input.
+    Check {
+        /// The transcript file; `-` reads standard input.
+        file: PathBuf,
+        /// openai-chat, anthropic or openai-responses (default: detect).
+        #[arg(long)]
+        format: Option<transcript::Format>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move genuine results next to their calls, drop duplicates and orphans,
+    /// and add unknown-outcome placeholders; list every action on stderr.
+    /// Exit status: 0 repaired output is healthy, 1 unrecoverable findings
+    /// remain, 2 unreadable input.
+    Repair {
+        /// The transcript file; `-` reads standard input.
+        file: PathBuf,
+        /// Where to write the repaired transcript (default: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// openai-chat, anthropic or openai-responses (default: detect).
+        #[arg(long)]
+        format: Option<transcript::Format>,
+        /// A substring marking another tool's placeholder result (repeatable).
+        #[arg(long = "placeholder-marker")]
+        placeholder_markers: Vec<String>,
+        /// Print the actions as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// Where operator commands send their request, and how they print.
 #[derive(Debug, clap::Args)]
 struct Target {
@@ -197,6 +240,7 @@ async fn run(command: Command) -> ExitCode {
             .await
         }
         Command::Bench(args) => leasehold::bench::run(args).await,
+        Command::Transcript { command } => transcript_command(command),
         other => match operate(other).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
@@ -290,7 +334,9 @@ fn refused(status: tonic::Status) -> String {
 
 async fn operate(command: Command) -> Result<(), String> {
     match command {
-        Command::Serve { .. } | Command::Bench(_) => unreachable!("handled by run"),
+        Command::Serve { .. } | Command::Bench(_) | Command::Transcript { .. } => {
+            unreachable!("handled by run")
+        }
         Command::Acquire {
             key,
             target,
@@ -446,6 +492,130 @@ async fn operate(command: Command) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Reads a transcript from a file, or standard input for `-`.
+fn read_transcript(file: &Path) -> Result<transcript::Transcript, String> {
+    let text = if file == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        text
+    } else {
+        std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?
+    };
+    transcript::Transcript::parse(&text).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+fn transcript_command(command: TranscriptCommand) -> ExitCode {
+    const UNREADABLE: u8 = 2;
+    let fail = |message: String| {
+        eprintln!("error: {message}");
+        ExitCode::from(UNREADABLE)
+    };
+    match command {
+        TranscriptCommand::Check { file, format, json } => {
+            let parsed = match read_transcript(&file) {
+                Ok(parsed) => parsed,
+                Err(message) => return fail(message),
+            };
+            let report = match transcript::check(&parsed, format) {
+                Ok(report) => report,
+                Err(e) => return fail(e.to_string()),
+            };
+            let Some(report) = report else {
+                if json {
+                    println!(
+                        "{}",
+                        json!({"healthy": true, "format": null, "messages": parsed.len(), "findings": []})
+                    );
+                } else {
+                    println!("healthy: {} messages, no tool calls", parsed.len());
+                }
+                return ExitCode::SUCCESS;
+            };
+            if json {
+                println!("{}", leasehold::grpc::transcripts::report_json(&report));
+            } else {
+                print!("{}", transcript::render_human(&report));
+            }
+            if report.is_healthy() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        TranscriptCommand::Repair {
+            file,
+            output,
+            format,
+            placeholder_markers,
+            json,
+        } => {
+            let parsed = match read_transcript(&file) {
+                Ok(parsed) => parsed,
+                Err(message) => return fail(message),
+            };
+            let repaired = match transcript::check(&parsed, format) {
+                Err(e) => return fail(e.to_string()),
+                Ok(None) => None,
+                Ok(Some(_)) => {
+                    let mut options = transcript::RepairOptions::default();
+                    options
+                        .extra_placeholder_markers
+                        .extend(placeholder_markers);
+                    match transcript::repair(&parsed, format, &options) {
+                        Ok(repaired) => Some(repaired),
+                        Err(e) => return fail(e.to_string()),
+                    }
+                }
+            };
+            let (text, actions, unrecoverable) = match &repaired {
+                Some(r) => (r.transcript.to_text(), &r.actions[..], &r.unrecoverable[..]),
+                None => (parsed.to_text(), &[][..], &[][..]),
+            };
+            let written = match &output {
+                Some(path) => std::fs::write(path, &text)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display())),
+                None => std::io::stdout()
+                    .write_all(text.as_bytes())
+                    .map_err(|e| format!("cannot write standard output: {e}")),
+            };
+            if let Err(message) = written {
+                return fail(message);
+            }
+            if json {
+                eprintln!(
+                    "{}",
+                    json!({"healthy": unrecoverable.is_empty(), "actions": actions, "unrecoverable": unrecoverable})
+                );
+            } else {
+                for action in actions {
+                    eprintln!(
+                        "{}",
+                        one_line(&serde_json::to_value(action).unwrap_or_default())
+                    );
+                }
+                for finding in unrecoverable {
+                    eprintln!(
+                        "unrecoverable: message {} call {}: {}",
+                        finding.index, finding.call_id, finding.detail
+                    );
+                }
+                eprintln!(
+                    "{} actions, {} unrecoverable",
+                    actions.len(),
+                    unrecoverable.len()
+                );
+            }
+            if unrecoverable.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
 }
 
 fn lease_json(lease: &pb::Lease) -> Value {

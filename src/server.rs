@@ -16,6 +16,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::clock::Clock;
 use crate::engine::{Engine, EngineConfig};
 use crate::grpc::LeaseholdService;
+use crate::grpc::transcripts::{MAX_TRANSCRIPT_BYTES, TranscriptsService};
 use crate::pb;
 use crate::store::StoreError;
 use crate::store::sqlite::{SqliteStore, SyncMode};
@@ -82,11 +83,17 @@ pub async fn serve_with_drain_timeout(
     health_reporter
         .set_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
         .await;
+    health_reporter
+        .set_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(engine.clone()));
+    let transcripts = pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
+        .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
+        .max_encoding_message_size(MAX_TRANSCRIPT_BYTES);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let signalled = Arc::new(Notify::new());
     let draining = {
@@ -106,6 +113,7 @@ pub async fn serve_with_drain_timeout(
         .add_service(health)
         .add_service(reflection)
         .add_service(service)
+        .add_service(transcripts)
         .serve_with_incoming_shutdown(incoming, draining);
     let served = tokio::select! {
         served = serving => served,

@@ -8,6 +8,22 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::transcript::Report;
+
+/// "3 findings; first: missing call_1 at message 4 (...)".
+fn summary(report: &Report) -> String {
+    match report.findings.first() {
+        Some(first) => format!(
+            "{} finding(s); first: {} for call {} at message {}: {}",
+            report.findings.len(),
+            first.kind,
+            first.call_id,
+            first.index,
+            first.provider_error
+        ),
+        None => "no findings".into(),
+    }
+}
 
 /// A failure of a client call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -18,6 +34,16 @@ pub enum ClientError {
     /// or does not answer in time, is [`Error::Unavailable`].
     #[error(transparent)]
     Server(#[from] Error),
+
+    /// The transcript about to be sent would be rejected by the model
+    /// provider (see [`crate::transcript`]); repair it or leave it for a person.
+    #[error("the transcript is not safe to send: {}", summary(.0))]
+    UnhealthyTranscript(Box<Report>),
+
+    /// The transcript could not be checked (mixed formats, a message that is
+    /// not an object).
+    #[error("the transcript cannot be checked: {0}")]
+    UncheckableTranscript(String),
 
     /// The guard no longer holds its term, or can no longer be sure it does.
     #[error("the lease on key {key:?} (fence {fence}) is lost: {reason}")]
@@ -36,6 +62,7 @@ impl ClientError {
         match self {
             ClientError::Server(err) => matches!(err, Error::Unavailable(_) | Error::Storage(_)),
             ClientError::Lost { reason, .. } => !reason.is_final(),
+            ClientError::UnhealthyTranscript(_) | ClientError::UncheckableTranscript(_) => false,
         }
     }
 

@@ -391,6 +391,30 @@ impl SessionGuard {
         Ok(self.shared.fence)
     }
 
+    /// The gate for a model request: checks that `transcript` (the history
+    /// about to be sent) has every tool call paired the way the provider
+    /// requires, locally and before any round trip, then passes
+    /// [`SessionGuard::gate`]. A transcript without tool activity passes.
+    ///
+    /// # Errors
+    /// [`ClientError::UnhealthyTranscript`] with the findings when the
+    /// provider would reject it; [`ClientError::UncheckableTranscript`] when
+    /// it cannot be checked; otherwise what [`SessionGuard::gate`] returns.
+    pub async fn gate_transcript(
+        &self,
+        transcript: &crate::transcript::Transcript,
+        format: Option<crate::transcript::Format>,
+    ) -> Result<Fence, ClientError> {
+        match crate::transcript::check(transcript, format) {
+            Err(err) => return Err(ClientError::UncheckableTranscript(err.to_string())),
+            Ok(Some(report)) if !report.is_healthy() => {
+                return Err(ClientError::UnhealthyTranscript(Box::new(report)));
+            }
+            Ok(_) => {}
+        }
+        self.gate().await
+    }
+
     /// Runs `work` only while the lease is held: passes the gate, runs the
     /// work with the fence while watching [`SessionGuard::lost`] (the work is
     /// dropped, so cancelled, if the guard stops being valid), then passes

@@ -2,6 +2,7 @@
 
 pub mod convert;
 pub mod status;
+pub mod transcripts;
 
 use tonic::{Request, Response, Status};
 

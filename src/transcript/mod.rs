@@ -75,6 +75,32 @@ pub use repair::{
 };
 pub use text::{Layout, Transcript};
 
+/// Diagnoses `transcript` for sending: `Ok(None)` when it has no tool calls
+/// or results at all (nothing to pair, so nothing can be wrong), otherwise
+/// the report. The CLI, the gRPC service and the client's gate all use this.
+///
+/// # Errors
+/// What [`diagnose`] returns, except [`TranscriptError::FormatNotDetected`]
+/// when no format was named.
+pub fn check(
+    transcript: &Transcript,
+    format: Option<Format>,
+) -> Result<Option<Report>, TranscriptError> {
+    match diagnose(transcript, format) {
+        Err(TranscriptError::FormatNotDetected) if format.is_none() => {
+            // Nothing to pair, but a message that is not an object is still unreadable.
+            match transcript.messages().position(|m| !m.is_object()) {
+                Some(index) => Err(TranscriptError::NotAnObject {
+                    index,
+                    line: transcript.line(index),
+                }),
+                None => Ok(None),
+            }
+        }
+        other => other.map(Some),
+    }
+}
+
 /// Why a transcript could not be read or checked.
 #[derive(Debug, thiserror::Error)]
 pub enum TranscriptError {
