@@ -22,8 +22,8 @@
 //!   (no dependency on the server).
 //! - [`pb`]: generated protobuf code.
 
-pub mod client;
 pub mod bench;
+pub mod client;
 pub mod clock;
 pub mod engine;
 pub mod error;
