@@ -61,25 +61,25 @@ struct Standing {
 }
 
 /// The part of a guard its keep-alive task shares.
-struct Shared {
+pub(super) struct Shared {
     /// The key held.
-    key: String,
+    pub(super) key: String,
     /// The owner name the term was granted to.
     owner: String,
     /// The term's fencing token.
-    fence: Fence,
+    pub(super) fence: Fence,
     /// The secret capability to renew and release the term; never shown.
-    lease_id: String,
+    pub(super) lease_id: String,
     /// Renewal and deadline settings.
-    timing: Timing,
+    pub(super) timing: Timing,
     /// The gRPC client, cloned per call.
-    rpc: LeaseholdClient<Channel>,
+    pub(super) rpc: LeaseholdClient<Channel>,
     /// The current standing; a watch so `lost()` futures can wait on it.
     standing: watch::Sender<Standing>,
 }
 
 impl Shared {
-    fn lost_error(&self, reason: LossReason) -> ClientError {
+    pub(super) fn lost_error(&self, reason: LossReason) -> ClientError {
         ClientError::Lost {
             key: self.key.clone(),
             fence: self.fence.0,
@@ -122,7 +122,7 @@ impl Shared {
     }
 
     /// Turns an answer about the term into a final loss where it is one.
-    fn judge(&self, err: ClientError) -> ClientError {
+    pub(super) fn judge(&self, err: ClientError) -> ClientError {
         match err {
             ClientError::Server(err) if ends_the_term(&err) => {
                 let reason = LossReason::Refused(err);
@@ -187,7 +187,7 @@ fn missing(call: &str) -> ClientError {
 #[must_use = "dropping a guard suspends its term; call release() when the work is done"]
 pub struct SessionGuard {
     /// What the keep-alive task shares.
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     /// How the key's previous term ended, as the grant reported it.
     previous: Option<Ended>,
     /// Whether the grant repeated an earlier one for the same request id.
@@ -458,7 +458,7 @@ impl SessionGuard {
         self.finish(true).await
     }
 
-    fn ensure_valid(&self) -> Result<(), ClientError> {
+    pub(super) fn ensure_valid(&self) -> Result<(), ClientError> {
         match self.shared.loss() {
             Some(reason) => Err(self.shared.lost_error(reason)),
             None => Ok(()),

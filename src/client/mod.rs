@@ -98,6 +98,7 @@
 
 mod error;
 mod guard;
+mod tools;
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -111,6 +112,7 @@ use crate::pb::leasehold_client::LeaseholdClient;
 
 pub use error::{ClientError, LossReason};
 pub use guard::{Ended, SessionGuard};
+pub use tools::{ToolCallRequest, ToolInvocation, ToolOutcome, ToolResult};
 
 /// The TTL an acquire asks for unless told otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -339,7 +341,7 @@ pub(crate) struct Timing {
     /// Subtracted from the TTL for the local deadline.
     safety_margin: Duration,
     /// How long one call may take.
-    rpc_timeout: Duration,
+    pub(super) rpc_timeout: Duration,
 }
 
 impl Timing {
