@@ -668,3 +668,34 @@ async fn concurrent_acquires_share_commits() {
     assert!(commits < 512, "{commits} commits for 512 acquires");
     assert!(commits >= 1);
 }
+
+/// On shutdown, a waiting Acquire gives up with UNAVAILABLE instead of holding the server.
+#[tokio::test]
+async fn shutdown_turns_waiters_away_with_unavailable() {
+    let mut server = TestServer::start().await;
+    let mut client = server.client().await;
+    client
+        .acquire(acquire("k", "holder", 60_000))
+        .await
+        .unwrap();
+    let mut waiter = server.client().await;
+    let waiting = tokio::spawn(async move {
+        let req = pb::AcquireRequest {
+            wait_ms: 60_000,
+            ..acquire("k", "waiter", 1000)
+        };
+        waiter.acquire(req).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.engine.begin_shutdown();
+    let status = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was turned away")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    server.stop().await;
+    // Once stopped, the engine refuses new work rather than losing it.
+    let err = server.engine.check("k", 1).await.unwrap_err();
+    assert!(matches!(err, leasehold::Error::Unavailable(_)), "{err:?}");
+}

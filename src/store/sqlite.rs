@@ -79,6 +79,11 @@ impl SqliteStore {
             reason: explain(e),
         };
         let conn = Connection::open(path).map_err(open_err)?;
+        // rusqlite waits 5 s on a locked file by default; the lock is ours
+        // alone (exclusive mode), so a locked file means another server:
+        // say so quickly.
+        conn.busy_timeout(std::time::Duration::from_millis(200))
+            .map_err(open_err)?;
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
             .map_err(open_err)?;
         let mode: String = conn
@@ -386,6 +391,24 @@ mod tests {
         let snapshot = store.load().unwrap();
         assert_eq!(snapshot.fence_high_water, 0);
         assert!(snapshot.records.is_empty());
+    }
+
+    #[test]
+    fn an_older_database_is_upgraded_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute(
+            "UPDATE meta SET value = 41 WHERE name = 'fence_high_water'",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        assert_eq!(store.load().unwrap().fence_high_water, 41);
     }
 
     #[test]
