@@ -39,6 +39,15 @@ use crate::lessor::{
 };
 use crate::store::{Store, StoreError};
 
+/// At most this many lazily changed keys (expiries, renewals) go into one
+/// commit, so a mass expiry is written in chunks that urgent changes ride
+/// along with, instead of one long commit they queue behind.
+const LAZY_CHUNK: usize = 500;
+
+/// At most this many deadlines are looked at per hold of the lessor lock, so a
+/// mass expiry does not stall requests.
+const EXPIRY_CHUNK: usize = 2_000;
+
 /// Tuning knobs of the engine. The defaults suit production.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -104,6 +113,10 @@ struct Shared {
     lessor: Mutex<Lessor<Waiter>>,
     /// Wakes the writer when a change must be made durable.
     writer_wake: Condvar,
+    /// Whether the writer sleeps on `writer_wake`. Read and written only with
+    /// the lessor locked, so a change never misses a sleeping writer; it
+    /// spares every write while the writer is busy committing a futex wake.
+    writer_idle: AtomicBool,
     /// Published by the writer after each commit; replies wait on it.
     durable: watch::Sender<Durable>,
     /// Wakes the expiry timer when a grant moved the earliest deadline.
@@ -175,6 +188,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             lessor: Mutex::new(lessor),
             writer_wake: Condvar::new(),
+            writer_idle: AtomicBool::new(false),
             durable: watch::Sender::new(Durable::default()),
             timer_wake: Notify::new(),
             clock,
@@ -493,7 +507,7 @@ impl Shared {
             // lapses at its TTL (or its request-id retry picks it up).
             let _ = tx.send(grant);
         }
-        if lessor.has_urgent() {
+        if lessor.has_urgent() && self.writer_idle.load(Ordering::Relaxed) {
             self.writer_wake.notify_one();
         }
         if lessor.take_deadline_changed() {
@@ -539,13 +553,16 @@ impl Shared {
     fn write_loop(&self, mut store: Box<dyn Store>) {
         let lazy_flush = self.config.lazy_flush;
         let mut last_flush = Instant::now();
+        // Set when a lazy flush left keys for the next commit.
+        let mut backlog = false;
         let mut lessor = self.lessor.lock().expect("lessor lock");
         loop {
             let stopping = self.stopping.load(Ordering::Acquire);
-            let due = lessor.has_urgent()
-                || (lessor.has_dirty() && (stopping || last_flush.elapsed() >= lazy_flush));
+            let lazy_due = stopping || backlog || last_flush.elapsed() >= lazy_flush;
+            let due = lessor.has_urgent() || (lessor.has_dirty() && lazy_due);
             if due {
-                let batch = lessor.take_batch();
+                let batch = lessor.take_batch_up_to(LAZY_CHUNK);
+                backlog = lessor.has_lazy_backlog();
                 drop(lessor);
                 let result = store.commit(&batch);
                 last_flush = Instant::now();
@@ -569,21 +586,27 @@ impl Shared {
             } else {
                 lazy_flush
             };
+            self.writer_idle.store(true, Ordering::Relaxed);
             lessor = self
                 .writer_wake
                 .wait_timeout(lessor, wait.max(Duration::from_millis(1)))
                 .expect("lessor lock")
                 .0;
+            self.writer_idle.store(false, Ordering::Relaxed);
         }
     }
 
     /// Ends terms at their deadlines and hands freed keys to waiters.
     async fn expiry_loop(self: Arc<Self>) {
         while !self.stopping.load(Ordering::Acquire) {
-            let next = self.with_lessor(|l| {
-                l.expire_due(self.clock.now());
-                l.next_deadline()
+            let (more, next) = self.with_lessor(|l| {
+                let more = l.expire_due_up_to(self.clock.now(), EXPIRY_CHUNK);
+                (more, l.next_deadline())
             });
+            if more {
+                tokio::task::yield_now().await;
+                continue;
+            }
             let sleep = match next {
                 Some(at) => self.clock.sleep_until(at),
                 None => Box::pin(std::future::pending()),

@@ -20,7 +20,7 @@
 //!   full TTL again, since its holder could not renew while the server was down.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet, VecDeque};
 
 use crate::clock::Millis;
 use crate::error::{Error, Result, StaleReason};
@@ -219,8 +219,14 @@ pub struct Lessor<W> {
     /// Expiry deadlines, earliest first. Entries go stale when a term is
     /// renewed or ended; [`Lessor::expire_due`] re-checks each one it pops.
     deadlines: BinaryHeap<Reverse<(Millis, String)>>,
-    /// Keys changed since the last batch.
+    /// Keys changed since the last batch by a change that must be durable
+    /// before a reply (grants, releases, longer TTLs).
     dirty: HashSet<String>,
+    /// Keys changed since the last batch by changes that need not be durable
+    /// before any reply (expiries, renewals keeping the TTL). Kept apart so a
+    /// mass expiry can be written in chunks without holding up urgent changes;
+    /// in key order, so a chunk touches few table pages.
+    lazy_dirty: BTreeSet<String>,
     /// Whether some change in `dirty` must be durable before a reply.
     urgent: bool,
     /// The last sequence number given to a change that must be durable.
@@ -264,6 +270,7 @@ impl<W: WaiterHandle> Lessor<W> {
             next_fence: fence_high_water + 1,
             deadlines: BinaryHeap::new(),
             dirty: HashSet::new(),
+            lazy_dirty: BTreeSet::new(),
             urgent: false,
             seq: 0,
             handoffs: Vec::new(),
@@ -397,7 +404,7 @@ impl<W: WaiterHandle> Lessor<W> {
             self.urgent = true;
         }
         let visible_seq = state.visible_seq;
-        self.dirty.insert(key.to_owned());
+        mark_dirty(&mut self.dirty, &mut self.lazy_dirty, key, longer_ttl);
         Ok((term, visible_seq))
     }
 
@@ -627,11 +634,23 @@ impl<W: WaiterHandle> Lessor<W> {
     /// Ends every term whose deadline has passed, hands freed keys to waiters,
     /// and prunes ledgers whose retention ran out.
     pub fn expire_due(&mut self, now: Millis) {
+        while self.expire_due_up_to(now, usize::MAX) {}
+    }
+
+    /// As [`Lessor::expire_due`], but looks at no more than `budget` deadlines,
+    /// so the caller can let others at the table between chunks of a mass
+    /// expiry. Returns whether more deadlines are due.
+    pub fn expire_due_up_to(&mut self, now: Millis, budget: usize) -> bool {
         self.prune_due(now);
+        let mut looked = 0;
         while let Some(Reverse((deadline, _))) = self.deadlines.peek() {
             if *deadline > now {
                 break;
             }
+            if looked == budget {
+                return true;
+            }
+            looked += 1;
             let Reverse((_, key)) = self.deadlines.pop().expect("peeked");
             let expires_at = self
                 .keys
@@ -644,6 +663,7 @@ impl<W: WaiterHandle> Lessor<W> {
                 None => {}
             }
         }
+        false
     }
 
     /// Drops settled tool calls of keys released cleanly at least the
@@ -703,14 +723,36 @@ impl<W: WaiterHandle> Lessor<W> {
 
     /// Whether any change (urgent or not) is not yet handed to storage.
     pub fn has_dirty(&self) -> bool {
-        !self.dirty.is_empty() || !self.dirty_calls.is_empty() || !self.pruned_calls.is_empty()
+        !self.dirty.is_empty()
+            || !self.lazy_dirty.is_empty()
+            || !self.dirty_calls.is_empty()
+            || !self.pruned_calls.is_empty()
+    }
+
+    /// Whether lazy changes are left over from a batch that took only some.
+    pub fn has_lazy_backlog(&self) -> bool {
+        !self.lazy_dirty.is_empty()
     }
 
     /// Takes every change since the last batch, for storage to commit at once.
     pub fn take_batch(&mut self) -> Batch {
-        let records = self
-            .dirty
-            .drain()
+        self.take_batch_up_to(usize::MAX)
+    }
+
+    /// Takes every change that must be durable before a reply, and at most
+    /// `lazy_limit` keys changed lazily (the rest stay for the next batch).
+    /// Committing the batch still makes every change up to its `seq` durable.
+    pub fn take_batch_up_to(&mut self, lazy_limit: usize) -> Batch {
+        let mut keys: Vec<String> = self.dirty.drain().collect();
+        if self.lazy_dirty.len() <= lazy_limit {
+            keys.extend(std::mem::take(&mut self.lazy_dirty));
+        } else {
+            keys.extend(std::iter::from_fn(|| self.lazy_dirty.pop_first()).take(lazy_limit));
+        }
+        // Rows written in key order share B-tree pages.
+        keys.sort_unstable();
+        let records = keys
+            .into_iter()
             .filter_map(|key| {
                 let state = self.keys.get(&key)?;
                 Some(KeyRecord {
@@ -793,7 +835,7 @@ impl<W: WaiterHandle> Lessor<W> {
             .or_insert_with(KeyState::new);
         state.live = Some(term.clone());
         state.visible_seq = self.seq;
-        self.dirty.insert(spec.key.clone());
+        mark_dirty(&mut self.dirty, &mut self.lazy_dirty, &spec.key, true);
         self.urgent = true;
         Grant {
             key: spec.key,
@@ -820,12 +862,13 @@ impl<W: WaiterHandle> Lessor<W> {
             ended_at: at,
         };
         state.last_ended = Some(ended.clone());
-        if end != TermEnd::Expired {
+        let urgent = end != TermEnd::Expired;
+        if urgent {
             self.seq += 1;
             state.visible_seq = self.seq;
             self.urgent = true;
         }
-        self.dirty.insert(key.to_owned());
+        mark_dirty(&mut self.dirty, &mut self.lazy_dirty, key, urgent);
         Some(ended)
     }
 }
@@ -833,6 +876,23 @@ impl<W: WaiterHandle> Lessor<W> {
 impl<W: WaiterHandle> Default for Lessor<W> {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Records that `key` changed: among the urgent keys when the change must be
+/// durable before a reply, otherwise among the lazy ones (unless it is
+/// already urgent, which writes its whole row anyway).
+fn mark_dirty(
+    dirty: &mut HashSet<String>,
+    lazy_dirty: &mut BTreeSet<String>,
+    key: &str,
+    urgent: bool,
+) {
+    if urgent {
+        lazy_dirty.remove(key);
+        dirty.insert(key.to_owned());
+    } else if !dirty.contains(key) {
+        lazy_dirty.insert(key.to_owned());
     }
 }
 
@@ -963,6 +1023,27 @@ mod tests {
             .unwrap();
         assert_eq!(term.expires_at, 1000);
         assert_eq!(term.ttl_ms, 100);
+    }
+
+    #[test]
+    fn urgent_changes_never_wait_behind_a_lazy_backlog() {
+        let mut lessor = Lessor::<Tag>::new();
+        for i in 0..5 {
+            granted(lessor.acquire(spec(&format!("e{i}"), "a"), 0, None));
+        }
+        lessor.take_batch();
+        // Five expiries (lazy), then a grant (urgent).
+        assert!(lessor.expire_due_up_to(1000, 3));
+        assert!(!lessor.expire_due_up_to(1000, 3));
+        let g = granted(lessor.acquire(spec("k", "b"), 1000, None));
+        let batch = lessor.take_batch_up_to(2);
+        assert_eq!(batch.records.len(), 3);
+        assert!(batch.records.iter().any(|r| r.key == "k"));
+        assert_eq!(batch.seq, g.visible_seq);
+        assert!(lessor.has_lazy_backlog());
+        assert_eq!(lessor.take_batch_up_to(2).records.len(), 2);
+        assert_eq!(lessor.take_batch_up_to(2).records.len(), 1);
+        assert!(!lessor.has_dirty());
     }
 
     #[test]

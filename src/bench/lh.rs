@@ -1,0 +1,238 @@
+//! The leasehold side: one worker per client over the gRPC API.
+
+use std::time::{Duration, Instant};
+
+use tonic::transport::{Channel, Endpoint};
+
+use super::driver::{self, Worker};
+use super::hot::{self, HotGrant, HotLog};
+use super::{BenchArgs, Mode, Report, Target, run_id};
+use crate::pb;
+use crate::pb::leasehold_client::LeaseholdClient;
+
+pub(crate) type Client = LeaseholdClient<Channel>;
+
+/// Runs `args.mode` against the leasehold server at `args.server`.
+pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
+    let channels = connect(&args.server, args.connections()).await?;
+    let run = run_id();
+    let client = |i: usize| LeaseholdClient::new(channels[i % channels.len()].clone());
+    let (warmup, duration) = (args.warmup(), args.duration());
+    let ttl_ms = args.ttl_ms;
+    match args.mode {
+        Mode::Cycle => {
+            let workers = driver::set_up(args.clients, |i| {
+                let worker = Cycle {
+                    client: client(i),
+                    key: format!("bench/{run}/cycle/{i}"),
+                    owner: format!("bench-{i}"),
+                    ttl_ms,
+                };
+                async move { Ok(worker) }
+            })
+            .await?;
+            let outcome = driver::drive(workers, warmup, duration).await?;
+            Ok(outcome.report(
+                args,
+                Target::Leasehold,
+                Mode::Cycle,
+                serde_json::Value::Null,
+            ))
+        }
+        Mode::Hot => {
+            let keys = args.keys.max(1);
+            let wait_ms = args.wait_ms;
+            let workers = driver::set_up(args.clients, |i| {
+                let worker = Hot {
+                    client: client(i),
+                    index: i,
+                    key_index: i % keys,
+                    key: format!("bench/{run}/hot/{}", i % keys),
+                    owner: format!("bench-{i}"),
+                    ttl_ms,
+                    wait_ms,
+                    log: HotLog::default(),
+                };
+                async move { Ok(worker) }
+            })
+            .await?;
+            let outcome = driver::drive(workers, warmup, duration).await?;
+            let logs: Vec<&HotLog> = outcome.workers.iter().map(|w| &w.log).collect();
+            let details = hot::check(&logs, Duration::from_millis(args.fifo_slack_ms));
+            Ok(outcome.report(args, Target::Leasehold, Mode::Hot, details))
+        }
+        Mode::Renew | Mode::Check => {
+            let mode = args.mode;
+            let workers = driver::set_up(args.clients, |i| {
+                let mut client = client(i);
+                let key = format!("bench/{run}/held/{i}");
+                async move {
+                    let lease =
+                        acquire(&mut client, &key, &format!("bench-{i}"), ttl_ms, 0).await?;
+                    Ok(Held {
+                        client,
+                        lease,
+                        mode,
+                    })
+                }
+            })
+            .await?;
+            let mut outcome = driver::drive(workers, warmup, duration).await?;
+            for mut held in std::mem::take(&mut outcome.workers) {
+                let _ = release(&mut held.client, &held.lease).await;
+            }
+            Ok(outcome.report(args, Target::Leasehold, mode, serde_json::Value::Null))
+        }
+        Mode::Scale => unreachable!("scale mode has its own module"),
+    }
+}
+
+/// Opens `n` HTTP/2 connections to `server`.
+pub(crate) async fn connect(server: &str, n: usize) -> Result<Vec<Channel>, String> {
+    let endpoint = Endpoint::from_shared(server.to_owned())
+        .map_err(|e| format!("bad server URL {server}: {e}"))?
+        .tcp_nodelay(true);
+    let made = driver::set_up(n, |_| {
+        let endpoint = endpoint.clone();
+        async move {
+            endpoint
+                .connect()
+                .await
+                .map_err(|e| format!("cannot connect: {e}"))
+        }
+    })
+    .await?;
+    Ok(made)
+}
+
+/// A status as a short error string.
+pub(crate) fn refused(status: tonic::Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
+
+/// Acquires `key` (waiting up to `wait_ms`) and returns the lease.
+pub(crate) async fn acquire(
+    client: &mut Client,
+    key: &str,
+    owner: &str,
+    ttl_ms: u64,
+    wait_ms: u64,
+) -> Result<pb::Lease, String> {
+    let reply = client
+        .acquire(pb::AcquireRequest {
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+            ttl_ms,
+            wait_ms,
+            request_id: String::new(),
+        })
+        .await
+        .map_err(refused)?;
+    reply
+        .into_inner()
+        .lease
+        .ok_or_else(|| "Acquire replied without a lease".to_owned())
+}
+
+/// Releases `lease`.
+pub(crate) async fn release(client: &mut Client, lease: &pb::Lease) -> Result<(), String> {
+    client
+        .release(pb::ReleaseRequest {
+            key: lease.key.clone(),
+            fence: lease.fence,
+            lease_id: lease.lease_id.clone(),
+            suspend: false,
+        })
+        .await
+        .map(drop)
+        .map_err(refused)
+}
+
+/// Cycle mode: Acquire + Release of the client's own key.
+pub(crate) struct Cycle {
+    pub client: Client,
+    pub key: String,
+    pub owner: String,
+    pub ttl_ms: u64,
+}
+
+impl Worker for Cycle {
+    async fn op(&mut self) -> Result<(), String> {
+        let lease = acquire(&mut self.client, &self.key, &self.owner, self.ttl_ms, 0).await?;
+        release(&mut self.client, &lease).await
+    }
+}
+
+/// Hot mode: one handover of a contended key (wait in line, then release).
+struct Hot {
+    client: Client,
+    index: usize,
+    key_index: usize,
+    key: String,
+    owner: String,
+    ttl_ms: u64,
+    wait_ms: u64,
+    log: HotLog,
+}
+
+impl Worker for Hot {
+    async fn op(&mut self) -> Result<(), String> {
+        let asked = Instant::now();
+        let lease = match acquire(
+            &mut self.client,
+            &self.key,
+            &self.owner,
+            self.ttl_ms,
+            self.wait_ms,
+        )
+        .await
+        {
+            Ok(lease) => lease,
+            Err(e) => {
+                self.log.failed_acquires += 1;
+                return Err(e);
+            }
+        };
+        let granted = Instant::now();
+        let releasing = Instant::now();
+        self.log.grants.push(HotGrant {
+            key: self.key_index,
+            client: self.index,
+            fence: lease.fence,
+            asked,
+            granted,
+            releasing,
+        });
+        release(&mut self.client, &lease).await.inspect_err(|_| {
+            self.log.failed_releases += 1;
+        })
+    }
+}
+
+/// Renew and check modes: operations on a lease the client holds.
+struct Held {
+    client: Client,
+    lease: pb::Lease,
+    mode: Mode,
+}
+
+impl Worker for Held {
+    async fn op(&mut self) -> Result<(), String> {
+        let lease = &self.lease;
+        if self.mode == Mode::Renew {
+            let request = pb::RenewRequest {
+                key: lease.key.clone(),
+                fence: lease.fence,
+                lease_id: lease.lease_id.clone(),
+                ttl_ms: 0,
+            };
+            self.client.renew(request).await.map(drop).map_err(refused)
+        } else {
+            let request = pb::CheckRequest {
+                key: lease.key.clone(),
+                fence: lease.fence,
+            };
+            self.client.check(request).await.map(drop).map_err(refused)
+        }
+    }
+}
