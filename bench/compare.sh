@@ -11,6 +11,8 @@
 # Environment (all optional):
 #   ROUNDS=3  DURATION=10  WARMUP=2  CLIENTS="1 16 64"  MODES="cycle hot renew check"
 #   CONNECTIONS=N   share N connections among the clients (default: one each)
+#   STREAM=1        leasehold renew/check over its KeepAlive stream (as etcd's
+#                   keep-alive already is) instead of unary calls
 #   KEEP=1          keep the temp dir (raw JSON lines in results.jsonl, logs)
 #   OUT=FILE        also copy results.jsonl there
 set -euo pipefail
@@ -45,6 +47,8 @@ RESULTS="$WORK/results.jsonl"
 : >"$RESULTS"
 conn_flag=()
 [ -n "${CONNECTIONS:-}" ] && conn_flag=(--connections "$CONNECTIONS")
+stream_flag=()
+[ "${STREAM:-0}" = 1 ] && stream_flag=(--stream)
 
 for round in $(seq "$ROUNDS"); do
   for mode in $MODES; do
@@ -52,8 +56,10 @@ for round in $(seq "$ROUNDS"); do
       for target in leasehold zookeeper etcd; do
         [ "$target" = zookeeper ] && [ "$mode" = renew ] && continue
         log "round $round: $target $mode, $clients clients"
+        extra=()
+        [ "$target" = leasehold ] && extra=("${stream_flag[@]}")
         if ! "$BIN" bench --target "$target" --mode "$mode" --clients "$clients" \
-          "${conn_flag[@]}" --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
+          "${conn_flag[@]}" "${extra[@]}" --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
           --label "$round" --json >>"$RESULTS" 2>>"$WORK/bench.log"; then
           log "  failed (see $WORK/bench.log)"
         fi

@@ -91,11 +91,17 @@ async fn hot_mode_hands_over_in_order_without_lost_wakeups() {
 async fn renew_and_check_modes_succeed_on_held_leases() {
     let server = TestServer::start().await;
     for mode in ["renew", "check"] {
-        let report = bench::measure(&args(&server, &["--mode", mode, "--clients", "3"]))
-            .await
-            .expect("bench ran");
-        assert!(report.ops > 0, "{mode}: {report:?}");
-        assert_eq!(report.errors, 0, "{mode}: {report:?}");
+        for stream in [false, true] {
+            let mut extra = vec!["--mode", mode, "--clients", "3"];
+            if stream {
+                extra.push("--stream");
+            }
+            let report = bench::measure(&args(&server, &extra))
+                .await
+                .expect("bench ran");
+            assert!(report.ops > 0, "{mode} stream={stream}: {report:?}");
+            assert_eq!(report.errors, 0, "{mode} stream={stream}: {report:?}");
+        }
     }
 }
 

@@ -699,3 +699,44 @@ async fn shutdown_turns_waiters_away_with_unavailable() {
     let err = server.engine.check("k", 1).await.unwrap_err();
     assert!(matches!(err, leasehold::Error::Unavailable(_)), "{err:?}");
 }
+
+/// KeepAlive renews and checks over one stream; refusals come back in the
+/// response and the stream stays open.
+#[tokio::test]
+async fn keep_alive_stream_renews_checks_and_reports_refusals() {
+    use pb::keep_alive_request::Op;
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let lease = lease_of(client.acquire(acquire("k", "o", 1000)).await.unwrap());
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut replies = client
+        .keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut send = async |op: Op| {
+        tx.send(pb::KeepAliveRequest { op: Some(op) })
+            .await
+            .unwrap();
+        replies
+            .message()
+            .await
+            .unwrap()
+            .expect("one reply per request")
+    };
+    server.clock.advance(900);
+    let renewed = send(Op::Renew(renew(&lease, 0))).await;
+    assert_eq!(renewed.code, 0, "{renewed:?}");
+    assert_eq!(renewed.lease.unwrap().expires_at_ms, T0 + 1900);
+    let checked = send(Op::Check(check("k", lease.fence))).await;
+    assert_eq!(checked.code, 0);
+    assert!(checked.lease.unwrap().lease_id.is_empty());
+    server.clock.advance(1000);
+    let refused = send(Op::Renew(renew(&lease, 0))).await;
+    assert_eq!(refused.code, Code::FailedPrecondition as i32);
+    assert_eq!(refused.reason, "expired");
+    assert!(refused.message.contains("expired"), "{}", refused.message);
+    // The stream is still usable after a refusal.
+    let refused = send(Op::Check(check("k", lease.fence))).await;
+    assert_eq!(refused.code, Code::FailedPrecondition as i32);
+}

@@ -63,16 +63,23 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
         }
         Mode::Renew | Mode::Check => {
             let mode = args.mode;
+            let stream = args.stream;
             let workers = driver::set_up(args.clients, |i| {
                 let mut client = client(i);
                 let key = format!("bench/{run}/held/{i}");
                 async move {
                     let lease =
                         acquire(&mut client, &key, &format!("bench-{i}"), ttl_ms, 0).await?;
+                    let stream = if stream {
+                        Some(KeepAlive::open(&mut client).await?)
+                    } else {
+                        None
+                    };
                     Ok(Held {
                         client,
                         lease,
                         mode,
+                        stream,
                     })
                 }
             })
@@ -214,11 +221,60 @@ struct Held {
     client: Client,
     lease: pb::Lease,
     mode: Mode,
+    /// With `--stream`: the client's KeepAlive stream.
+    stream: Option<KeepAlive>,
+}
+
+/// One client's KeepAlive stream: requests in, one reply each, in order.
+struct KeepAlive {
+    requests: tokio::sync::mpsc::Sender<pb::KeepAliveRequest>,
+    replies: tonic::Streaming<pb::KeepAliveResponse>,
+}
+
+impl KeepAlive {
+    async fn open(client: &mut Client) -> Result<KeepAlive, String> {
+        let (requests, rx) = tokio::sync::mpsc::channel(1);
+        let replies = client
+            .keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(refused)?
+            .into_inner();
+        Ok(KeepAlive { requests, replies })
+    }
+
+    async fn call(&mut self, op: pb::keep_alive_request::Op) -> Result<(), String> {
+        self.requests
+            .send(pb::KeepAliveRequest { op: Some(op) })
+            .await
+            .map_err(|_| "KeepAlive stream closed".to_owned())?;
+        match self.replies.message().await.map_err(refused)? {
+            Some(reply) if reply.code == 0 => Ok(()),
+            Some(reply) => Err(format!("code {}: {}", reply.code, reply.message)),
+            None => Err("KeepAlive stream ended".to_owned()),
+        }
+    }
 }
 
 impl Worker for Held {
     async fn op(&mut self) -> Result<(), String> {
         let lease = &self.lease;
+        if let Some(stream) = &mut self.stream {
+            use pb::keep_alive_request::Op;
+            let op = if self.mode == Mode::Renew {
+                Op::Renew(pb::RenewRequest {
+                    key: lease.key.clone(),
+                    fence: lease.fence,
+                    lease_id: lease.lease_id.clone(),
+                    ttl_ms: 0,
+                })
+            } else {
+                Op::Check(pb::CheckRequest {
+                    key: lease.key.clone(),
+                    fence: lease.fence,
+                })
+            };
+            return stream.call(op).await;
+        }
         if self.mode == Mode::Renew {
             let request = pb::RenewRequest {
                 key: lease.key.clone(),

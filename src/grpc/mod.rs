@@ -4,7 +4,10 @@ pub mod convert;
 pub mod status;
 pub mod transcripts;
 
-use tonic::{Request, Response, Status};
+use std::pin::Pin;
+
+use futures_util::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::{AcquireRequest, Engine};
 use crate::error::Error;
@@ -219,5 +222,57 @@ impl Leasehold for LeaseholdService {
                     .collect(),
             }
         }))
+    }
+
+    type KeepAliveStream =
+        Pin<Box<dyn Stream<Item = Result<pb::KeepAliveResponse, Status>> + Send + 'static>>;
+
+    async fn keep_alive(
+        &self,
+        request: Request<Streaming<pb::KeepAliveRequest>>,
+    ) -> Reply<Self::KeepAliveStream> {
+        let engine = self.engine.clone();
+        let responses = request.into_inner().then(move |message| {
+            let engine = engine.clone();
+            async move { Ok(keep_alive_step(&engine, message?).await) }
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+}
+
+/// One operation of a KeepAlive stream; refusals travel in the response.
+async fn keep_alive_step(engine: &Engine, message: pb::KeepAliveRequest) -> pb::KeepAliveResponse {
+    use pb::keep_alive_request::Op;
+    let result = match message.op {
+        Some(Op::Renew(r)) => engine
+            .renew(&r.key, r.fence, &r.lease_id, r.ttl_ms)
+            .await
+            .map(|t| convert::lease(&r.key, &t, true)),
+        Some(Op::Check(r)) => engine
+            .check(&r.key, r.fence)
+            .await
+            .map(|t| convert::lease(&r.key, &t, false)),
+        None => Err(Error::InvalidArgument("empty KeepAlive request".into())),
+    };
+    match result {
+        Ok(lease) => pb::KeepAliveResponse {
+            code: 0,
+            lease: Some(lease),
+            ..Default::default()
+        },
+        Err(err) => {
+            let status = status::to_status(err);
+            pb::KeepAliveResponse {
+                code: status.code() as i32,
+                message: status.message().to_owned(),
+                reason: status
+                    .metadata()
+                    .get(status::REASON)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned(),
+                lease: None,
+            }
+        }
     }
 }

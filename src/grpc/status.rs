@@ -14,7 +14,8 @@ const KEY: &str = "leasehold-key-bin";
 const HOLDER: &str = "leasehold-holder-bin";
 const FENCE: &str = "leasehold-fence";
 const REMAINING: &str = "leasehold-remaining-ms";
-const REASON: &str = "leasehold-reason";
+/// The metadata key naming why a fence is stale.
+pub const REASON: &str = "leasehold-reason";
 const AT: &str = "leasehold-at-ms";
 const BY: &str = "leasehold-superseded-by";
 
