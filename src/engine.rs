@@ -103,7 +103,8 @@ impl WaiterHandle for Waiter {
 struct Durable {
     /// Every change up to this sequence is committed.
     seq: u64,
-    /// Set when a commit failed; the engine then refuses all requests.
+    /// Set when a commit failed (or the writer stopped): the engine then
+    /// refuses all requests with this message.
     failure: Option<String>,
 }
 
@@ -516,11 +517,11 @@ impl Shared {
     }
 
     fn ensure_open(&self) -> Result<()> {
-        if let Some(failure) = &self.durable.borrow().failure {
-            return Err(Error::Unavailable(format!("storage failed: {failure}")));
-        }
         if self.stopping.load(Ordering::Acquire) {
             return Err(closed());
+        }
+        if let Some(failure) = &self.durable.borrow().failure {
+            return Err(Error::Unavailable(failure.clone()));
         }
         Ok(())
     }
@@ -533,9 +534,7 @@ impl Shared {
             .await
             .map_err(|_| closed())?;
         match &state.failure {
-            Some(failure) if state.seq < seq => {
-                Err(Error::Unavailable(format!("storage failed: {failure}")))
-            }
+            Some(failure) if state.seq < seq => Err(Error::Unavailable(failure.clone())),
             _ => Ok(()),
         }
     }
@@ -569,7 +568,7 @@ impl Shared {
                 if let Err(e) = result {
                     tracing::error!(error = %e, "commit failed; refusing further requests");
                     self.durable
-                        .send_modify(|d| d.failure = Some(e.to_string()));
+                        .send_modify(|d| d.failure = Some(format!("storage failed: {e}")));
                     return;
                 }
                 self.commits.store(store.commits(), Ordering::Relaxed);
@@ -579,6 +578,10 @@ impl Shared {
             }
             if stopping {
                 tracing::info!(commits = store.commits(), "writer stopped");
+                // A request that slipped in after the last commit would
+                // otherwise wait forever for a writer that is gone.
+                self.durable
+                    .send_modify(|d| d.failure = Some("the server has stopped".into()));
                 return;
             }
             let wait = if lessor.has_dirty() {
