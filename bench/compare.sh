@@ -11,8 +11,8 @@
 # Environment (all optional):
 #   ROUNDS=3  DURATION=10  WARMUP=2  CLIENTS="1 16 64"  MODES="cycle hot renew check"
 #   CONNECTIONS=N   share N connections among the clients (default: one each)
-#   STREAM=1        leasehold renew/check over its KeepAlive stream (as etcd's
-#                   keep-alive already is) instead of unary calls
+#   STREAM=1        leasehold cycle/renew/check over its Session stream (as
+#                   etcd's keep-alive already is) instead of unary calls
 #   KEEP=1          keep the temp dir (raw JSON lines in results.jsonl, logs)
 #   OUT=FILE        also copy results.jsonl there
 set -euo pipefail

@@ -105,6 +105,29 @@ async fn renew_and_check_modes_succeed_on_held_leases() {
     }
 }
 
+/// Cycle mode over the Session stream acquires and releases without errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cycle_mode_runs_over_the_session_stream() {
+    let server = TestServer::start().await;
+    let report = bench::measure(&args(
+        &server,
+        &["--mode", "cycle", "--clients", "3", "--stream"],
+    ))
+    .await
+    .expect("bench ran");
+    assert!(report.ops > 0, "{report:?}");
+    assert_eq!(report.errors, 0, "{report:?}");
+    let page = server
+        .engine
+        .list("bench/", ListFilter::Live, None, 1000)
+        .await
+        .unwrap();
+    assert!(
+        page.keys.is_empty(),
+        "every streamed acquire was released: {page:?}"
+    );
+}
+
 /// Without the `peers` feature, the peer targets are refused with advice.
 #[cfg(not(feature = "peers"))]
 #[tokio::test]

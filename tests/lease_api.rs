@@ -700,24 +700,22 @@ async fn shutdown_turns_waiters_away_with_unavailable() {
     assert!(matches!(err, leasehold::Error::Unavailable(_)), "{err:?}");
 }
 
-/// KeepAlive renews and checks over one stream; refusals come back in the
+/// A Session stream renews and checks over one stream; refusals come back in the
 /// response and the stream stays open.
 #[tokio::test]
-async fn keep_alive_stream_renews_checks_and_reports_refusals() {
-    use pb::keep_alive_request::Op;
+async fn session_stream_renews_checks_and_reports_refusals() {
+    use pb::session_request::Op;
     let server = TestServer::start().await;
     let mut client = server.client().await;
     let lease = lease_of(client.acquire(acquire("k", "o", 1000)).await.unwrap());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let mut replies = client
-        .keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
         .unwrap()
         .into_inner();
     let mut send = async |op: Op| {
-        tx.send(pb::KeepAliveRequest { op: Some(op) })
-            .await
-            .unwrap();
+        tx.send(pb::SessionRequest { op: Some(op) }).await.unwrap();
         replies
             .message()
             .await
@@ -736,7 +734,30 @@ async fn keep_alive_stream_renews_checks_and_reports_refusals() {
     assert_eq!(refused.code, Code::FailedPrecondition as i32);
     assert_eq!(refused.reason, "expired");
     assert!(refused.message.contains("expired"), "{}", refused.message);
-    // The stream is still usable after a refusal.
+    // The stream is still usable after a refusal, for every kind of operation.
     let refused = send(Op::Check(check("k", lease.fence))).await;
     assert_eq!(refused.code, Code::FailedPrecondition as i32);
+    let acquired = send(Op::Acquire(acquire("k", "o2", 1000))).await;
+    assert_eq!(acquired.code, 0, "{acquired:?}");
+    assert_eq!(acquired.previous.unwrap().end, pb::TermEnd::Expired as i32);
+    let second = acquired.lease.unwrap();
+    assert!(second.fence > lease.fence);
+    let busy = send(Op::Acquire(acquire("k", "o3", 1000))).await;
+    assert_eq!(busy.code, Code::Aborted as i32);
+    assert!(busy.message.contains("o2"), "{}", busy.message);
+    let released = send(Op::Release(release(&second, true))).await;
+    assert_eq!(released.code, 0);
+    assert_eq!(released.ended.unwrap().end, pb::TermEnd::Suspended as i32);
+    // Durable like the unary form: a restart keeps the release.
+    drop(send);
+    drop(client);
+    let server = server.restart().await;
+    let mut client = server.client().await;
+    let got = client
+        .get(pb::GetRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.recoverable);
+    assert_eq!(got.last_ended.unwrap().fence, second.fence);
 }

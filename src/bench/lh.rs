@@ -21,14 +21,24 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
     let ttl_ms = args.ttl_ms;
     match args.mode {
         Mode::Cycle => {
+            let stream = args.stream;
             let workers = driver::set_up(args.clients, |i| {
-                let worker = Cycle {
-                    client: client(i),
-                    key: format!("bench/{run}/cycle/{i}"),
-                    owner: format!("bench-{i}"),
-                    ttl_ms,
-                };
-                async move { Ok(worker) }
+                let mut client = client(i);
+                let key = format!("bench/{run}/cycle/{i}");
+                async move {
+                    let stream = if stream {
+                        Some(SessionStream::open(&mut client).await?)
+                    } else {
+                        None
+                    };
+                    Ok(Cycle {
+                        client,
+                        key,
+                        owner: format!("bench-{i}"),
+                        ttl_ms,
+                        stream,
+                    })
+                }
             })
             .await?;
             let outcome = driver::drive(workers, warmup, duration).await?;
@@ -71,7 +81,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
                     let lease =
                         acquire(&mut client, &key, &format!("bench-{i}"), ttl_ms, 0).await?;
                     let stream = if stream {
-                        Some(KeepAlive::open(&mut client).await?)
+                        Some(SessionStream::open(&mut client).await?)
                     } else {
                         None
                     };
@@ -161,10 +171,34 @@ pub(crate) struct Cycle {
     pub key: String,
     pub owner: String,
     pub ttl_ms: u64,
+    /// With `--stream`: Acquire and Release go over this Session stream.
+    pub stream: Option<SessionStream>,
 }
 
 impl Worker for Cycle {
     async fn op(&mut self) -> Result<(), String> {
+        if let Some(stream) = &mut self.stream {
+            use pb::session_request::Op;
+            let acquired = stream
+                .call(Op::Acquire(pb::AcquireRequest {
+                    key: self.key.clone(),
+                    owner: self.owner.clone(),
+                    ttl_ms: self.ttl_ms,
+                    wait_ms: 0,
+                    request_id: String::new(),
+                }))
+                .await?;
+            let lease = acquired
+                .lease
+                .ok_or_else(|| "Acquire replied without a lease".to_owned())?;
+            let release = pb::ReleaseRequest {
+                key: lease.key,
+                fence: lease.fence,
+                lease_id: lease.lease_id,
+                suspend: false,
+            };
+            return stream.call(Op::Release(release)).await.map(drop);
+        }
         let lease = acquire(&mut self.client, &self.key, &self.owner, self.ttl_ms, 0).await?;
         release(&mut self.client, &lease).await
     }
@@ -221,36 +255,36 @@ struct Held {
     client: Client,
     lease: pb::Lease,
     mode: Mode,
-    /// With `--stream`: the client's KeepAlive stream.
-    stream: Option<KeepAlive>,
+    /// With `--stream`: the client's Session stream.
+    stream: Option<SessionStream>,
 }
 
-/// One client's KeepAlive stream: requests in, one reply each, in order.
-struct KeepAlive {
-    requests: tokio::sync::mpsc::Sender<pb::KeepAliveRequest>,
-    replies: tonic::Streaming<pb::KeepAliveResponse>,
+/// One client's Session stream: requests in, one reply each, in order.
+pub(crate) struct SessionStream {
+    requests: tokio::sync::mpsc::Sender<pb::SessionRequest>,
+    replies: tonic::Streaming<pb::SessionResponse>,
 }
 
-impl KeepAlive {
-    async fn open(client: &mut Client) -> Result<KeepAlive, String> {
+impl SessionStream {
+    async fn open(client: &mut Client) -> Result<SessionStream, String> {
         let (requests, rx) = tokio::sync::mpsc::channel(1);
         let replies = client
-            .keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
             .map_err(refused)?
             .into_inner();
-        Ok(KeepAlive { requests, replies })
+        Ok(SessionStream { requests, replies })
     }
 
-    async fn call(&mut self, op: pb::keep_alive_request::Op) -> Result<(), String> {
+    async fn call(&mut self, op: pb::session_request::Op) -> Result<pb::SessionResponse, String> {
         self.requests
-            .send(pb::KeepAliveRequest { op: Some(op) })
+            .send(pb::SessionRequest { op: Some(op) })
             .await
-            .map_err(|_| "KeepAlive stream closed".to_owned())?;
+            .map_err(|_| "Session stream closed".to_owned())?;
         match self.replies.message().await.map_err(refused)? {
-            Some(reply) if reply.code == 0 => Ok(()),
+            Some(reply) if reply.code == 0 => Ok(reply),
             Some(reply) => Err(format!("code {}: {}", reply.code, reply.message)),
-            None => Err("KeepAlive stream ended".to_owned()),
+            None => Err("Session stream ended".to_owned()),
         }
     }
 }
@@ -259,7 +293,7 @@ impl Worker for Held {
     async fn op(&mut self) -> Result<(), String> {
         let lease = &self.lease;
         if let Some(stream) = &mut self.stream {
-            use pb::keep_alive_request::Op;
+            use pb::session_request::Op;
             let op = if self.mode == Mode::Renew {
                 Op::Renew(pb::RenewRequest {
                     key: lease.key.clone(),
@@ -273,7 +307,7 @@ impl Worker for Held {
                     fence: lease.fence,
                 })
             };
-            return stream.call(op).await;
+            return stream.call(op).await.map(drop);
         }
         if self.mode == Mode::Renew {
             let request = pb::RenewRequest {

@@ -132,8 +132,8 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Renew and check modes against leasehold: send the operations over one
-    /// KeepAlive stream per client instead of unary calls.
+    /// Cycle, renew and check modes against leasehold: send the operations
+    /// over one Session stream per client instead of unary calls.
     #[arg(long)]
     pub stream: bool,
     /// A label copied into the report (e.g. the round number).

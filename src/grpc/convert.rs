@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::lease::{EndedTerm, Term, TermEnd};
 use crate::ledger::{CallFilter, CallSpec, CallState, Settlement, ToolCall, idempotency_key};
-use crate::lessor::{KeyView, ListFilter};
+use crate::lessor::{Grant, KeyView, ListFilter};
 use crate::pb;
 
 /// A term as a `pb::Lease`; `with_secret` decides whether the lease id is shown
@@ -58,6 +58,16 @@ pub fn list_filter(value: i32) -> ListFilter {
         Ok(pb::ListFilter::Live) => ListFilter::Live,
         Ok(pb::ListFilter::Recoverable) => ListFilter::Recoverable,
         _ => ListFilter::All,
+    }
+}
+
+/// A grant as the holder sees it (with the lease id).
+pub fn acquire_response(grant: &Grant) -> pb::AcquireResponse {
+    pb::AcquireResponse {
+        lease: Some(lease(&grant.key, &grant.term, true)),
+        previous: grant.previous.as_ref().map(ended),
+        replayed: grant.replayed,
+        unsettled_tool_calls: u32::try_from(grant.unsettled_tool_calls).unwrap_or(u32::MAX),
     }
 }
 

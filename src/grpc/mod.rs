@@ -48,12 +48,7 @@ impl Leasehold for LeaseholdService {
                 request_id: r.request_id,
             })
             .await;
-        reply(grant.map(|g| pb::AcquireResponse {
-            lease: Some(convert::lease(&g.key, &g.term, true)),
-            previous: g.previous.as_ref().map(convert::ended),
-            replayed: g.replayed,
-            unsettled_tool_calls: u32::try_from(g.unsettled_tool_calls).unwrap_or(u32::MAX),
-        }))
+        reply(grant.map(|g| convert::acquire_response(&g)))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
@@ -224,55 +219,80 @@ impl Leasehold for LeaseholdService {
         }))
     }
 
-    type KeepAliveStream =
-        Pin<Box<dyn Stream<Item = Result<pb::KeepAliveResponse, Status>> + Send + 'static>>;
+    type SessionStream =
+        Pin<Box<dyn Stream<Item = Result<pb::SessionResponse, Status>> + Send + 'static>>;
 
-    async fn keep_alive(
+    async fn session(
         &self,
-        request: Request<Streaming<pb::KeepAliveRequest>>,
-    ) -> Reply<Self::KeepAliveStream> {
+        request: Request<Streaming<pb::SessionRequest>>,
+    ) -> Reply<Self::SessionStream> {
         let engine = self.engine.clone();
         let responses = request.into_inner().then(move |message| {
             let engine = engine.clone();
-            async move { Ok(keep_alive_step(&engine, message?).await) }
+            async move { Ok(session_step(&engine, message?).await) }
         });
         Ok(Response::new(Box::pin(responses)))
     }
 }
 
-/// One operation of a KeepAlive stream; refusals travel in the response.
-async fn keep_alive_step(engine: &Engine, message: pb::KeepAliveRequest) -> pb::KeepAliveResponse {
-    use pb::keep_alive_request::Op;
+/// One operation of a Session stream; refusals travel in the response.
+async fn session_step(engine: &Engine, message: pb::SessionRequest) -> pb::SessionResponse {
+    use pb::session_request::Op;
     let result = match message.op {
         Some(Op::Renew(r)) => engine
             .renew(&r.key, r.fence, &r.lease_id, r.ttl_ms)
             .await
-            .map(|t| convert::lease(&r.key, &t, true)),
+            .map(|t| pb::SessionResponse {
+                lease: Some(convert::lease(&r.key, &t, true)),
+                ..Default::default()
+            }),
         Some(Op::Check(r)) => engine
             .check(&r.key, r.fence)
             .await
-            .map(|t| convert::lease(&r.key, &t, false)),
-        None => Err(Error::InvalidArgument("empty KeepAlive request".into())),
+            .map(|t| pb::SessionResponse {
+                lease: Some(convert::lease(&r.key, &t, false)),
+                ..Default::default()
+            }),
+        Some(Op::Acquire(r)) => engine
+            .acquire(AcquireRequest {
+                key: r.key,
+                owner: r.owner,
+                ttl_ms: r.ttl_ms,
+                wait_ms: r.wait_ms,
+                request_id: r.request_id,
+            })
+            .await
+            .map(|g| {
+                let acquired = convert::acquire_response(&g);
+                pb::SessionResponse {
+                    lease: acquired.lease,
+                    previous: acquired.previous,
+                    replayed: acquired.replayed,
+                    unsettled_tool_calls: acquired.unsettled_tool_calls,
+                    ..Default::default()
+                }
+            }),
+        Some(Op::Release(r)) => engine
+            .release(&r.key, r.fence, &r.lease_id, r.suspend)
+            .await
+            .map(|e| pb::SessionResponse {
+                ended: Some(convert::ended(&e)),
+                ..Default::default()
+            }),
+        None => Err(Error::InvalidArgument("empty Session request".into())),
     };
-    match result {
-        Ok(lease) => pb::KeepAliveResponse {
-            code: 0,
-            lease: Some(lease),
+    result.unwrap_or_else(|err| {
+        let status = status::to_status(err);
+        pb::SessionResponse {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+            reason: status
+                .metadata()
+                .get(status::REASON)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
             ..Default::default()
-        },
-        Err(err) => {
-            let status = status::to_status(err);
-            pb::KeepAliveResponse {
-                code: status.code() as i32,
-                message: status.message().to_owned(),
-                reason: status
-                    .metadata()
-                    .get(status::REASON)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_owned(),
-                lease: None,
-            }
         }
-    }
+    })
 }
