@@ -749,7 +749,6 @@ async fn session_stream_renews_checks_and_reports_refusals() {
     assert_eq!(released.code, 0);
     assert_eq!(released.ended.unwrap().end, pb::TermEnd::Suspended as i32);
     // Durable like the unary form: a restart keeps the release.
-    drop(send);
     drop(client);
     let server = server.restart().await;
     let mut client = server.client().await;
