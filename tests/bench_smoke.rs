@@ -56,6 +56,21 @@ async fn cycle_mode_releases_every_lease_it_acquires() {
 /// Hot mode hands a few keys around many clients with no lost wake-up, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_mode_hands_over_in_order_without_lost_wakeups() {
+    let streamed_server = TestServer::start().await;
+    let streamed = bench::measure(&args(
+        &streamed_server,
+        &["--mode", "hot", "--clients", "8", "--keys", "2", "--stream"],
+    ))
+    .await
+    .expect("streamed bench ran");
+    assert_eq!(streamed.details["order_ok"], true, "{}", streamed.details);
+    assert_eq!(streamed.details["lost_wakeups"], 0, "{}", streamed.details);
+    assert_eq!(
+        streamed.details["exclusion_violations"], 0,
+        "{}",
+        streamed.details
+    );
+    assert!(streamed.ops > 0, "{streamed:?}");
     let server = TestServer::start().await;
     let report = bench::measure(&args(
         &server,

@@ -52,18 +52,28 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
         Mode::Hot => {
             let keys = args.keys.max(1);
             let wait_ms = args.wait_ms;
+            let stream = args.stream;
             let workers = driver::set_up(args.clients, |i| {
-                let worker = Hot {
-                    client: client(i),
-                    index: i,
-                    key_index: i % keys,
-                    key: format!("bench/{run}/hot/{}", i % keys),
-                    owner: format!("bench-{i}"),
-                    ttl_ms,
-                    wait_ms,
-                    log: HotLog::default(),
-                };
-                async move { Ok(worker) }
+                let mut client = client(i);
+                let key = format!("bench/{run}/hot/{}", i % keys);
+                async move {
+                    let stream = if stream {
+                        Some(SessionStream::open(&mut client).await?)
+                    } else {
+                        None
+                    };
+                    Ok(Hot {
+                        client,
+                        index: i,
+                        key_index: i % keys,
+                        key,
+                        owner: format!("bench-{i}"),
+                        ttl_ms,
+                        wait_ms,
+                        log: HotLog::default(),
+                        stream,
+                    })
+                }
             })
             .await?;
             let outcome = driver::drive(workers, warmup, duration).await?;
@@ -178,26 +188,10 @@ pub(crate) struct Cycle {
 impl Worker for Cycle {
     async fn op(&mut self) -> Result<(), String> {
         if let Some(stream) = &mut self.stream {
-            use pb::session_request::Op;
-            let acquired = stream
-                .call(Op::Acquire(pb::AcquireRequest {
-                    key: self.key.clone(),
-                    owner: self.owner.clone(),
-                    ttl_ms: self.ttl_ms,
-                    wait_ms: 0,
-                    request_id: String::new(),
-                }))
+            let lease = stream
+                .acquire(&self.key, &self.owner, self.ttl_ms, 0)
                 .await?;
-            let lease = acquired
-                .lease
-                .ok_or_else(|| "Acquire replied without a lease".to_owned())?;
-            let release = pb::ReleaseRequest {
-                key: lease.key,
-                fence: lease.fence,
-                lease_id: lease.lease_id,
-                suspend: false,
-            };
-            return stream.call(Op::Release(release)).await.map(drop);
+            return stream.release(lease).await;
         }
         let lease = acquire(&mut self.client, &self.key, &self.owner, self.ttl_ms, 0).await?;
         release(&mut self.client, &lease).await
@@ -214,20 +208,31 @@ struct Hot {
     ttl_ms: u64,
     wait_ms: u64,
     log: HotLog,
+    /// With `--stream`: Acquire and Release go over this Session stream.
+    stream: Option<SessionStream>,
 }
 
 impl Worker for Hot {
     async fn op(&mut self) -> Result<(), String> {
         let asked = Instant::now();
-        let lease = match acquire(
-            &mut self.client,
-            &self.key,
-            &self.owner,
-            self.ttl_ms,
-            self.wait_ms,
-        )
-        .await
-        {
+        let acquired = match &mut self.stream {
+            Some(stream) => {
+                stream
+                    .acquire(&self.key, &self.owner, self.ttl_ms, self.wait_ms)
+                    .await
+            }
+            None => {
+                acquire(
+                    &mut self.client,
+                    &self.key,
+                    &self.owner,
+                    self.ttl_ms,
+                    self.wait_ms,
+                )
+                .await
+            }
+        };
+        let lease = match acquired {
             Ok(lease) => lease,
             Err(e) => {
                 self.log.failed_acquires += 1;
@@ -244,7 +249,11 @@ impl Worker for Hot {
             granted,
             releasing,
         });
-        release(&mut self.client, &lease).await.inspect_err(|_| {
+        let released = match &mut self.stream {
+            Some(stream) => stream.release(lease).await,
+            None => release(&mut self.client, &lease).await,
+        };
+        released.inspect_err(|_| {
             self.log.failed_releases += 1;
         })
     }
@@ -266,6 +275,41 @@ pub(crate) struct SessionStream {
 }
 
 impl SessionStream {
+    /// Acquire over the stream, as [`acquire`] does with a unary call.
+    async fn acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Result<pb::Lease, String> {
+        let reply = self
+            .call(pb::session_request::Op::Acquire(pb::AcquireRequest {
+                key: key.to_owned(),
+                owner: owner.to_owned(),
+                ttl_ms,
+                wait_ms,
+                request_id: String::new(),
+            }))
+            .await?;
+        reply
+            .lease
+            .ok_or_else(|| "Acquire replied without a lease".to_owned())
+    }
+
+    /// Release over the stream, as [`release`] does with a unary call.
+    async fn release(&mut self, lease: pb::Lease) -> Result<(), String> {
+        let request = pb::ReleaseRequest {
+            key: lease.key,
+            fence: lease.fence,
+            lease_id: lease.lease_id,
+            suspend: false,
+        };
+        self.call(pb::session_request::Op::Release(request))
+            .await
+            .map(drop)
+    }
+
     async fn open(client: &mut Client) -> Result<SessionStream, String> {
         let (requests, rx) = tokio::sync::mpsc::channel(1);
         let replies = client
