@@ -557,19 +557,13 @@ fn transcript_command(command: TranscriptCommand) -> ExitCode {
                 Ok(parsed) => parsed,
                 Err(message) => return fail(message),
             };
-            let repaired = match transcript::check(&parsed, format) {
+            let mut options = transcript::RepairOptions::default();
+            options
+                .extra_placeholder_markers
+                .extend(placeholder_markers);
+            let repaired = match transcript::repair_checked(&parsed, format, &options) {
+                Ok(repaired) => repaired,
                 Err(e) => return fail(e.to_string()),
-                Ok(None) => None,
-                Ok(Some(_)) => {
-                    let mut options = transcript::RepairOptions::default();
-                    options
-                        .extra_placeholder_markers
-                        .extend(placeholder_markers);
-                    match transcript::repair(&parsed, format, &options) {
-                        Ok(repaired) => Some(repaired),
-                        Err(e) => return fail(e.to_string()),
-                    }
-                }
             };
             let (text, actions, unrecoverable) = match &repaired {
                 Some(r) => (r.transcript.to_text(), &r.actions[..], &r.unrecoverable[..]),

@@ -240,14 +240,15 @@ impl Engine {
         } else {
             (None, None)
         };
-        let outcome = self
-            .shared
-            .with_lessor(|l| l.acquire(spec.clone(), now, waiter));
+        // Only a waiting request needs its spec again (to give up or retry).
+        let retry = waiter.as_ref().map(|_| spec.clone());
+        let outcome = self.shared.with_lessor(|l| l.acquire(spec, now, waiter));
         let grant = match outcome {
             AcquireOutcome::Granted(grant) => grant,
             AcquireOutcome::Busy(err) => return Err(err),
             AcquireOutcome::Queued(id) => {
                 let granted = granted.as_mut().expect("queued only with a waiter");
+                let spec = retry.expect("queued only with a waiter");
                 let mut closing = self.shared.closing.subscribe();
                 tokio::select! {
                     grant = &mut *granted => grant.map_err(|_| closed())?,
@@ -306,13 +307,9 @@ impl Engine {
             validate_ttl(ttl_ms)?;
             Some(ttl_ms)
         };
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let (term, seq) = self
-            .shared
-            .with_lessor(|l| l.renew(key, Fence(fence), lease_id, ttl, now))?;
-        self.shared.wait_durable(seq).await?;
-        Ok(term)
+        self.shared
+            .apply(|l, now| l.renew(key, Fence(fence), lease_id, ttl, now))
+            .await
     }
 
     /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
@@ -329,13 +326,9 @@ impl Engine {
     ) -> Result<EndedTerm> {
         validate_key(key)?;
         let lease_id = LeaseId::parse(lease_id)?;
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let (ended, seq) = self
-            .shared
-            .with_lessor(|l| l.release(key, Fence(fence), lease_id, suspend, now))?;
-        self.shared.wait_durable(seq).await?;
-        Ok(ended)
+        self.shared
+            .apply(|l, now| l.release(key, Fence(fence), lease_id, suspend, now))
+            .await
     }
 
     /// The live term of `key` if `fence` is it (Chubby's CheckSequencer).
@@ -344,13 +337,9 @@ impl Engine {
     /// [`Error::InvalidArgument`], [`Error::StaleFence`], [`Error::Unavailable`].
     pub async fn check(&self, key: &str, fence: u64) -> Result<Term> {
         validate_key(key)?;
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let (term, seq) = self
-            .shared
-            .with_lessor(|l| l.check(key, Fence(fence), now))?;
-        self.shared.wait_durable(seq).await?;
-        Ok(term)
+        self.shared
+            .apply(|l, now| l.check(key, Fence(fence), now))
+            .await
     }
 
     /// The state of `key`.
@@ -359,11 +348,13 @@ impl Engine {
     /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
     pub async fn get(&self, key: &str) -> Result<KeyView> {
         validate_key(key)?;
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let view = self.shared.with_lessor(|l| l.get(key, now))?;
-        self.shared.wait_durable(view.visible_seq).await?;
-        Ok(view)
+        self.shared
+            .apply(|l, now| {
+                let view = l.get(key, now)?;
+                let seq = view.visible_seq;
+                Ok((view, seq))
+            })
+            .await
     }
 
     /// One page of keys starting with `prefix`, after the key `after`.
@@ -410,13 +401,9 @@ impl Engine {
         validate_key(key)?;
         let lease_id = LeaseId::parse(lease_id)?;
         validate_specs(&specs)?;
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let (outcome, seq) = self
-            .shared
-            .with_lessor(|l| l.begin_tool_calls(key, Fence(fence), lease_id, specs, now))?;
-        self.shared.wait_durable(seq).await?;
-        Ok(outcome)
+        self.shared
+            .apply(|l, now| l.begin_tool_calls(key, Fence(fence), lease_id, specs, now))
+            .await
     }
 
     /// Records a tool call's terminal outcome; the first one wins. Returns
@@ -435,13 +422,13 @@ impl Engine {
         validate_key(key)?;
         let lease_id = LeaseId::parse(lease_id)?;
         validate_settlement(&settlement)?;
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let (call, already, seq) = self
-            .shared
-            .with_lessor(|l| l.settle_tool_call(key, Fence(fence), lease_id, settlement, now))?;
-        self.shared.wait_durable(seq).await?;
-        Ok((call, already))
+        self.shared
+            .apply(|l, now| {
+                let (call, already, seq) =
+                    l.settle_tool_call(key, Fence(fence), lease_id, settlement, now)?;
+                Ok(((call, already), seq))
+            })
+            .await
     }
 
     /// The tool calls of `key` in registration order.
@@ -450,13 +437,9 @@ impl Engine {
     /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
     pub async fn list_tool_calls(&self, key: &str, filter: CallFilter) -> Result<Vec<ToolCall>> {
         validate_key(key)?;
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let (calls, seq) = self
-            .shared
-            .with_lessor(|l| l.list_tool_calls(key, filter, now))?;
-        self.shared.wait_durable(seq).await?;
-        Ok(calls)
+        self.shared
+            .apply(|l, now| l.list_tool_calls(key, filter, now))
+            .await
     }
 
     /// Makes waiting Acquires give up with UNAVAILABLE, so a graceful shutdown
@@ -502,6 +485,19 @@ impl Shared {
         out
     }
 
+    /// The common shape of a request: refuse if closed, apply `op` at the
+    /// current time, then wait until the sequence it returns is durable.
+    async fn apply<T>(
+        &self,
+        op: impl FnOnce(&mut Lessor<Waiter>, Millis) -> Result<(T, u64)>,
+    ) -> Result<T> {
+        self.ensure_open()?;
+        let now = self.clock.now();
+        let (out, seq) = self.with_lessor(|l| op(l, now))?;
+        self.wait_durable(seq).await?;
+        Ok(out)
+    }
+
     fn after_change(&self, lessor: &mut MutexGuard<'_, Lessor<Waiter>>) {
         for (Waiter(tx), grant) in lessor.take_handoffs() {
             // A waiter that left just now loses its grant; the term then
@@ -528,6 +524,10 @@ impl Shared {
 
     /// Waits until storage has committed every change up to `seq`.
     async fn wait_durable(&self, seq: u64) -> Result<()> {
+        // Most reads reveal nothing in flight: answer without subscribing.
+        if self.durable.borrow().seq >= seq {
+            return Ok(());
+        }
         let mut durable = self.durable.subscribe();
         let state = durable
             .wait_for(|d| d.seq >= seq || d.failure.is_some())

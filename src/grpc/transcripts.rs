@@ -83,10 +83,12 @@ impl Transcripts for TranscriptsService {
     ) -> Result<Response<pb::TranscriptRepairResponse>, Status> {
         let r = request.into_inner();
         let (parsed, format) = parse(&r.transcript, &r.format)?;
-        if transcript::check(&parsed, format)
-            .map_err(invalid)?
-            .is_none()
-        {
+        let mut options = RepairOptions::default();
+        options
+            .extra_placeholder_markers
+            .extend(r.placeholder_markers);
+        let repaired = transcript::repair_checked(&parsed, format, &options).map_err(invalid)?;
+        let Some(repaired) = repaired else {
             // No tool activity: nothing to repair.
             return Ok(Response::new(pb::TranscriptRepairResponse {
                 transcript: r.transcript,
@@ -94,12 +96,7 @@ impl Transcripts for TranscriptsService {
                 actions_json: "[]".into(),
                 unrecoverable: Vec::new(),
             }));
-        }
-        let mut options = RepairOptions::default();
-        options
-            .extra_placeholder_markers
-            .extend(r.placeholder_markers);
-        let repaired = transcript::repair(&parsed, format, &options).map_err(invalid)?;
+        };
         Ok(Response::new(pb::TranscriptRepairResponse {
             transcript: repaired.transcript.to_text(),
             healthy: repaired.unrecoverable.is_empty(),

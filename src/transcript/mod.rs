@@ -86,9 +86,31 @@ pub fn check(
     transcript: &Transcript,
     format: Option<Format>,
 ) -> Result<Option<Report>, TranscriptError> {
-    match diagnose(transcript, format) {
+    tool_free_as_none(transcript, format, diagnose(transcript, format))
+}
+
+/// Repairs `transcript` for sending: `Ok(None)` when it has no tool calls or
+/// results at all (it is sent unchanged), otherwise what [`repair`] made.
+///
+/// # Errors
+/// As for [`check`].
+pub fn repair_checked(
+    transcript: &Transcript,
+    format: Option<Format>,
+    options: &RepairOptions,
+) -> Result<Option<Repaired>, TranscriptError> {
+    tool_free_as_none(transcript, format, repair(transcript, format, options))
+}
+
+/// Turns "no format detected" into `None` (nothing to pair), unless a
+/// message is not an object, which is unreadable whatever the format.
+fn tool_free_as_none<T>(
+    transcript: &Transcript,
+    format: Option<Format>,
+    result: Result<T, TranscriptError>,
+) -> Result<Option<T>, TranscriptError> {
+    match result {
         Err(TranscriptError::FormatNotDetected) if format.is_none() => {
-            // Nothing to pair, but a message that is not an object is still unreadable.
             match transcript.messages().position(|m| !m.is_object()) {
                 Some(index) => Err(TranscriptError::NotAnObject {
                     index,
