@@ -17,6 +17,7 @@
 //! than retrying: after a failed fsync the state of the file is unknown
 //! (PostgreSQL's "fsyncgate"). Restart the server to recover from the file.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -35,7 +36,7 @@ use crate::ledger::{
 };
 use crate::lessor::{
     AcquireOutcome, AcquireSpec, DEFAULT_LEDGER_RETENTION_MS, Grant, KeyView, Lessor, ListFilter,
-    WaiterHandle,
+    WaiterHandle, WaiterId,
 };
 use crate::store::{Store, StoreError};
 
@@ -96,6 +97,34 @@ impl WaiterHandle for Waiter {
     fn is_waiting(&self) -> bool {
         !self.0.is_closed()
     }
+}
+
+/// An operation applied to the lessor, not yet known to be durable.
+struct Applied<T> {
+    shared: Arc<Shared>,
+    /// The reply, and the sequence that must be committed before it.
+    result: Result<(T, u64)>,
+}
+
+impl<T> Applied<T> {
+    /// The reply, once everything it reveals is durable.
+    async fn durable(self) -> Result<T> {
+        let (out, seq) = self.result?;
+        self.shared.wait_durable(seq).await?;
+        Ok(out)
+    }
+}
+
+/// An Acquire after its immediate part.
+enum Started {
+    Granted(Grant),
+    /// In line for the key until `until`.
+    Queued {
+        spec: AcquireSpec,
+        id: WaiterId,
+        granted: oneshot::Receiver<Grant>,
+        until: Millis,
+    },
 }
 
 /// How far storage has caught up.
@@ -216,80 +245,48 @@ impl Engine {
 
     /// Grants `req.key`, waiting up to `req.wait_ms` in line if it is held.
     ///
+    /// Like every operation here, the request is applied to the lease table
+    /// when this is called, not when the returned future is first polled; the
+    /// future only waits (in line, and for durability). So operations take
+    /// effect in the order they are called, which the Session stream relies on
+    /// to pipeline them.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] for malformed input; [`Error::Busy`] when the
     /// key is still held after the wait; [`Error::Unavailable`] when the
     /// server is closing or storage failed.
-    pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant> {
-        validate_key(&req.key)?;
-        validate_owner(&req.owner)?;
-        validate_ttl(req.ttl_ms)?;
-        validate_wait(req.wait_ms)?;
-        validate_request_id(&req.request_id)?;
-        self.shared.ensure_open()?;
-        let spec = AcquireSpec {
-            key: req.key,
-            owner: req.owner,
-            ttl_ms: req.ttl_ms,
-            request_id: (!req.request_id.is_empty()).then_some(req.request_id),
-        };
-        let now = self.shared.clock.now();
-        let (waiter, mut granted) = if req.wait_ms > 0 {
-            let (tx, rx) = oneshot::channel();
-            (Some(Waiter(tx)), Some(rx))
-        } else {
-            (None, None)
-        };
-        // Only a waiting request needs its spec again (to give up or retry).
-        let retry = waiter.as_ref().map(|_| spec.clone());
-        let outcome = self.shared.with_lessor(|l| l.acquire(spec, now, waiter));
-        let grant = match outcome {
-            AcquireOutcome::Granted(grant) => grant,
-            AcquireOutcome::Busy(err) => return Err(err),
-            AcquireOutcome::Queued(id) => {
-                let granted = granted.as_mut().expect("queued only with a waiter");
-                let spec = retry.expect("queued only with a waiter");
-                let mut closing = self.shared.closing.subscribe();
-                tokio::select! {
-                    grant = &mut *granted => grant.map_err(|_| closed())?,
-                    _ = self.shared.clock.sleep_until(now + req.wait_ms) => {
-                        self.give_up_waiting(spec, id, granted).await?
-                    }
-                    _ = async { closing.wait_for(|closing| *closing).await.map(|_| ()) } => {
-                        if self.shared.with_lessor(|l| l.cancel_waiter(&spec.key, id)) {
-                            return Err(closed());
+    pub fn acquire(
+        &self,
+        req: AcquireRequest,
+    ) -> impl Future<Output = Result<Grant>> + Send + use<> {
+        let shared = self.shared.clone();
+        let started = self.shared.start_acquire(req);
+        async move {
+            let grant = match started? {
+                Started::Granted(grant) => grant,
+                Started::Queued {
+                    spec,
+                    id,
+                    mut granted,
+                    until,
+                } => {
+                    let mut closing = shared.closing.subscribe();
+                    tokio::select! {
+                        grant = &mut granted => grant.map_err(|_| closed())?,
+                        _ = shared.clock.sleep_until(until) => {
+                            shared.give_up_waiting(spec, id, &mut granted).await?
                         }
-                        granted.await.map_err(|_| closed())?
+                        _ = async { closing.wait_for(|closing| *closing).await.map(|_| ()) } => {
+                            if shared.with_lessor(|l| l.cancel_waiter(&spec.key, id)) {
+                                return Err(closed());
+                            }
+                            granted.await.map_err(|_| closed())?
+                        }
                     }
                 }
-            }
-        };
-        self.shared.wait_durable(grant.visible_seq).await?;
-        Ok(grant)
-    }
-
-    /// Leaves the line after the wait ran out: busy, unless the grant raced in.
-    async fn give_up_waiting(
-        &self,
-        spec: AcquireSpec,
-        id: crate::lessor::WaiterId,
-        granted: &mut oneshot::Receiver<Grant>,
-    ) -> Result<Grant> {
-        let now = self.shared.clock.now();
-        let outcome = self.shared.with_lessor(|l| {
-            if l.cancel_waiter(&spec.key, id) {
-                // One last look: the key may have freed with nobody ahead of us.
-                Some(l.acquire(spec, now, None))
-            } else {
-                None
-            }
-        });
-        match outcome {
-            Some(AcquireOutcome::Granted(grant)) => Ok(grant),
-            Some(AcquireOutcome::Busy(err)) => Err(err),
-            Some(AcquireOutcome::Queued(_)) => unreachable!("no waiter was given"),
-            // Granted between the timeout and the cancel: take the grant.
-            None => granted.await.map_err(|_| closed()),
+            };
+            shared.wait_durable(grant.visible_seq).await?;
+            Ok(grant)
         }
     }
 
@@ -298,18 +295,29 @@ impl Engine {
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::StaleFence`],
     /// [`Error::PermissionDenied`], [`Error::Unavailable`].
-    pub async fn renew(&self, key: &str, fence: u64, lease_id: &str, ttl_ms: u64) -> Result<Term> {
-        validate_key(key)?;
-        let lease_id = LeaseId::parse(lease_id)?;
-        let ttl = if ttl_ms == 0 {
-            None
-        } else {
-            validate_ttl(ttl_ms)?;
-            Some(ttl_ms)
-        };
+    pub fn renew(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Term>> + Send + use<> {
+        let input = (|| {
+            validate_key(key)?;
+            let lease_id = LeaseId::parse(lease_id)?;
+            let ttl = if ttl_ms == 0 {
+                None
+            } else {
+                validate_ttl(ttl_ms)?;
+                Some(ttl_ms)
+            };
+            Ok((lease_id, ttl))
+        })();
         self.shared
-            .apply(|l, now| l.renew(key, Fence(fence), lease_id, ttl, now))
-            .await
+            .apply(input, |l, now, (lease_id, ttl)| {
+                l.renew(key, Fence(fence), lease_id, ttl, now)
+            })
+            .durable()
     }
 
     /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
@@ -317,73 +325,77 @@ impl Engine {
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::StaleFence`],
     /// [`Error::PermissionDenied`], [`Error::Unavailable`].
-    pub async fn release(
+    pub fn release(
         &self,
         key: &str,
         fence: u64,
         lease_id: &str,
         suspend: bool,
-    ) -> Result<EndedTerm> {
-        validate_key(key)?;
-        let lease_id = LeaseId::parse(lease_id)?;
+    ) -> impl Future<Output = Result<EndedTerm>> + Send + use<> {
+        let input = validate_key(key).and_then(|()| LeaseId::parse(lease_id));
         self.shared
-            .apply(|l, now| l.release(key, Fence(fence), lease_id, suspend, now))
-            .await
+            .apply(input, |l, now, lease_id| {
+                l.release(key, Fence(fence), lease_id, suspend, now)
+            })
+            .durable()
     }
 
     /// The live term of `key` if `fence` is it (Chubby's CheckSequencer).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::StaleFence`], [`Error::Unavailable`].
-    pub async fn check(&self, key: &str, fence: u64) -> Result<Term> {
-        validate_key(key)?;
+    pub fn check(
+        &self,
+        key: &str,
+        fence: u64,
+    ) -> impl Future<Output = Result<Term>> + Send + use<> {
         self.shared
-            .apply(|l, now| l.check(key, Fence(fence), now))
-            .await
+            .apply(validate_key(key), |l, now, ()| {
+                l.check(key, Fence(fence), now)
+            })
+            .durable()
     }
 
     /// The state of `key`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
-    pub async fn get(&self, key: &str) -> Result<KeyView> {
-        validate_key(key)?;
+    pub fn get(&self, key: &str) -> impl Future<Output = Result<KeyView>> + Send + use<> {
         self.shared
-            .apply(|l, now| {
+            .apply(validate_key(key), |l, now, ()| {
                 let view = l.get(key, now)?;
                 let seq = view.visible_seq;
                 Ok((view, seq))
             })
-            .await
+            .durable()
     }
 
     /// One page of keys starting with `prefix`, after the key `after`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a page size over 1000; [`Error::Unavailable`].
-    pub async fn list(
+    pub fn list(
         &self,
         prefix: &str,
         filter: ListFilter,
         after: Option<&str>,
         page_size: usize,
-    ) -> Result<Page> {
-        if page_size > 1000 {
-            return Err(Error::InvalidArgument(format!(
+    ) -> impl Future<Output = Result<Page>> + Send + use<> {
+        let input = if page_size > 1000 {
+            Err(Error::InvalidArgument(format!(
                 "page_size {page_size} is over the limit of 1000"
-            )));
-        }
-        let limit = if page_size == 0 { 100 } else { page_size };
-        self.shared.ensure_open()?;
-        let now = self.shared.clock.now();
-        let budget = self.shared.config.list_scan_budget;
-        let (keys, next_after) = {
-            let lessor = self.shared.lessor.lock().expect("lessor lock");
-            lessor.list(prefix, filter, after, limit, budget, now)
+            )))
+        } else {
+            Ok(if page_size == 0 { 100 } else { page_size })
         };
-        let seq = keys.iter().map(|k| k.visible_seq).max().unwrap_or(0);
-        self.shared.wait_durable(seq).await?;
-        Ok(Page { keys, next_after })
+        let budget = self.shared.config.list_scan_budget;
+        self.shared
+            .apply(input, |l, now, limit| {
+                let (keys, next_after) = l.list(prefix, filter, after, limit, budget, now);
+                let seq = keys.iter().map(|k| k.visible_seq).max().unwrap_or(0);
+                Ok((Page { keys, next_after }, seq))
+            })
+            .durable()
     }
 
     /// Records tool calls as running under the live term, all or none.
@@ -391,19 +403,24 @@ impl Engine {
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::StaleFence`],
     /// [`Error::PermissionDenied`], [`Error::Unavailable`].
-    pub async fn begin_tool_calls(
+    pub fn begin_tool_calls(
         &self,
         key: &str,
         fence: u64,
         lease_id: &str,
         specs: Vec<CallSpec>,
-    ) -> Result<BeginOutcome> {
-        validate_key(key)?;
-        let lease_id = LeaseId::parse(lease_id)?;
-        validate_specs(&specs)?;
+    ) -> impl Future<Output = Result<BeginOutcome>> + Send + use<> {
+        let input = (|| {
+            validate_key(key)?;
+            let lease_id = LeaseId::parse(lease_id)?;
+            validate_specs(&specs)?;
+            Ok((lease_id, specs))
+        })();
         self.shared
-            .apply(|l, now| l.begin_tool_calls(key, Fence(fence), lease_id, specs, now))
-            .await
+            .apply(input, |l, now, (lease_id, specs)| {
+                l.begin_tool_calls(key, Fence(fence), lease_id, specs, now)
+            })
+            .durable()
     }
 
     /// Records a tool call's terminal outcome; the first one wins. Returns
@@ -412,34 +429,42 @@ impl Engine {
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::StaleFence`],
     /// [`Error::PermissionDenied`], [`Error::NotFound`], [`Error::Unavailable`].
-    pub async fn settle_tool_call(
+    pub fn settle_tool_call(
         &self,
         key: &str,
         fence: u64,
         lease_id: &str,
         settlement: Settlement,
-    ) -> Result<(ToolCall, bool)> {
-        validate_key(key)?;
-        let lease_id = LeaseId::parse(lease_id)?;
-        validate_settlement(&settlement)?;
+    ) -> impl Future<Output = Result<(ToolCall, bool)>> + Send + use<> {
+        let input = (|| {
+            validate_key(key)?;
+            let lease_id = LeaseId::parse(lease_id)?;
+            validate_settlement(&settlement)?;
+            Ok((lease_id, settlement))
+        })();
         self.shared
-            .apply(|l, now| {
+            .apply(input, |l, now, (lease_id, settlement)| {
                 let (call, already, seq) =
                     l.settle_tool_call(key, Fence(fence), lease_id, settlement, now)?;
                 Ok(((call, already), seq))
             })
-            .await
+            .durable()
     }
 
     /// The tool calls of `key` in registration order.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
-    pub async fn list_tool_calls(&self, key: &str, filter: CallFilter) -> Result<Vec<ToolCall>> {
-        validate_key(key)?;
+    pub fn list_tool_calls(
+        &self,
+        key: &str,
+        filter: CallFilter,
+    ) -> impl Future<Output = Result<Vec<ToolCall>>> + Send + use<> {
         self.shared
-            .apply(|l, now| l.list_tool_calls(key, filter, now))
-            .await
+            .apply(validate_key(key), |l, now, ()| {
+                l.list_tool_calls(key, filter, now)
+            })
+            .durable()
     }
 
     /// Makes waiting Acquires give up with UNAVAILABLE, so a graceful shutdown
@@ -485,17 +510,86 @@ impl Shared {
         out
     }
 
-    /// The common shape of a request: refuse if closed, apply `op` at the
-    /// current time, then wait until the sequence it returns is durable.
-    async fn apply<T>(
-        &self,
-        op: impl FnOnce(&mut Lessor<Waiter>, Millis) -> Result<(T, u64)>,
-    ) -> Result<T> {
+    /// The common shape of a request: refuse bad `input` or a closed
+    /// engine, else apply `op` to the lessor now. The result still has to
+    /// wait until the sequence `op` returns is durable ([`Applied::durable`]).
+    fn apply<A, T>(
+        self: &Arc<Self>,
+        input: Result<A>,
+        op: impl FnOnce(&mut Lessor<Waiter>, Millis, A) -> Result<(T, u64)>,
+    ) -> Applied<T> {
+        let result = input.and_then(|input| {
+            self.ensure_open()?;
+            let now = self.clock.now();
+            self.with_lessor(|l| op(l, now, input))
+        });
+        Applied {
+            shared: self.clone(),
+            result,
+        }
+    }
+
+    /// The part of an Acquire that happens at once: validation, and a grant
+    /// or a place in line.
+    fn start_acquire(&self, req: AcquireRequest) -> Result<Started> {
+        validate_key(&req.key)?;
+        validate_owner(&req.owner)?;
+        validate_ttl(req.ttl_ms)?;
+        validate_wait(req.wait_ms)?;
+        validate_request_id(&req.request_id)?;
         self.ensure_open()?;
+        let spec = AcquireSpec {
+            key: req.key,
+            owner: req.owner,
+            ttl_ms: req.ttl_ms,
+            request_id: (!req.request_id.is_empty()).then_some(req.request_id),
+        };
         let now = self.clock.now();
-        let (out, seq) = self.with_lessor(|l| op(l, now))?;
-        self.wait_durable(seq).await?;
-        Ok(out)
+        if req.wait_ms == 0 {
+            return match self.with_lessor(|l| l.acquire(spec, now, None)) {
+                AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
+                AcquireOutcome::Busy(err) => Err(err),
+                AcquireOutcome::Queued(_) => unreachable!("no waiter was given"),
+            };
+        }
+        let (tx, granted) = oneshot::channel();
+        // Only a waiting request needs its spec again (to give up or retry).
+        let retry = spec.clone();
+        match self.with_lessor(|l| l.acquire(spec, now, Some(Waiter(tx)))) {
+            AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
+            AcquireOutcome::Busy(err) => Err(err),
+            AcquireOutcome::Queued(id) => Ok(Started::Queued {
+                spec: retry,
+                id,
+                granted,
+                until: now + req.wait_ms,
+            }),
+        }
+    }
+
+    /// Leaves the line after the wait ran out: busy, unless the grant raced in.
+    async fn give_up_waiting(
+        &self,
+        spec: AcquireSpec,
+        id: WaiterId,
+        granted: &mut oneshot::Receiver<Grant>,
+    ) -> Result<Grant> {
+        let now = self.clock.now();
+        let outcome = self.with_lessor(|l| {
+            if l.cancel_waiter(&spec.key, id) {
+                // One last look: the key may have freed with nobody ahead of us.
+                Some(l.acquire(spec, now, None))
+            } else {
+                None
+            }
+        });
+        match outcome {
+            Some(AcquireOutcome::Granted(grant)) => Ok(grant),
+            Some(AcquireOutcome::Busy(err)) => Err(err),
+            Some(AcquireOutcome::Queued(_)) => unreachable!("no waiter was given"),
+            // Granted between the timeout and the cancel: take the grant.
+            None => granted.await.map_err(|_| closed()),
+        }
     }
 
     fn after_change(&self, lessor: &mut MutexGuard<'_, Lessor<Waiter>>) {

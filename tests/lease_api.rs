@@ -715,7 +715,12 @@ async fn session_stream_renews_checks_and_reports_refusals() {
         .unwrap()
         .into_inner();
     let mut send = async |op: Op| {
-        tx.send(pb::SessionRequest { op: Some(op) }).await.unwrap();
+        tx.send(pb::SessionRequest {
+            op: Some(op),
+            id: 7,
+        })
+        .await
+        .unwrap();
         replies
             .message()
             .await

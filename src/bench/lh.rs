@@ -15,22 +15,20 @@ pub(crate) type Client = LeaseholdClient<Channel>;
 /// Runs `args.mode` against the leasehold server at `args.server`.
 pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
     let channels = connect(&args.server, args.connections()).await?;
+    // With --stream, the clients of one connection share its Session stream.
+    let streams: Vec<SessionStream> = channels.iter().cloned().map(SessionStream::over).collect();
     let run = run_id();
     let client = |i: usize| LeaseholdClient::new(channels[i % channels.len()].clone());
+    let stream_of = |i: usize| args.stream.then(|| streams[i % streams.len()].clone());
     let (warmup, duration) = (args.warmup(), args.duration());
     let ttl_ms = args.ttl_ms;
     match args.mode {
         Mode::Cycle => {
-            let stream = args.stream;
             let workers = driver::set_up(args.clients, |i| {
-                let mut client = client(i);
+                let client = client(i);
                 let key = format!("bench/{run}/cycle/{i}");
+                let stream = stream_of(i);
                 async move {
-                    let stream = if stream {
-                        Some(SessionStream::open(&mut client).await?)
-                    } else {
-                        None
-                    };
                     Ok(Cycle {
                         client,
                         key,
@@ -52,16 +50,11 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
         Mode::Hot => {
             let keys = args.keys.max(1);
             let wait_ms = args.wait_ms;
-            let stream = args.stream;
             let workers = driver::set_up(args.clients, |i| {
-                let mut client = client(i);
+                let client = client(i);
                 let key = format!("bench/{run}/hot/{}", i % keys);
+                let stream = stream_of(i);
                 async move {
-                    let stream = if stream {
-                        Some(SessionStream::open(&mut client).await?)
-                    } else {
-                        None
-                    };
                     Ok(Hot {
                         client,
                         index: i,
@@ -83,18 +76,13 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
         }
         Mode::Renew | Mode::Check => {
             let mode = args.mode;
-            let stream = args.stream;
             let workers = driver::set_up(args.clients, |i| {
                 let mut client = client(i);
                 let key = format!("bench/{run}/held/{i}");
+                let stream = stream_of(i);
                 async move {
                     let lease =
                         acquire(&mut client, &key, &format!("bench-{i}"), ttl_ms, 0).await?;
-                    let stream = if stream {
-                        Some(SessionStream::open(&mut client).await?)
-                    } else {
-                        None
-                    };
                     Ok(Held {
                         client,
                         lease,
@@ -187,7 +175,7 @@ pub(crate) struct Cycle {
 
 impl Worker for Cycle {
     async fn op(&mut self) -> Result<(), String> {
-        if let Some(stream) = &mut self.stream {
+        if let Some(stream) = &self.stream {
             let lease = stream
                 .acquire(&self.key, &self.owner, self.ttl_ms, 0)
                 .await?;
@@ -215,7 +203,7 @@ struct Hot {
 impl Worker for Hot {
     async fn op(&mut self) -> Result<(), String> {
         let asked = Instant::now();
-        let acquired = match &mut self.stream {
+        let acquired = match &self.stream {
             Some(stream) => {
                 stream
                     .acquire(&self.key, &self.owner, self.ttl_ms, self.wait_ms)
@@ -249,7 +237,7 @@ impl Worker for Hot {
             granted,
             releasing,
         });
-        let released = match &mut self.stream {
+        let released = match &self.stream {
             Some(stream) => stream.release(lease).await,
             None => release(&mut self.client, &lease).await,
         };
@@ -268,16 +256,23 @@ struct Held {
     stream: Option<SessionStream>,
 }
 
-/// One client's Session stream: requests in, one reply each, in order.
-pub(crate) struct SessionStream {
-    requests: tokio::sync::mpsc::Sender<pb::SessionRequest>,
-    replies: tonic::Streaming<pb::SessionResponse>,
-}
+/// The Session stream of a connection, shared (pipelined) by every client
+/// on that connection: the library client's own multiplexer.
+#[derive(Clone)]
+pub(crate) struct SessionStream(crate::client::Client);
+
+/// How long one operation over the stream may take before it counts as an
+/// error.
+const STREAM_OP_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SessionStream {
+    fn over(channel: Channel) -> SessionStream {
+        SessionStream(crate::client::Client::new(channel))
+    }
+
     /// Acquire over the stream, as [`acquire`] does with a unary call.
     async fn acquire(
-        &mut self,
+        &self,
         key: &str,
         owner: &str,
         ttl_ms: u64,
@@ -298,7 +293,7 @@ impl SessionStream {
     }
 
     /// Release over the stream, as [`release`] does with a unary call.
-    async fn release(&mut self, lease: pb::Lease) -> Result<(), String> {
+    async fn release(&self, lease: pb::Lease) -> Result<(), String> {
         let request = pb::ReleaseRequest {
             key: lease.key,
             fence: lease.fence,
@@ -310,33 +305,18 @@ impl SessionStream {
             .map(drop)
     }
 
-    async fn open(client: &mut Client) -> Result<SessionStream, String> {
-        let (requests, rx) = tokio::sync::mpsc::channel(1);
-        let replies = client
-            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+    async fn call(&self, op: pb::session_request::Op) -> Result<pb::SessionResponse, String> {
+        self.0
+            .session_op(op, STREAM_OP_TIMEOUT)
             .await
-            .map_err(refused)?
-            .into_inner();
-        Ok(SessionStream { requests, replies })
-    }
-
-    async fn call(&mut self, op: pb::session_request::Op) -> Result<pb::SessionResponse, String> {
-        self.requests
-            .send(pb::SessionRequest { op: Some(op) })
-            .await
-            .map_err(|_| "Session stream closed".to_owned())?;
-        match self.replies.message().await.map_err(refused)? {
-            Some(reply) if reply.code == 0 => Ok(reply),
-            Some(reply) => Err(format!("code {}: {}", reply.code, reply.message)),
-            None => Err("Session stream ended".to_owned()),
-        }
+            .map_err(|e| e.to_string())
     }
 }
 
 impl Worker for Held {
     async fn op(&mut self) -> Result<(), String> {
         let lease = &self.lease;
-        if let Some(stream) = &mut self.stream {
+        if let Some(stream) = &self.stream {
             use pb::session_request::Op;
             let op = if self.mode == Mode::Renew {
                 Op::Renew(pb::RenewRequest {

@@ -11,11 +11,13 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use super::error::{ClientError, LossReason, ends_the_term};
-use super::{Timing, call, jittered, millis, request};
+use super::session::SessionMux;
+use super::{Timing, jittered, millis};
 use crate::error::Error;
 use crate::lease::{Fence, TermEnd};
 use crate::pb;
 use crate::pb::leasehold_client::LeaseholdClient;
+use crate::pb::session_request::Op;
 
 /// How many times a release is sent when the server is unreachable.
 const RELEASE_ATTEMPTS: u32 = 3;
@@ -74,6 +76,8 @@ pub(super) struct Shared {
     pub(super) timing: Timing,
     /// The gRPC client, cloned per call.
     pub(super) rpc: LeaseholdClient<Channel>,
+    /// The client's shared Session stream: renewals, checks and the release.
+    session: Arc<SessionMux>,
     /// The current standing; a watch so `lost()` futures can wait on it.
     standing: watch::Sender<Standing>,
 }
@@ -134,39 +138,41 @@ impl Shared {
     }
 
     async fn renew_once(&self) -> Result<pb::Lease, ClientError> {
-        let message = pb::RenewRequest {
+        let op = Op::Renew(pb::RenewRequest {
             key: self.key.clone(),
             fence: self.fence.0,
             lease_id: self.lease_id.clone(),
             ttl_ms: millis(self.timing.ttl),
-        };
-        let timeout = self.timing.rpc_timeout;
-        let mut rpc = self.rpc.clone();
-        let reply = call("Renew", timeout, rpc.renew(request(message, timeout))).await?;
+        });
+        let reply = self
+            .session
+            .call("Renew", op, self.timing.rpc_timeout)
+            .await?;
         reply.lease.ok_or_else(|| missing("Renew"))
     }
 
     async fn check_once(&self) -> Result<(), ClientError> {
-        let message = pb::CheckRequest {
+        let op = Op::Check(pb::CheckRequest {
             key: self.key.clone(),
             fence: self.fence.0,
-        };
-        let timeout = self.timing.rpc_timeout;
-        let mut rpc = self.rpc.clone();
-        call("Check", timeout, rpc.check(request(message, timeout))).await?;
+        });
+        self.session
+            .call("Check", op, self.timing.rpc_timeout)
+            .await?;
         Ok(())
     }
 
     async fn release_once(&self, suspend: bool) -> Result<Ended, ClientError> {
-        let message = pb::ReleaseRequest {
+        let op = Op::Release(pb::ReleaseRequest {
             key: self.key.clone(),
             fence: self.fence.0,
             lease_id: self.lease_id.clone(),
             suspend,
-        };
-        let timeout = self.timing.rpc_timeout;
-        let mut rpc = self.rpc.clone();
-        let reply = call("Release", timeout, rpc.release(request(message, timeout))).await?;
+        });
+        let reply = self
+            .session
+            .call("Release", op, self.timing.rpc_timeout)
+            .await?;
         reply
             .ended
             .as_ref()
@@ -175,7 +181,7 @@ impl Shared {
     }
 }
 
-fn missing(call: &str) -> ClientError {
+pub(super) fn missing(call: &str) -> ClientError {
     ClientError::Server(Error::Storage(format!(
         "the server's {call} reply carried no lease"
     )))
@@ -216,6 +222,7 @@ impl SessionGuard {
     /// `basis` is a time no later than the grant, if one is known.
     pub(super) async fn start(
         rpc: LeaseholdClient<Channel>,
+        session: Arc<SessionMux>,
         timing: Timing,
         reply: pb::AcquireResponse,
         basis: Option<Instant>,
@@ -229,6 +236,7 @@ impl SessionGuard {
             lease_id: lease.lease_id,
             timing,
             rpc,
+            session,
             standing: watch::Sender::new(Standing {
                 // Without a basis the guard trusts nothing until it renews.
                 deadline: basis.map_or(now, |sent| sent + timing.valid_for()),

@@ -98,10 +98,12 @@
 
 mod error;
 mod guard;
+mod session;
 mod tools;
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
@@ -109,6 +111,8 @@ use tonic::transport::{Channel, Endpoint};
 use crate::error::Error;
 use crate::pb;
 use crate::pb::leasehold_client::LeaseholdClient;
+use crate::pb::session_request::Op;
+use session::SessionMux;
 
 pub use error::{ClientError, LossReason};
 pub use guard::{Ended, SessionGuard};
@@ -131,6 +135,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Client {
     /// The generated gRPC client; cloned per call, as tonic expects.
     rpc: LeaseholdClient<Channel>,
+    /// The Session stream that carries every guard's checks, renewals and
+    /// releases, opened on first use.
+    session: Arc<SessionMux>,
 }
 
 impl Client {
@@ -160,8 +167,10 @@ impl Client {
 
     /// A client over a channel you configured yourself (TLS, interceptors...).
     pub fn new(channel: Channel) -> Client {
+        let rpc = LeaseholdClient::new(channel);
         Client {
-            rpc: LeaseholdClient::new(channel),
+            session: Arc::new(SessionMux::new(rpc.clone())),
+            rpc,
         }
     }
 
@@ -169,6 +178,7 @@ impl Client {
     pub fn acquire(&self, key: impl Into<String>) -> AcquireBuilder {
         AcquireBuilder {
             rpc: self.rpc.clone(),
+            session: self.session.clone(),
             key: key.into(),
             owner: None,
             ttl: DEFAULT_TTL,
@@ -185,6 +195,45 @@ impl Client {
     pub fn rpc(&self) -> LeaseholdClient<Channel> {
         self.rpc.clone()
     }
+
+    /// Whether `fence` is the live term of `key` (Chubby's CheckSequencer),
+    /// for a process that was handed a fence rather than holding the guard:
+    /// `Ok` with the term while it is live, else the server's refusal
+    /// ([`Error::StaleFence`] with the reason). Goes over the client's
+    /// shared Session stream.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`], [`Error::InvalidArgument`],
+    /// [`Error::Unavailable`] (also when no reply came within `timeout`).
+    pub async fn check(
+        &self,
+        key: impl Into<String>,
+        fence: u64,
+        timeout: Duration,
+    ) -> Result<pb::Lease, ClientError> {
+        let op = Op::Check(pb::CheckRequest {
+            key: key.into(),
+            fence,
+        });
+        let reply = self.session.call("Check", op, timeout).await?;
+        reply.lease.ok_or_else(|| guard::missing("Check"))
+    }
+
+    /// Sends one raw operation over the client's shared Session stream and
+    /// waits up to `timeout` for its response; a refusal comes back as the
+    /// [`ClientError`] the unary call would give. For tools (the load
+    /// generator) that drive the protocol directly; applications use the
+    /// guard.
+    ///
+    /// # Errors
+    /// The operation's refusal, or [`Error::Unavailable`].
+    pub async fn session_op(
+        &self,
+        op: Op,
+        timeout: Duration,
+    ) -> Result<pb::SessionResponse, ClientError> {
+        self.session.call("Session", op, timeout).await
+    }
 }
 
 /// An acquire being set up. `.await` it (or call [`AcquireBuilder::send`]).
@@ -193,6 +242,8 @@ impl Client {
 pub struct AcquireBuilder {
     /// Where to send it.
     rpc: LeaseholdClient<Channel>,
+    /// The client's Session stream, for the guard.
+    session: Arc<SessionMux>,
     /// The key to hold, e.g. a session id.
     key: String,
     /// Who holds it, shown to others in busy errors; `HOSTNAME:pid` by default.
@@ -318,7 +369,7 @@ impl AcquireBuilder {
         // safe basis for the local deadline. A replayed one happened at some
         // earlier attempt: ours if we made up the id, unknown otherwise.
         let basis = (!reply.replayed || generated_id).then_some(first_sent);
-        SessionGuard::start(self.rpc, timing, reply, basis).await
+        SessionGuard::start(self.rpc, self.session, timing, reply, basis).await
     }
 }
 

@@ -5,8 +5,11 @@ pub mod status;
 pub mod transcripts;
 
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::engine::{AcquireRequest, Engine};
@@ -219,80 +222,157 @@ impl Leasehold for LeaseholdService {
         }))
     }
 
-    type SessionStream =
-        Pin<Box<dyn Stream<Item = Result<pb::SessionResponse, Status>> + Send + 'static>>;
+    type SessionStream = SessionPipe;
 
     async fn session(
         &self,
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Reply<Self::SessionStream> {
-        let engine = self.engine.clone();
-        let responses = request.into_inner().then(move |message| {
-            let engine = engine.clone();
-            async move { Ok(session_step(&engine, message?).await) }
-        });
-        Ok(Response::new(Box::pin(responses)))
+        Ok(Response::new(SessionPipe {
+            engine: self.engine.clone(),
+            inbound: Some(request.into_inner()),
+            pending: FuturesUnordered::new(),
+        }))
     }
 }
 
-/// One operation of a Session stream; refusals travel in the response.
-async fn session_step(engine: &Engine, message: pb::SessionRequest) -> pb::SessionResponse {
+/// At most this many operations are in flight on one Session stream; beyond
+/// it the stream is not read until some complete (backpressure).
+pub const SESSION_WINDOW: usize = 1024;
+
+/// The response side of one Session stream: reads operations in order,
+/// applies each to the engine as it arrives (the engine applies at call
+/// time), and yields each response as soon as its operation completes.
+///
+/// It is polled by tonic's response encoder, which keeps polling while
+/// responses are ready and sends them in one write: under load, one read and
+/// one write carry many operations.
+pub struct SessionPipe {
+    engine: Engine,
+    /// `None` once the client half-closed (or its stream failed).
+    inbound: Option<Streaming<pb::SessionRequest>>,
+    pending: FuturesUnordered<BoxFuture<'static, pb::SessionResponse>>,
+}
+
+impl Stream for SessionPipe {
+    type Item = Result<pb::SessionResponse, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        while this.pending.len() < SESSION_WINDOW {
+            let Some(inbound) = this.inbound.as_mut() else {
+                break;
+            };
+            match Pin::new(inbound).poll_next(cx) {
+                Poll::Ready(Some(Ok(message))) => {
+                    this.pending.push(session_step(&this.engine, message));
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    this.inbound = None;
+                    return Poll::Ready(Some(Err(status)));
+                }
+                Poll::Ready(None) => this.inbound = None,
+                Poll::Pending => break,
+            }
+        }
+        match Pin::new(&mut this.pending).poll_next(cx) {
+            Poll::Ready(Some(response)) => Poll::Ready(Some(Ok(response))),
+            Poll::Ready(None) if this.inbound.is_none() => Poll::Ready(None),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// One operation of a Session stream, applied now; the future yields its
+/// response (a refusal travels in the response).
+fn session_step(
+    engine: &Engine,
+    message: pb::SessionRequest,
+) -> BoxFuture<'static, pb::SessionResponse> {
     use pb::session_request::Op;
-    let result = match message.op {
-        Some(Op::Renew(r)) => engine
-            .renew(&r.key, r.fence, &r.lease_id, r.ttl_ms)
-            .await
-            .map(|t| pb::SessionResponse {
-                lease: Some(convert::lease(&r.key, &t, true)),
-                ..Default::default()
-            }),
-        Some(Op::Check(r)) => engine
-            .check(&r.key, r.fence)
-            .await
-            .map(|t| pb::SessionResponse {
-                lease: Some(convert::lease(&r.key, &t, false)),
-                ..Default::default()
-            }),
-        Some(Op::Acquire(r)) => engine
-            .acquire(AcquireRequest {
+    let id = message.id;
+    match message.op {
+        Some(Op::Renew(r)) => {
+            let renewed = engine.renew(&r.key, r.fence, &r.lease_id, r.ttl_ms);
+            Box::pin(async move {
+                answer(
+                    id,
+                    renewed.await.map(|t| pb::SessionResponse {
+                        lease: Some(convert::lease(&r.key, &t, true)),
+                        ..Default::default()
+                    }),
+                )
+            })
+        }
+        Some(Op::Check(r)) => {
+            let checked = engine.check(&r.key, r.fence);
+            Box::pin(async move {
+                answer(
+                    id,
+                    checked.await.map(|t| pb::SessionResponse {
+                        lease: Some(convert::lease(&r.key, &t, false)),
+                        ..Default::default()
+                    }),
+                )
+            })
+        }
+        Some(Op::Acquire(r)) => {
+            let granted = engine.acquire(AcquireRequest {
                 key: r.key,
                 owner: r.owner,
                 ttl_ms: r.ttl_ms,
                 wait_ms: r.wait_ms,
                 request_id: r.request_id,
+            });
+            Box::pin(async move {
+                answer(
+                    id,
+                    granted.await.map(|g| {
+                        let acquired = convert::acquire_response(&g);
+                        pb::SessionResponse {
+                            lease: acquired.lease,
+                            previous: acquired.previous,
+                            replayed: acquired.replayed,
+                            unsettled_tool_calls: acquired.unsettled_tool_calls,
+                            ..Default::default()
+                        }
+                    }),
+                )
             })
-            .await
-            .map(|g| {
-                let acquired = convert::acquire_response(&g);
-                pb::SessionResponse {
-                    lease: acquired.lease,
-                    previous: acquired.previous,
-                    replayed: acquired.replayed,
-                    unsettled_tool_calls: acquired.unsettled_tool_calls,
-                    ..Default::default()
-                }
-            }),
-        Some(Op::Release(r)) => engine
-            .release(&r.key, r.fence, &r.lease_id, r.suspend)
-            .await
-            .map(|e| pb::SessionResponse {
-                ended: Some(convert::ended(&e)),
-                ..Default::default()
-            }),
-        None => Err(Error::InvalidArgument("empty Session request".into())),
-    };
-    result.unwrap_or_else(|err| {
-        let status = status::to_status(err);
-        pb::SessionResponse {
-            code: status.code() as i32,
-            message: status.message().to_owned(),
-            reason: status
-                .metadata()
-                .get(status::REASON)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned(),
-            ..Default::default()
         }
-    })
+        Some(Op::Release(r)) => {
+            let released = engine.release(&r.key, r.fence, &r.lease_id, r.suspend);
+            Box::pin(async move {
+                answer(
+                    id,
+                    released.await.map(|e| pb::SessionResponse {
+                        ended: Some(convert::ended(&e)),
+                        ..Default::default()
+                    }),
+                )
+            })
+        }
+        None => {
+            let refused = Err(Error::InvalidArgument("empty Session request".into()));
+            Box::pin(std::future::ready(answer(id, refused)))
+        }
+    }
+}
+
+/// The response to operation `id`: its result, or its refusal.
+fn answer(id: u64, result: Result<pb::SessionResponse, Error>) -> pb::SessionResponse {
+    match result {
+        Ok(response) => pb::SessionResponse { id, ..response },
+        Err(err) => {
+            let refusal = status::to_refusal(err);
+            pb::SessionResponse {
+                id,
+                code: refusal.code,
+                message: refusal.message,
+                reason: refusal.reason,
+                details: refusal.details,
+                ..Default::default()
+            }
+        }
+    }
 }

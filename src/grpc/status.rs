@@ -5,7 +5,12 @@
 //! (holder, remaining time, why a fence is stale) travel as metadata, so
 //! clients never parse messages.
 
-use tonic::metadata::{MetadataMap, MetadataValue};
+use std::collections::HashMap;
+
+use tonic::metadata::{
+    AsciiMetadataKey, AsciiMetadataValue, BinaryMetadataKey, KeyAndValueRef, MetadataMap,
+    MetadataValue,
+};
 use tonic::{Code, Status};
 
 use crate::error::{Error, StaleReason};
@@ -126,6 +131,68 @@ pub fn from_status(status: &Status) -> Error {
     }
 }
 
+/// A refusal as it travels inside a `SessionResponse`: the status code, the
+/// message and the status metadata, so a Session stream says exactly what
+/// the unary RPC would.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: i32,
+    pub message: String,
+    /// The `leasehold-reason` detail, repeated for readers of the stream
+    /// that do not look at `details`.
+    pub reason: String,
+    pub details: HashMap<String, Vec<u8>>,
+}
+
+/// Turns a domain error into the refusal fields of a `SessionResponse`.
+pub fn to_refusal(err: Error) -> Refusal {
+    let status = to_status(err);
+    let mut details = HashMap::new();
+    for entry in status.metadata().iter() {
+        match entry {
+            KeyAndValueRef::Ascii(name, value) => {
+                details.insert(name.as_str().to_owned(), value.as_encoded_bytes().to_vec());
+            }
+            KeyAndValueRef::Binary(name, value) => {
+                if let Ok(bytes) = value.to_bytes() {
+                    details.insert(name.as_str().to_owned(), bytes.to_vec());
+                }
+            }
+        }
+    }
+    Refusal {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        reason: status
+            .metadata()
+            .get(REASON)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        details,
+    }
+}
+
+/// Turns the refusal fields of a `SessionResponse` back into the domain
+/// error, through the same table as [`from_status`]. Details it does not
+/// know are ignored.
+pub fn from_refusal(code: i32, message: &str, details: &HashMap<String, Vec<u8>>) -> Error {
+    let mut meta = MetadataMap::new();
+    for (name, value) in details {
+        if name.ends_with("-bin") {
+            if let Ok(name) = BinaryMetadataKey::from_bytes(name.as_bytes()) {
+                meta.insert_bin(name, MetadataValue::from_bytes(value));
+            }
+        } else if let (Ok(name), Ok(value)) = (
+            AsciiMetadataKey::from_bytes(name.as_bytes()),
+            AsciiMetadataValue::try_from(value.as_slice()),
+        ) {
+            meta.insert(name, value);
+        }
+    }
+    from_status(&Status::with_metadata(Code::from(code), message, meta))
+}
+
 fn put(meta: &mut MetadataMap, name: &'static str, value: u64) {
     meta.insert(name, MetadataValue::from(value));
 }
@@ -194,6 +261,13 @@ mod tests {
         for err in errors {
             let status = to_status(err.clone());
             assert_eq!(from_status(&status), err, "status was {status:?}");
+            let refusal = to_refusal(err.clone());
+            assert_eq!(refusal.code, status.code() as i32);
+            assert_eq!(
+                from_refusal(refusal.code, &refusal.message, &refusal.details),
+                err,
+                "refusal was {refusal:?}"
+            );
         }
     }
 
