@@ -19,7 +19,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -502,11 +502,31 @@ impl Engine {
 
 impl Shared {
     /// Runs `f` on the locked lessor, then delivers handoffs and wakes the
-    /// writer and the timer as the change requires.
+    /// writer and the timer as the change requires, after unlocking, so a
+    /// woken thread does not at once block on the lock it was woken for.
+    ///
+    /// Waking the writer after unlocking loses nothing: it decided to sleep
+    /// (`writer_idle`) with the lock held, and a condvar wait releases the
+    /// lock atomically, so it is already waiting when we see the flag.
     fn with_lessor<T>(&self, f: impl FnOnce(&mut Lessor<Waiter>) -> T) -> T {
-        let mut lessor = self.lessor.lock().expect("lessor lock");
-        let out = f(&mut lessor);
-        self.after_change(&mut lessor);
+        let (out, handoffs, wake_writer, wake_timer) = {
+            let mut lessor = self.lessor.lock().expect("lessor lock");
+            let out = f(&mut lessor);
+            let handoffs = lessor.take_handoffs();
+            let wake_writer = lessor.has_urgent() && self.writer_idle.load(Ordering::Relaxed);
+            (out, handoffs, wake_writer, lessor.take_deadline_changed())
+        };
+        for (Waiter(tx), grant) in handoffs {
+            // A waiter that left just now loses its grant; the term then
+            // lapses at its TTL (or its request-id retry picks it up).
+            let _ = tx.send(grant);
+        }
+        if wake_writer {
+            self.writer_wake.notify_one();
+        }
+        if wake_timer {
+            self.timer_wake.notify_one();
+        }
         out
     }
 
@@ -589,20 +609,6 @@ impl Shared {
             Some(AcquireOutcome::Queued(_)) => unreachable!("no waiter was given"),
             // Granted between the timeout and the cancel: take the grant.
             None => granted.await.map_err(|_| closed()),
-        }
-    }
-
-    fn after_change(&self, lessor: &mut MutexGuard<'_, Lessor<Waiter>>) {
-        for (Waiter(tx), grant) in lessor.take_handoffs() {
-            // A waiter that left just now loses its grant; the term then
-            // lapses at its TTL (or its request-id retry picks it up).
-            let _ = tx.send(grant);
-        }
-        if lessor.has_urgent() && self.writer_idle.load(Ordering::Relaxed) {
-            self.writer_wake.notify_one();
-        }
-        if lessor.take_deadline_changed() {
-            self.timer_wake.notify_one();
         }
     }
 
