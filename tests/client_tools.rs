@@ -130,6 +130,12 @@ async fn a_lost_lease_cancels_the_run_and_leaves_the_call_for_recovery() {
     .expect("the run ends once the lease is lost");
     assert!(matches!(run, Err(ClientError::Lost { .. })), "{run:?}");
 
+    assert_eq!(guard.unsettled_at_grant(), 0);
+    assert_eq!(
+        recoverer.unsettled_at_grant(),
+        1,
+        "the grant counts the stuck call"
+    );
     let unsettled = recoverer.unsettled_tool_calls().await.unwrap();
     assert_eq!(unsettled.len(), 1);
     assert_eq!(unsettled[0].call_id, "stuck");

@@ -198,6 +198,9 @@ pub struct SessionGuard {
     previous: Option<Ended>,
     /// Whether the grant repeated an earlier one for the same request id.
     replayed: bool,
+    /// How many tool calls of the key were still running (unsettled) when
+    /// the term was granted, as the grant reported it.
+    unsettled_at_grant: u32,
     /// Tells the keep-alive task the guard was dropped, so it suspends the term.
     dropped: Option<oneshot::Sender<()>>,
     /// The keep-alive task; an explicit release aborts it.
@@ -268,6 +271,7 @@ impl SessionGuard {
             shared,
             previous: reply.previous.as_ref().map(Ended::from_pb),
             replayed: reply.replayed,
+            unsettled_at_grant: reply.unsettled_tool_calls,
             dropped: Some(dropped),
             keep_alive: Some(keep_alive),
         })
@@ -302,6 +306,14 @@ impl SessionGuard {
     /// Whether the grant repeated an earlier one for the same request id.
     pub fn replayed(&self) -> bool {
         self.replayed
+    }
+
+    /// How many of the key's tool calls were left running (neither succeeded
+    /// nor failed) when this term was granted, as the grant reported it: a
+    /// quick way to know, without another call, whether
+    /// [`SessionGuard::unsettled_tool_calls`] has anything to recover.
+    pub fn unsettled_at_grant(&self) -> u32 {
+        self.unsettled_at_grant
     }
 
     /// The local deadline, on the local monotonic clock: the guard is valid
