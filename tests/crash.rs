@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{ServerProcess, acquire};
+use leasehold::client::Client;
 use leasehold::pb;
+use leasehold::pb::session_request::Op;
 
 /// What the load generator saw acknowledged before the crash.
 #[derive(Default)]
@@ -17,41 +19,101 @@ struct Acked {
     released: Vec<(String, u64)>,
 }
 
+/// How the load reaches the server.
+#[derive(Clone, Copy)]
+enum Path {
+    /// A connection and unary calls per worker.
+    Unary,
+    /// All workers pipelined over the one Session stream of a shared client.
+    Stream,
+}
+
+/// One worker's Acquire and Release, by `path`.
+#[derive(Clone)]
+enum Loader {
+    Unary(leasehold::pb::leasehold_client::LeaseholdClient<tonic::transport::Channel>),
+    Stream(Client),
+}
+
+impl Loader {
+    async fn acquire(&mut self, key: &str) -> Option<pb::Lease> {
+        match self {
+            Loader::Unary(rpc) => {
+                rpc.acquire(acquire(key, "loader", 600_000))
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .lease
+            }
+            Loader::Stream(client) => {
+                client
+                    .session_op(Op::Acquire(acquire(key, "loader", 600_000)), TIMEOUT)
+                    .await
+                    .ok()?
+                    .lease
+            }
+        }
+    }
+
+    async fn release(&mut self, lease: pb::Lease) -> bool {
+        let release = pb::ReleaseRequest {
+            key: lease.key,
+            fence: lease.fence,
+            lease_id: lease.lease_id,
+            suspend: false,
+        };
+        match self {
+            Loader::Unary(rpc) => rpc.release(release).await.is_ok(),
+            Loader::Stream(client) => client
+                .session_op(Op::Release(release), TIMEOUT)
+                .await
+                .is_ok(),
+        }
+    }
+}
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Every acknowledged acquire and release survives `kill -9`, and fences keep rising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9_under_load() {
+    crash_under_load(Path::Unary).await;
+}
+
+/// The same over the pipelined Session stream, where many operations are in
+/// flight at once and each is answered as its commit lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_stream_writes_survive_kill_9_under_pipelined_load() {
+    crash_under_load(Path::Stream).await;
+}
+
+async fn crash_under_load(path: Path) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("crash.db");
     let server = ServerProcess::start(&db);
     let acked = Arc::new(Mutex::new(Acked::default()));
+    let shared = Client::connect(server.url()).await.unwrap();
     let mut tasks = Vec::new();
     for worker in 0..16 {
-        let mut client = server.client().await;
+        let mut loader = match path {
+            Path::Unary => Loader::Unary(server.client().await),
+            Path::Stream => Loader::Stream(shared.clone()),
+        };
         let acked = acked.clone();
         tasks.push(tokio::spawn(async move {
             // Bounded: stops at the first error (the crash) or after 100k steps.
             for n in 0..100_000u32 {
                 let key = format!("w{worker}/{n}");
-                let Ok(reply) = client.acquire(acquire(&key, "loader", 600_000)).await else {
+                let Some(lease) = loader.acquire(&key).await else {
                     return;
                 };
-                let lease = reply.into_inner().lease.unwrap();
-                acked
-                    .lock()
-                    .unwrap()
-                    .acquired
-                    .push((key.clone(), lease.fence));
+                let fence = lease.fence;
+                acked.lock().unwrap().acquired.push((key.clone(), fence));
                 if n % 2 == 0 {
-                    let release = pb::ReleaseRequest {
-                        key: key.clone(),
-                        fence: lease.fence,
-                        lease_id: lease.lease_id,
-                        suspend: false,
-                    };
-                    if client.release(release).await.is_err() {
+                    if !loader.release(lease).await {
                         return;
                     }
-                    acked.lock().unwrap().released.push((key, lease.fence));
+                    acked.lock().unwrap().released.push((key, fence));
                 }
             }
         }));
