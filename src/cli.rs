@@ -43,9 +43,11 @@ enum Command {
         /// On SIGINT/SIGTERM, how long to wait for open connections to finish.
         #[arg(long, default_value_t = 5000)]
         drain_timeout_ms: u64,
-        /// How long settled tool calls of a cleanly released key are kept.
-        #[arg(long, default_value_t = leasehold::lessor::DEFAULT_LEDGER_RETENTION_MS)]
-        ledger_retention_ms: u64,
+        /// How long a key released cleanly is remembered (its last term, its
+        /// settled tool calls) before it is forgotten; expired and suspended
+        /// keys are kept until taken over.
+        #[arg(long, alias = "ledger-retention-ms", default_value_t = leasehold::lessor::DEFAULT_RETENTION_MS)]
+        retention_ms: u64,
     },
     /// Drive a running server (or a peer: etcd, ZooKeeper) with load and report ops/s and latency.
     Bench(leasehold::bench::BenchArgs),
@@ -224,10 +226,10 @@ async fn run(command: Command) -> ExitCode {
             db,
             sync,
             drain_timeout_ms,
-            ledger_retention_ms,
+            retention_ms,
         } => {
             let config = EngineConfig {
-                ledger_retention_ms,
+                retention_ms,
                 ..EngineConfig::default()
             };
             serve(

@@ -35,7 +35,7 @@ use crate::ledger::{
     BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
 };
 use crate::lessor::{
-    AcquireOutcome, AcquireSpec, DEFAULT_LEDGER_RETENTION_MS, Grant, KeyView, Lessor, ListFilter,
+    AcquireOutcome, AcquireSpec, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter,
     WaiterHandle, WaiterId,
 };
 use crate::store::{Store, StoreError};
@@ -57,8 +57,9 @@ pub struct EngineConfig {
     pub lazy_flush: Duration,
     /// How many keys one List call scans at most, bounding lock hold time.
     pub list_scan_budget: usize,
-    /// How long settled tool calls of a cleanly released key are kept.
-    pub ledger_retention_ms: u64,
+    /// How long a cleanly released key (its last term and its settled tool
+    /// calls) is remembered before it is forgotten.
+    pub retention_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -66,7 +67,7 @@ impl Default for EngineConfig {
         EngineConfig {
             lazy_flush: Duration::from_secs(1),
             list_scan_budget: 10_000,
-            ledger_retention_ms: DEFAULT_LEDGER_RETENTION_MS,
+            retention_ms: DEFAULT_RETENTION_MS,
         }
     }
 }
@@ -208,7 +209,7 @@ impl Engine {
             snapshot.calls,
             snapshot.fence_high_water,
             clock.now(),
-            config.ledger_retention_ms,
+            config.retention_ms,
         );
         tracing::info!(
             keys,

@@ -106,6 +106,9 @@ pub struct KeyRecord {
 pub struct Batch {
     /// The full current state of every key changed since the last batch.
     pub records: Vec<KeyRecord>,
+    /// Keys forgotten (released cleanly long enough ago): their rows go.
+    /// Applied before `records`, which may hold a key created again since.
+    pub forgotten: Vec<String>,
     /// Tool calls pruned from ledgers: (key, call ids). Applied before `calls`.
     pub pruned_calls: Vec<(String, Vec<String>)>,
     /// The current state of every tool call changed since the last batch.
@@ -139,6 +142,8 @@ struct KeyState<W> {
     visible_seq: u64,
     /// The key's tool calls; boxed and optional so keys without calls stay small.
     ledger: Option<Box<Ledger>>,
+    /// Whether `prunes` holds an entry for this key (at most one does).
+    prune_scheduled: bool,
 }
 
 impl<W> KeyState<W> {
@@ -149,6 +154,7 @@ impl<W> KeyState<W> {
             waiters: VecDeque::new(),
             visible_seq: 0,
             ledger: None,
+            prune_scheduled: false,
         }
     }
 
@@ -243,14 +249,19 @@ pub struct Lessor<W> {
     dirty_calls: HashSet<(String, String)>,
     /// Tool calls pruned since the last batch.
     pruned_calls: Vec<(String, Vec<String>)>,
-    /// When to prune the settled calls of cleanly released keys, earliest first.
+    /// Keys forgotten since the last batch.
+    forgotten: Vec<String>,
+    /// When to look at cleanly released keys again, to prune their settled
+    /// calls and forget them, earliest first; at most one entry per key.
     prunes: BinaryHeap<Reverse<(Millis, String)>>,
-    /// How long settled calls of a cleanly released key are kept.
-    ledger_retention_ms: u64,
+    /// How long a cleanly released key (its last term and its settled tool
+    /// calls) is remembered.
+    retention_ms: u64,
 }
 
-/// How long settled tool calls of a cleanly released key are kept by default (24 h).
-pub const DEFAULT_LEDGER_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
+/// How long a cleanly released key, with its settled tool calls, is
+/// remembered by default (24 h).
+pub const DEFAULT_RETENTION_MS: u64 = 24 * 60 * 60 * 1000;
 
 impl<W: WaiterHandle> Lessor<W> {
     /// Rebuilds the live state from storage at start-up.
@@ -263,7 +274,7 @@ impl<W: WaiterHandle> Lessor<W> {
         calls: Vec<(String, ToolCall)>,
         fence_high_water: u64,
         now: Millis,
-        ledger_retention_ms: u64,
+        retention_ms: u64,
     ) -> Self {
         let mut lessor = Lessor {
             keys: BTreeMap::new(),
@@ -279,8 +290,9 @@ impl<W: WaiterHandle> Lessor<W> {
             next_ordinal: 1,
             dirty_calls: HashSet::new(),
             pruned_calls: Vec::new(),
+            forgotten: Vec::new(),
             prunes: BinaryHeap::new(),
-            ledger_retention_ms,
+            retention_ms,
         };
         for record in records {
             let mut state = KeyState::new();
@@ -294,6 +306,11 @@ impl<W: WaiterHandle> Lessor<W> {
             }
             if let Some(ended) = &record.last_ended {
                 lessor.next_fence = lessor.next_fence.max(ended.fence.0 + 1);
+                if ended.end == TermEnd::Released && state.live.is_none() {
+                    let at = ended.ended_at.saturating_add(retention_ms);
+                    lessor.prunes.push(Reverse((at, record.key.clone())));
+                    state.prune_scheduled = true;
+                }
             }
             state.last_ended = record.last_ended;
             lessor.keys.insert(record.key, state);
@@ -304,22 +321,15 @@ impl<W: WaiterHandle> Lessor<W> {
             by_key.entry(key).or_default().push(call);
         }
         for (key, calls) in by_key {
-            let state = lessor.keys.entry(key.clone()).or_insert_with(KeyState::new);
-            let ledger = Ledger::from_calls(calls);
-            if let Some(ended) = state.last_ended.as_ref().filter(|_| state.live.is_none()) {
-                if ended.end == TermEnd::Released && ledger.has_settled() {
-                    let at = ended.ended_at.saturating_add(ledger_retention_ms);
-                    lessor.prunes.push(Reverse((at, key)));
-                }
-            }
-            state.ledger = Some(Box::new(ledger));
+            let state = lessor.keys.entry(key).or_insert_with(KeyState::new);
+            state.ledger = Some(Box::new(Ledger::from_calls(calls)));
         }
         lessor
     }
 
     /// An empty lessor whose first fence is 1.
     pub fn new() -> Self {
-        Self::restore(Vec::new(), Vec::new(), 0, 0, DEFAULT_LEDGER_RETENTION_MS)
+        Self::restore(Vec::new(), Vec::new(), 0, 0, DEFAULT_RETENTION_MS)
     }
 
     /// Grants `spec.key` if it is free; otherwise queues `waiter` or reports busy.
@@ -454,16 +464,8 @@ impl<W: WaiterHandle> Lessor<W> {
         let ended = self
             .end_term(key, end, now)
             .expect("live term checked above");
-        let has_settled = self.keys[key]
-            .ledger
-            .as_ref()
-            .is_some_and(|l| l.has_settled());
-        if end == TermEnd::Released && has_settled {
-            let at = now.saturating_add(self.ledger_retention_ms);
-            if self.next_deadline().is_none_or(|next| at < next) {
-                self.earliest_deadline_changed = true;
-            }
-            self.prunes.push(Reverse((at, key.to_owned())));
+        if end == TermEnd::Released {
+            self.schedule_prune(key, now.saturating_add(self.retention_ms));
         }
         self.settle(key, now);
         let visible_seq = self.keys[key].visible_seq;
@@ -666,33 +668,82 @@ impl<W: WaiterHandle> Lessor<W> {
         false
     }
 
-    /// Drops settled tool calls of keys released cleanly at least the
-    /// retention time ago (and not acquired since).
+    /// Makes sure `key` is looked at again no later than `at`, to prune its
+    /// settled calls and forget it if it is still released then.
+    fn schedule_prune(&mut self, key: &str, at: Millis) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        // An earlier entry is still pending: when it comes due it finds the
+        // key not yet due and re-schedules it for the right time.
+        if std::mem::replace(&mut state.prune_scheduled, true) {
+            return;
+        }
+        if self.next_deadline().is_none_or(|next| at < next) {
+            self.earliest_deadline_changed = true;
+        }
+        self.prunes.push(Reverse((at, key.to_owned())));
+    }
+
+    /// For keys released cleanly at least the retention time ago (and not
+    /// acquired since): drops their settled tool calls, then forgets the key
+    /// itself unless calls are still running or someone waits for it.
+    ///
+    /// Forgetting keeps the table from growing with every key ever used (a
+    /// session id is used for a while, then never again). It is safe: the
+    /// fence high-water mark is kept apart from the keys, so a forgotten key
+    /// acquired again still gets a fence above every earlier one, and a
+    /// fence presented for it is refused as unknown. Keys that expired or
+    /// were suspended are never forgotten: they are recoverable, and stay
+    /// until someone takes them over.
     fn prune_due(&mut self, now: Millis) {
         while let Some(Reverse((at, _))) = self.prunes.peek() {
             if *at > now {
                 break;
             }
             let Reverse((_, key)) = self.prunes.pop().expect("peeked");
-            let retention = self.ledger_retention_ms;
+            let retention = self.retention_ms;
             let Some(state) = self.keys.get_mut(&key) else {
                 continue;
             };
-            let due = state.live.is_none()
-                && state.last_ended.as_ref().is_some_and(|e| {
-                    e.end == TermEnd::Released && e.ended_at.saturating_add(retention) <= now
-                });
-            let Some(ledger) = state.ledger.as_mut().filter(|_| due) else {
-                continue;
+            state.prune_scheduled = false;
+            let released_at = match (&state.live, &state.last_ended) {
+                (None, Some(ended)) if ended.end == TermEnd::Released => ended.ended_at,
+                // Taken again (or suspended, or expired) since: its next
+                // clean release schedules it anew.
+                _ => continue,
             };
-            let pruned = ledger.prune_settled();
-            if ledger.is_empty() {
-                state.ledger = None;
+            let due = released_at.saturating_add(retention);
+            if due > now {
+                // Released again since this entry was pushed.
+                state.prune_scheduled = true;
+                self.prunes.push(Reverse((due, key)));
+                continue;
             }
-            if !pruned.is_empty() {
-                self.pruned_calls.push((key, pruned));
+            if let Some(ledger) = state.ledger.as_mut() {
+                let pruned = ledger.prune_settled();
+                if ledger.is_empty() {
+                    state.ledger = None;
+                }
+                if !pruned.is_empty() {
+                    self.pruned_calls.push((key.clone(), pruned));
+                }
+            }
+            if state.ledger.is_none() && state.waiters.is_empty() {
+                self.forget(key);
             }
         }
+    }
+
+    /// Removes `key` from the table; the next batch deletes its row.
+    fn forget(&mut self, key: String) {
+        self.keys.remove(&key);
+        self.dirty.remove(&key);
+        self.lazy_dirty.remove(&key);
+        if !self.dirty_calls.is_empty() {
+            self.dirty_calls.retain(|(k, _)| *k != key);
+        }
+        self.forgotten.push(key);
     }
 
     /// The earliest deadline the expiry timer must wake for.
@@ -727,6 +778,7 @@ impl<W: WaiterHandle> Lessor<W> {
             || !self.lazy_dirty.is_empty()
             || !self.dirty_calls.is_empty()
             || !self.pruned_calls.is_empty()
+            || !self.forgotten.is_empty()
     }
 
     /// Whether lazy changes are left over from a batch that took only some.
@@ -773,6 +825,7 @@ impl<W: WaiterHandle> Lessor<W> {
         self.urgent = false;
         Batch {
             records,
+            forgotten: std::mem::take(&mut self.forgotten),
             pruned_calls: std::mem::take(&mut self.pruned_calls),
             calls,
             fence_high_water: self.next_fence - 1,
@@ -1056,12 +1109,126 @@ mod tests {
             batch.calls,
             batch.fence_high_water,
             5000,
-            DEFAULT_LEDGER_RETENTION_MS,
+            DEFAULT_RETENTION_MS,
         );
         let mut restored = restored;
         let (term, _) = restored.check("k", g.term.fence, 5999).unwrap();
         assert_eq!(term.expires_at, 6000);
         let next = granted(restored.acquire(spec("other", "a"), 5999, None));
         assert!(next.term.fence > g.term.fence);
+    }
+
+    /// A lessor with a 100 ms retention, so tests can step past it.
+    fn short_retention() -> Lessor<Tag> {
+        Lessor::restore(Vec::new(), Vec::new(), 0, 0, 100)
+    }
+
+    #[test]
+    fn a_cleanly_released_key_is_forgotten_after_the_retention() {
+        let mut lessor = short_retention();
+        let g = granted(lessor.acquire(spec("done", "a"), 0, None));
+        let s = granted(lessor.acquire(spec("paused", "a"), 0, None));
+        lessor
+            .release("done", g.term.fence, g.term.lease_id, false, 10)
+            .unwrap();
+        lessor
+            .release("paused", s.term.fence, s.term.lease_id, true, 10)
+            .unwrap();
+        lessor.take_batch();
+
+        lessor.expire_due(109);
+        assert_eq!(lessor.key_count(), 2, "kept until the retention ends");
+        assert_eq!(lessor.next_deadline(), Some(110));
+        lessor.expire_due(110);
+        assert_eq!(lessor.key_count(), 1, "the suspended key stays");
+        assert!(lessor.has_dirty());
+        let batch = lessor.take_batch();
+        assert_eq!(batch.forgotten, vec!["done".to_string()]);
+        assert!(batch.records.is_empty());
+        assert!(matches!(lessor.get("done", 110), Err(Error::NotFound(_))));
+        assert!(matches!(
+            lessor.check("done", g.term.fence, 110),
+            Err(Error::StaleFence {
+                reason: StaleReason::Unknown,
+                ..
+            })
+        ));
+        // Fences still rise for the forgotten key, in memory and after a restart.
+        let again = granted(lessor.acquire(spec("done", "b"), 111, None));
+        assert!(again.term.fence > s.term.fence);
+        assert!(again.previous.is_none());
+        let restored =
+            Lessor::<Tag>::restore(Vec::new(), Vec::new(), batch.fence_high_water, 0, 100);
+        let mut restored = restored;
+        let after = granted(restored.acquire(spec("x", "c"), 0, None));
+        assert!(after.term.fence > s.term.fence);
+    }
+
+    #[test]
+    fn a_key_taken_again_or_released_again_is_not_forgotten_early() {
+        let mut lessor = short_retention();
+        let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+        lessor
+            .release("k", g.term.fence, g.term.lease_id, false, 10)
+            .unwrap();
+        // Taken again before the retention ends: kept while held.
+        let h = granted(lessor.acquire(spec("k", "b"), 50, None));
+        lessor.expire_due(200);
+        assert_eq!(lessor.key_count(), 1);
+        lessor
+            .renew("k", h.term.fence, h.term.lease_id, Some(10_000), 200)
+            .unwrap();
+        lessor
+            .release("k", h.term.fence, h.term.lease_id, false, 300)
+            .unwrap();
+        lessor.expire_due(399);
+        assert_eq!(
+            lessor.key_count(),
+            1,
+            "retention counts from the last release"
+        );
+        lessor.expire_due(400);
+        assert_eq!(lessor.key_count(), 0);
+        assert_eq!(lessor.prunes.len(), 0, "no entries left behind");
+    }
+
+    #[test]
+    fn a_forgotten_key_created_again_in_the_same_batch_is_written_back() {
+        let mut lessor = short_retention();
+        let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+        lessor
+            .release("k", g.term.fence, g.term.lease_id, false, 0)
+            .unwrap();
+        lessor.take_batch();
+        lessor.expire_due(100);
+        let again = granted(lessor.acquire(spec("k", "b"), 100, None));
+        let batch = lessor.take_batch();
+        // The store deletes first, then writes the new row.
+        assert_eq!(batch.forgotten, vec!["k".to_string()]);
+        assert_eq!(batch.records.len(), 1);
+        assert_eq!(
+            batch.records[0].live.as_ref().unwrap().fence,
+            again.term.fence
+        );
+    }
+
+    #[test]
+    fn a_key_with_running_tool_calls_is_not_forgotten() {
+        let mut lessor = short_retention();
+        let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+        let calls = vec![CallSpec {
+            call_id: "c1".into(),
+            name: "tool".into(),
+            input_digest: String::new(),
+        }];
+        lessor
+            .begin_tool_calls("k", g.term.fence, g.term.lease_id, calls, 0)
+            .unwrap();
+        lessor
+            .release("k", g.term.fence, g.term.lease_id, false, 0)
+            .unwrap();
+        lessor.expire_due(1_000);
+        assert_eq!(lessor.key_count(), 1);
+        assert!(lessor.take_batch().forgotten.is_empty());
     }
 }

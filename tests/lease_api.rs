@@ -765,3 +765,59 @@ async fn session_stream_renews_checks_and_reports_refusals() {
     assert!(got.recoverable);
     assert_eq!(got.last_ended.unwrap().fence, second.fence);
 }
+
+/// A key released cleanly is forgotten once the retention (24 h by default)
+/// has passed: Get answers NOT_FOUND, its old fence is unknown, its row is
+/// gone after a restart, and fences still never repeat. A suspended key is
+/// kept, since it is recoverable.
+#[tokio::test]
+async fn released_keys_are_forgotten_after_the_retention() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let done = lease_of(client.acquire(acquire("done", "o", 1000)).await.unwrap());
+    let paused = lease_of(client.acquire(acquire("paused", "o", 1000)).await.unwrap());
+    client.release(release(&done, false)).await.unwrap();
+    client.release(release(&paused, true)).await.unwrap();
+    let get = async |client: &mut pb::leasehold_client::LeaseholdClient<_>, key: &str| {
+        client.get(pb::GetRequest { key: key.into() }).await
+    };
+    server.clock.advance(24 * 60 * 60 * 1000 - 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        get(&mut client, "done").await.is_ok(),
+        "kept until the retention ends"
+    );
+    server.clock.advance(1);
+    let mut forgotten = false;
+    for _ in 0..200 {
+        if let Err(status) = get(&mut client, "done").await {
+            assert_eq!(status.code(), Code::NotFound);
+            forgotten = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(forgotten, "the released key was not forgotten");
+    let stale = client.check(check("done", done.fence)).await.unwrap_err();
+    assert_eq!(stale.code(), Code::FailedPrecondition);
+    assert!(
+        get(&mut client, "paused")
+            .await
+            .unwrap()
+            .into_inner()
+            .recoverable
+    );
+
+    drop(client);
+    let server = server.restart().await;
+    let mut client = server.client().await;
+    let status = get(&mut client, "done").await.unwrap_err();
+    assert_eq!(
+        status.code(),
+        Code::NotFound,
+        "the row is gone from the file"
+    );
+    assert!(get(&mut client, "paused").await.is_ok());
+    let again = lease_of(client.acquire(acquire("done", "o2", 1000)).await.unwrap());
+    assert!(again.fence > paused.fence, "fences never repeat");
+}

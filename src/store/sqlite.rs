@@ -199,6 +199,13 @@ impl Store for SqliteStore {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(io)?;
         {
+            // Before the puts: a forgotten key may have been created again since.
+            let mut forget = tx
+                .prepare_cached("DELETE FROM keys WHERE key = ?1")
+                .map_err(io)?;
+            for key in &batch.forgotten {
+                forget.execute([key]).map_err(io)?;
+            }
             let mut put = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO keys (key, live_fence, live_owner, live_lease_id,
