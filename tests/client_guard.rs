@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use client_support::{PinnedServer, black_hole, eventually, within};
+use client_support::{FreezingProxy, PinnedServer, black_hole, eventually, within};
 use common::{T0, TestServer};
 use leasehold::client::{Client, ClientError, LossReason};
 use leasehold::lease::TermEnd;
@@ -354,6 +354,44 @@ async fn a_hung_server_cannot_hang_the_guard() {
     let _ = hole.await;
     server.start_again().await;
     eventually("a renewal revives the guard", || guard.is_valid()).await;
+}
+
+/// A connection that goes silent (a partition or a dead peer: no FIN, no
+/// RST) is found dead by HTTP/2 keep-alive pings, and the guard carries on
+/// over a new connection and a new Session stream instead of staying stuck
+/// on the dead one until TCP gives up (many minutes).
+#[tokio::test]
+async fn a_silently_dead_connection_is_replaced() {
+    let server = TestServer::start().await;
+    let proxy = FreezingProxy::start(server.addr).await;
+    let channel = tonic::transport::Endpoint::from_shared(proxy.url())
+        .unwrap()
+        .http2_keep_alive_interval(100 * MS)
+        .keep_alive_timeout(200 * MS)
+        .keep_alive_while_idle(true)
+        .connect()
+        .await
+        .unwrap();
+    let client = Client::new(channel);
+    let guard = client
+        .acquire("k")
+        .ttl(Duration::from_secs(30))
+        .rpc_timeout(200 * MS)
+        .await
+        .unwrap();
+    guard.verify().await.unwrap();
+    assert_eq!(proxy.accepted(), 1);
+    proxy.freeze();
+    within("a check over a new connection", async {
+        while guard.verify().await.is_err() {
+            tokio::time::sleep(20 * MS).await;
+        }
+    })
+    .await;
+    assert!(proxy.accepted() >= 2, "no new connection was made");
+    assert!(guard.is_valid());
+    let ended = within("release", guard.release()).await.unwrap();
+    assert_eq!(ended.end, TermEnd::Released);
 }
 
 /// `run` hands the fence to the work and returns its output while the lease

@@ -128,6 +128,10 @@ const MAX_DEFAULT_MARGIN: Duration = Duration::from_secs(2);
 const MAX_DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting to the server may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an HTTP/2 ping checks the connection, even when idle.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a ping may go unanswered before the connection counts as dead.
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A connection to a leasehold server. Cheap to clone; clones share the
 /// connection.
@@ -157,7 +161,14 @@ impl Client {
         let endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| Error::InvalidArgument(format!("endpoint {url:?}: {}", chain(&e))))?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A connection that goes silent (partition, dead peer: no FIN
+            // or RST) would otherwise hold every guard's renewals until TCP
+            // gives up, many minutes later; pings find it dead in seconds,
+            // and the next call connects afresh.
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         let channel = endpoint
             .connect()
             .await

@@ -142,3 +142,73 @@ pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
 }
+
+/// A TCP proxy to `target` whose existing connections can be silenced at
+/// once, as a network partition or a dead peer leaves them: the sockets stay
+/// open, nothing more gets through, and no FIN or RST arrives. Connections
+/// made after a freeze work normally.
+pub struct FreezingProxy {
+    pub addr: SocketAddr,
+    /// Bumped by each freeze; a connection forwards while its epoch is current.
+    epoch: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Connections accepted so far.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl FreezingProxy {
+    pub async fn start(target: SocketAddr) -> FreezingProxy {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let epoch = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let task = tokio::spawn({
+            let (epoch, accepted) = (epoch.clone(), accepted.clone());
+            async move {
+                let mut connections = tokio::task::JoinSet::new();
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    let mut frozen = epoch.subscribe();
+                    connections.spawn(async move {
+                        let Ok(mut outbound) = TcpStream::connect(target).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = frozen.changed() => {
+                                // Silent from now on, with both sockets held open.
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        FreezingProxy {
+            addr,
+            epoch,
+            accepted,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Silences every connection made so far.
+    pub fn freeze(&self) {
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for FreezingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
