@@ -288,8 +288,11 @@ async fn serve(
     tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
     // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
     println!("listening on {addr}");
-    match server::serve_with_drain_timeout(listener, engine, shutdown_signal(), drain_timeout).await
-    {
+    let options = server::ServeOptions {
+        drain_timeout,
+        ..server::ServeOptions::default()
+    };
+    match server::serve_with(listener, engine, shutdown_signal(), options).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

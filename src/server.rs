@@ -50,8 +50,42 @@ pub fn open_engine(
 /// How long a shutdown waits for connections to drain by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How the server runs its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// On shutdown, how long to wait for open connections to finish.
+    ///
+    /// Draining waits for in-flight requests and for clients to close their
+    /// connections; an idle client that keeps its HTTP/2 connection open
+    /// would otherwise hold the server up indefinitely (hyperium/hyper#4170).
+    /// Every acknowledged write is already durable, so cutting the drain
+    /// short loses nothing: the engine still commits what is pending.
+    pub drain_timeout: Duration,
+    /// How often the server pings each connection over HTTP/2.
+    ///
+    /// A client that vanished without closing its connection (a crashed
+    /// host, a partition) would otherwise keep its Acquires waiting in line
+    /// until their waits run out: the key could be handed to a waiter nobody
+    /// will ever use, and stay held until that grant's TTL. A connection that
+    /// does not answer a ping within `keep_alive_timeout` is closed, which
+    /// cancels its waiting Acquires, so the line moves on to live waiters.
+    pub keep_alive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keep_alive_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            keep_alive_interval: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Serves leases from `engine` on `listener` until `shutdown` resolves, then
-/// drains and flushes the engine.
+/// drains and flushes the engine, with the default [`ServeOptions`].
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
@@ -60,25 +94,20 @@ pub async fn serve(
     engine: Engine,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    serve_with_drain_timeout(listener, engine, shutdown, DEFAULT_DRAIN_TIMEOUT).await
+    serve_with(listener, engine, shutdown, ServeOptions::default()).await
 }
 
-/// As [`serve`], but gives up draining after `drain_timeout`.
-///
-/// Draining waits for in-flight requests and for clients to close their
-/// connections; an idle client that keeps its HTTP/2 connection open would
-/// otherwise hold the server up indefinitely (hyperium/hyper#4170). Every
-/// acknowledged write is already durable, so cutting the drain short loses
-/// nothing: the engine still commits what is pending before returning.
+/// As [`serve`], with `options`.
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
-pub async fn serve_with_drain_timeout(
+pub async fn serve_with(
     listener: TcpListener,
     engine: Engine,
     shutdown: impl Future<Output = ()> + Send,
-    drain_timeout: Duration,
+    options: ServeOptions,
 ) -> Result<(), ServeError> {
+    let drain_timeout = options.drain_timeout;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
@@ -110,6 +139,8 @@ pub async fn serve_with_drain_timeout(
         }
     };
     let serving = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(options.keep_alive_interval))
+        .http2_keepalive_timeout(Some(options.keep_alive_timeout))
         .add_service(health)
         .add_service(reflection)
         .add_service(service)

@@ -458,3 +458,55 @@ async fn connecting_to_nothing_is_unavailable() {
     );
     assert!(err.is_transient());
 }
+
+/// A waiter whose client vanished without closing its connection loses its
+/// place in line once the server's pings go unanswered, so the key goes to
+/// the live waiter behind it instead of to a grant nobody will use.
+#[tokio::test]
+async fn a_vanished_waiter_does_not_keep_its_place_in_line() {
+    let server = TestServer::start_with(leasehold::server::ServeOptions {
+        drain_timeout: 300 * MS,
+        keep_alive_interval: 100 * MS,
+        keep_alive_timeout: 500 * MS,
+    })
+    .await;
+    let holder = client_of(&server).await;
+    let held = holder
+        .acquire("k")
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap();
+
+    // The vanishing waiter queues first, through a proxy that will go silent.
+    let proxy = FreezingProxy::start(server.addr).await;
+    let mut vanishing = pb::leasehold_client::LeaseholdClient::connect(proxy.url())
+        .await
+        .unwrap();
+    let mut request = common::acquire("k", "vanishing", 60_000);
+    request.wait_ms = 60_000;
+    let vanished = tokio::spawn(async move { vanishing.acquire(request).await });
+    eventually("the first waiter is in line", || proxy.accepted() == 1).await;
+    tokio::time::sleep(100 * MS).await;
+
+    // The live waiter queues behind it.
+    let live = client_of(&server).await;
+    let waiting = tokio::spawn(async move {
+        live.acquire("k")
+            .owner("live")
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(60))
+            .await
+    });
+    tokio::time::sleep(100 * MS).await;
+    proxy.freeze();
+    // Long enough for the server to find the silent connection dead.
+    tokio::time::sleep(1500 * MS).await;
+    held.release().await.unwrap();
+
+    let got = within("the live waiter's grant", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.owner(), "live");
+    vanished.abort();
+}

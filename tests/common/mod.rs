@@ -42,8 +42,29 @@ impl TestServer {
         server
     }
 
+    /// A fresh server with these connection options.
+    pub async fn start_with(options: server::ServeOptions) -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("leasehold.db");
+        let mut server = Self::start_on_with(&db, ManualClock::new(T0), options).await;
+        server._dir = Some(dir);
+        server
+    }
+
     /// A server on an existing database file with the given clock.
     pub async fn start_on(db: &Path, clock: ManualClock) -> TestServer {
+        let options = server::ServeOptions {
+            drain_timeout: Duration::from_millis(300),
+            ..server::ServeOptions::default()
+        };
+        Self::start_on_with(db, clock, options).await
+    }
+
+    async fn start_on_with(
+        db: &Path,
+        clock: ManualClock,
+        options: server::ServeOptions,
+    ) -> TestServer {
         let engine = server::open_engine(
             db,
             SyncMode::Full,
@@ -59,13 +80,13 @@ impl TestServer {
         let task = tokio::spawn({
             let engine = engine.clone();
             async move {
-                server::serve_with_drain_timeout(
+                server::serve_with(
                     listener,
                     engine,
                     async {
                         let _ = stopped.await;
                     },
-                    Duration::from_millis(300),
+                    options,
                 )
                 .await
                 .expect("serve");
