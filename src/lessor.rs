@@ -113,7 +113,9 @@ pub struct Batch {
     pub pruned_calls: Vec<(String, Vec<String>)>,
     /// The current state of every tool call changed since the last batch.
     pub calls: Vec<(String, ToolCall)>,
-    /// The highest fence ever granted; storage keeps it so fences never regress.
+    /// The highest fence ever granted. Storage must keep it durable by the
+    /// time it deletes a row (`forgotten`): until then every fence granted
+    /// is in its key's row, and start-up takes the highest of both.
     pub fence_high_water: u64,
     /// Once this batch commits, every change up to this sequence is durable.
     pub seq: u64,

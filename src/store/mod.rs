@@ -37,6 +37,9 @@ pub struct Snapshot {
     pub records: Vec<KeyRecord>,
     /// Every tool call, with its key.
     pub calls: Vec<(String, ToolCall)>,
+    /// A fence at least as high as any granted whose key's row is gone.
+    /// Start-up takes the highest of this and every fence in `records`, so
+    /// a store must keep it current only when it deletes rows.
     pub fence_high_water: u64,
 }
 

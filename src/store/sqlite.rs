@@ -268,12 +268,18 @@ impl Store for SqliteStore {
                     ])
                     .map_err(io)?;
             }
-            tx.prepare_cached(
-                "UPDATE meta SET value = max(value, ?1) WHERE name = 'fence_high_water'",
-            )
-            .map_err(io)?
-            .execute([batch.fence_high_water as i64])
-            .map_err(io)?;
+            // Every fence granted is in its key's row until the row is
+            // deleted, and start-up takes the highest of the rows' fences and
+            // this mark: so the mark must be raised only when rows go. Not
+            // writing it otherwise spares a page in the WAL on every commit.
+            if !batch.forgotten.is_empty() {
+                tx.prepare_cached(
+                    "UPDATE meta SET value = max(value, ?1) WHERE name = 'fence_high_water'",
+                )
+                .map_err(io)?
+                .execute([batch.fence_high_water as i64])
+                .map_err(io)?;
+            }
         }
         tx.commit().map_err(io)?;
         self.commits += 1;
@@ -416,6 +422,80 @@ mod tests {
         let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
         assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
         assert_eq!(store.load().unwrap().fence_high_water, 41);
+    }
+
+    /// Fences survive a reopen whether they sit in a key's row or, once
+    /// rows are deleted (forgotten keys), in the high-water mark alone.
+    #[test]
+    fn fences_never_regress_across_a_reopen_even_after_rows_are_deleted() {
+        use crate::lessor::{Lessor, WaiterHandle};
+        /// No test here queues a waiter.
+        struct NoWaiter;
+        impl WaiterHandle for NoWaiter {
+            fn is_waiting(&self) -> bool {
+                false
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.db");
+        let mut lessor: Lessor<NoWaiter> = Lessor::restore(Vec::new(), Vec::new(), 0, 0, 100);
+        let spec = |key: &str| crate::lessor::AcquireSpec {
+            key: key.into(),
+            owner: "o".into(),
+            ttl_ms: 1000,
+            request_id: None,
+        };
+        let crate::lessor::AcquireOutcome::Granted(a) = lessor.acquire(spec("a"), 0, None) else {
+            panic!("not granted");
+        };
+        let crate::lessor::AcquireOutcome::Granted(b) = lessor.acquire(spec("b"), 0, None) else {
+            panic!("not granted");
+        };
+        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        store.commit(&lessor.take_batch()).unwrap();
+        drop(store);
+        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        let snapshot = store.load().unwrap();
+        let mut reopened: Lessor<NoWaiter> = Lessor::restore(
+            snapshot.records,
+            snapshot.calls,
+            snapshot.fence_high_water,
+            0,
+            100,
+        );
+        let crate::lessor::AcquireOutcome::Granted(c) = reopened.acquire(spec("c"), 0, None) else {
+            panic!("not granted");
+        };
+        assert!(c.term.fence > b.term.fence, "from the rows");
+
+        // Release b, the key with the highest fence, and let it be forgotten.
+        reopened
+            .release("b", b.term.fence, b.term.lease_id, false, 10)
+            .unwrap();
+        reopened
+            .release("c", c.term.fence, c.term.lease_id, false, 10)
+            .unwrap();
+        reopened.expire_due(110);
+        let batch = reopened.take_batch();
+        assert_eq!(batch.forgotten.len(), 2);
+        store.commit(&batch).unwrap();
+        drop(store);
+        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        let snapshot = store.load().unwrap();
+        assert_eq!(snapshot.records.len(), 1, "only a is left");
+        assert_eq!(snapshot.records[0].key, "a");
+        assert!(snapshot.fence_high_water >= c.term.fence.0, "from the mark");
+        let mut again: Lessor<NoWaiter> = Lessor::restore(
+            snapshot.records,
+            snapshot.calls,
+            snapshot.fence_high_water,
+            0,
+            100,
+        );
+        let crate::lessor::AcquireOutcome::Granted(d) = again.acquire(spec("b"), 0, None) else {
+            panic!("not granted");
+        };
+        assert!(d.term.fence > c.term.fence && c.term.fence > a.term.fence);
     }
 
     #[test]
