@@ -132,8 +132,10 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Cycle, renew and check modes against leasehold: send the operations
-    /// over one Session stream per client instead of unary calls.
+    /// Cycle, hot, renew and check modes against leasehold: send the
+    /// operations over the Session stream instead of unary calls, through the
+    /// library client, so the clients that share a connection (see
+    /// `--connections`) pipeline their operations over its one stream.
     #[arg(long)]
     pub stream: bool,
     /// A label copied into the report (e.g. the round number).
