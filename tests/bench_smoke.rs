@@ -53,13 +53,25 @@ async fn cycle_mode_releases_every_lease_it_acquires() {
     assert_eq!(all.keys.len(), 4, "one key per client");
 }
 
-/// Hot mode hands a few keys around many clients with no lost wake-up, in order.
+/// Hot mode hands a few keys around many clients with no lost wake-up, in
+/// order; streamed, all clients share one connection, so waiting Acquires
+/// and the Releases that end the waits are pipelined on one stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_mode_hands_over_in_order_without_lost_wakeups() {
     let streamed_server = TestServer::start().await;
     let streamed = bench::measure(&args(
         &streamed_server,
-        &["--mode", "hot", "--clients", "8", "--keys", "2", "--stream"],
+        &[
+            "--mode",
+            "hot",
+            "--clients",
+            "8",
+            "--keys",
+            "2",
+            "--stream",
+            "--connections",
+            "1",
+        ],
     ))
     .await
     .expect("streamed bench ran");
@@ -109,7 +121,7 @@ async fn renew_and_check_modes_succeed_on_held_leases() {
         for stream in [false, true] {
             let mut extra = vec!["--mode", mode, "--clients", "3"];
             if stream {
-                extra.push("--stream");
+                extra.extend(["--stream", "--connections", "1"]);
             }
             let report = bench::measure(&args(&server, &extra))
                 .await
@@ -120,13 +132,22 @@ async fn renew_and_check_modes_succeed_on_held_leases() {
     }
 }
 
-/// Cycle mode over the Session stream acquires and releases without errors.
+/// Cycle mode over the Session stream (all clients pipelined on one
+/// connection) acquires and releases without errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cycle_mode_runs_over_the_session_stream() {
     let server = TestServer::start().await;
     let report = bench::measure(&args(
         &server,
-        &["--mode", "cycle", "--clients", "3", "--stream"],
+        &[
+            "--mode",
+            "cycle",
+            "--clients",
+            "3",
+            "--stream",
+            "--connections",
+            "1",
+        ],
     ))
     .await
     .expect("bench ran");
