@@ -466,8 +466,8 @@ async fn connecting_to_nothing_is_unavailable() {
 async fn a_vanished_waiter_does_not_keep_its_place_in_line() {
     let server = TestServer::start_with(leasehold::server::ServeOptions {
         drain_timeout: 300 * MS,
-        keep_alive_interval: 100 * MS,
-        keep_alive_timeout: 500 * MS,
+        keep_alive_interval: 200 * MS,
+        keep_alive_timeout: 1000 * MS,
     })
     .await;
     let holder = client_of(&server).await;
@@ -499,8 +499,9 @@ async fn a_vanished_waiter_does_not_keep_its_place_in_line() {
     });
     tokio::time::sleep(100 * MS).await;
     proxy.freeze();
-    // Long enough for the server to find the silent connection dead.
-    tokio::time::sleep(1500 * MS).await;
+    // Long enough for the server to find the silent connection dead (a ping
+    // and its timeout, about 1.2 s), with room for a slow machine.
+    tokio::time::sleep(3000 * MS).await;
     held.release().await.unwrap();
 
     let got = within("the live waiter's grant", waiting)
