@@ -1,5 +1,6 @@
 //! Conversions between domain values and the generated `pb` types, in one place.
 
+use crate::engine::AcquireRequest;
 use crate::error::{Error, Result};
 use crate::lease::{EndedTerm, Term, TermEnd};
 use crate::ledger::{CallFilter, CallSpec, CallState, Settlement, ToolCall, idempotency_key};
@@ -62,6 +63,17 @@ pub fn list_filter(value: i32) -> ListFilter {
 }
 
 /// A grant as the holder sees it (with the lease id).
+/// An Acquire as the engine takes it, from the unary or the stream form.
+pub fn acquire_request(r: pb::AcquireRequest) -> AcquireRequest {
+    AcquireRequest {
+        key: r.key,
+        owner: r.owner,
+        ttl_ms: r.ttl_ms,
+        wait_ms: r.wait_ms,
+        request_id: r.request_id,
+    }
+}
+
 pub fn acquire_response(grant: &Grant) -> pb::AcquireResponse {
     pb::AcquireResponse {
         lease: Some(lease(&grant.key, &grant.term, true)),

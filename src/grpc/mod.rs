@@ -4,6 +4,7 @@ pub mod convert;
 pub mod status;
 pub mod transcripts;
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -12,7 +13,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::engine::{AcquireRequest, Engine};
+use crate::engine::Engine;
 use crate::error::Error;
 use crate::ledger::BeginOutcome;
 use crate::pb;
@@ -41,16 +42,7 @@ fn reply<T>(result: Result<T, Error>) -> Reply<T> {
 impl Leasehold for LeaseholdService {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
         let r = request.into_inner();
-        let grant = self
-            .engine
-            .acquire(AcquireRequest {
-                key: r.key,
-                owner: r.owner,
-                ttl_ms: r.ttl_ms,
-                wait_ms: r.wait_ms,
-                request_id: r.request_id,
-            })
-            .await;
+        let grant = self.engine.acquire(convert::acquire_request(r)).await;
         reply(grant.map(|g| convert::acquire_response(&g)))
     }
 
@@ -294,62 +286,36 @@ fn session_step(
     match message.op {
         Some(Op::Renew(r)) => {
             let renewed = engine.renew(&r.key, r.fence, &r.lease_id, r.ttl_ms);
-            Box::pin(async move {
-                answer(
-                    id,
-                    renewed.await.map(|t| pb::SessionResponse {
-                        lease: Some(convert::lease(&r.key, &t, true)),
-                        ..Default::default()
-                    }),
-                )
+            respond(id, renewed, move |t| pb::SessionResponse {
+                lease: Some(convert::lease(&r.key, &t, true)),
+                ..Default::default()
             })
         }
         Some(Op::Check(r)) => {
             let checked = engine.check(&r.key, r.fence);
-            Box::pin(async move {
-                answer(
-                    id,
-                    checked.await.map(|t| pb::SessionResponse {
-                        lease: Some(convert::lease(&r.key, &t, false)),
-                        ..Default::default()
-                    }),
-                )
+            respond(id, checked, move |t| pb::SessionResponse {
+                lease: Some(convert::lease(&r.key, &t, false)),
+                ..Default::default()
             })
         }
         Some(Op::Acquire(r)) => {
-            let granted = engine.acquire(AcquireRequest {
-                key: r.key,
-                owner: r.owner,
-                ttl_ms: r.ttl_ms,
-                wait_ms: r.wait_ms,
-                request_id: r.request_id,
-            });
-            Box::pin(async move {
-                answer(
-                    id,
-                    granted.await.map(|g| {
-                        let acquired = convert::acquire_response(&g);
-                        pb::SessionResponse {
-                            lease: acquired.lease,
-                            previous: acquired.previous,
-                            replayed: acquired.replayed,
-                            unsettled_tool_calls: acquired.unsettled_tool_calls,
-                            ..Default::default()
-                        }
-                    }),
-                )
+            let granted = engine.acquire(convert::acquire_request(r));
+            respond(id, granted, |g| {
+                let acquired = convert::acquire_response(&g);
+                pb::SessionResponse {
+                    lease: acquired.lease,
+                    previous: acquired.previous,
+                    replayed: acquired.replayed,
+                    unsettled_tool_calls: acquired.unsettled_tool_calls,
+                    ..Default::default()
+                }
             })
         }
         Some(Op::Release(r)) => {
             let released = engine.release(&r.key, r.fence, &r.lease_id, r.suspend);
-            Box::pin(async move {
-                answer(
-                    id,
-                    released.await.map(|e| pb::SessionResponse {
-                        ended: Some(convert::ended(&e)),
-                        ..Default::default()
-                    }),
-                )
+            respond(id, released, |e| pb::SessionResponse {
+                ended: Some(convert::ended(&e)),
+                ..Default::default()
             })
         }
         None => {
@@ -357,6 +323,16 @@ fn session_step(
             Box::pin(std::future::ready(answer(id, refused)))
         }
     }
+}
+
+/// The future of operation `id`: waits for `outcome`, then shapes the
+/// response with `to_response` (or the refusal).
+fn respond<T>(
+    id: u64,
+    outcome: impl Future<Output = Result<T, Error>> + Send + 'static,
+    to_response: impl FnOnce(T) -> pb::SessionResponse + Send + 'static,
+) -> BoxFuture<'static, pb::SessionResponse> {
+    Box::pin(async move { answer(id, outcome.await.map(to_response)) })
 }
 
 /// The response to operation `id`: its result, or its refusal.
