@@ -12,6 +12,11 @@
 //! change that is not durable yet, so they normally never wait on the disk and
 //! still never show a grant or release that a crash could undo.
 //!
+//! Refusals reveal state too ("held by a, fence 1", "released", "wrong
+//! lease_id" for a live fence), so a refusal made by the lessor waits for its
+//! key's visible sequence exactly as a success does: a client is never told
+//! of a grant or release that a failed commit then undoes.
+//!
 //! # Failure
 //! If a commit fails, the engine stops taking requests (UNAVAILABLE) rather
 //! than retrying: after a failed fsync the state of the file is unknown
@@ -36,7 +41,7 @@ use crate::ledger::{
 };
 use crate::lessor::{
     AcquireOutcome, AcquireSpec, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter,
-    WaiterHandle, WaiterId,
+    ListPage, WaiterHandle, WaiterId,
 };
 use crate::store::{Store, StoreError};
 
@@ -84,12 +89,7 @@ pub struct AcquireRequest {
 }
 
 /// One page of [`Engine::list`].
-#[derive(Debug, Clone)]
-pub struct Page {
-    pub keys: Vec<KeyView>,
-    /// The key to continue after, when there may be more.
-    pub next_after: Option<String>,
-}
+pub type Page = ListPage;
 
 /// The wake-up end of a queued Acquire.
 struct Waiter(oneshot::Sender<Grant>);
@@ -100,19 +100,27 @@ impl WaiterHandle for Waiter {
     }
 }
 
+/// A reply (success or refusal) and the sequence that must be committed
+/// before it may be sent. Refusals of malformed input reveal nothing and
+/// carry sequence 0.
+type Sequenced<T> = std::result::Result<(T, u64), (Error, u64)>;
+
+/// An error that reveals no state, so it may be sent at once.
+fn at_once(err: Error) -> (Error, u64) {
+    (err, 0)
+}
+
 /// An operation applied to the lessor, not yet known to be durable.
 struct Applied<T> {
     shared: Arc<Shared>,
     /// The reply, and the sequence that must be committed before it.
-    result: Result<(T, u64)>,
+    result: Sequenced<T>,
 }
 
 impl<T> Applied<T> {
     /// The reply, once everything it reveals is durable.
     async fn durable(self) -> Result<T> {
-        let (out, seq) = self.result?;
-        self.shared.wait_durable(seq).await?;
-        Ok(out)
+        self.shared.reveal(self.result).await
     }
 }
 
@@ -122,10 +130,39 @@ enum Started {
     /// In line for the key until `until`.
     Queued {
         spec: AcquireSpec,
-        id: WaiterId,
+        place: PlaceInLine,
         granted: oneshot::Receiver<Grant>,
         until: Millis,
     },
+}
+
+/// A waiting Acquire's place in its key's line. Dropping it (the request's
+/// future was dropped: the client cancelled, its deadline passed, its
+/// connection or Session stream closed) takes the waiter out of the line at
+/// once, so abandoned waits cannot pile up while the key stays held.
+struct PlaceInLine {
+    shared: Arc<Shared>,
+    key: String,
+    id: WaiterId,
+    /// False once the waiter has left the line some other way.
+    armed: bool,
+}
+
+impl PlaceInLine {
+    /// Leaves the line now; true if the waiter was still in it (not granted).
+    fn leave(&mut self) -> bool {
+        self.armed = false;
+        self.shared
+            .with_lessor(|l| l.cancel_waiter(&self.key, self.id))
+    }
+}
+
+impl Drop for PlaceInLine {
+    fn drop(&mut self) {
+        if self.armed {
+            self.leave();
+        }
+    }
 }
 
 /// How far storage has caught up.
@@ -136,6 +173,8 @@ struct Durable {
     /// Set when a commit failed (or the writer stopped): the engine then
     /// refuses all requests with this message.
     failure: Option<String>,
+    /// Whether `failure` is a storage failure (not a clean stop).
+    storage_failed: bool,
 }
 
 /// State shared by request handlers, the writer thread and the expiry timer.
@@ -263,31 +302,38 @@ impl Engine {
         let shared = self.shared.clone();
         let started = self.shared.start_acquire(req);
         async move {
-            let grant = match started? {
-                Started::Granted(grant) => grant,
-                Started::Queued {
+            let outcome = match started {
+                Err(refusal) => Err(refusal),
+                Ok(Started::Granted(grant)) => Ok(grant),
+                Ok(Started::Queued {
                     spec,
-                    id,
+                    mut place,
                     mut granted,
                     until,
-                } => {
+                }) => {
                     let mut closing = shared.closing.subscribe();
                     tokio::select! {
-                        grant = &mut granted => grant.map_err(|_| closed())?,
+                        grant = &mut granted => {
+                            place.armed = false;
+                            Ok(grant.map_err(|_| closed())?)
+                        }
                         _ = shared.clock.sleep_until(until) => {
-                            shared.give_up_waiting(spec, id, &mut granted).await?
+                            shared.give_up_waiting(spec, &mut place, &mut granted).await
                         }
                         _ = async { closing.wait_for(|closing| *closing).await.map(|_| ()) } => {
-                            if shared.with_lessor(|l| l.cancel_waiter(&spec.key, id)) {
+                            if place.leave() {
                                 return Err(closed());
                             }
-                            granted.await.map_err(|_| closed())?
+                            Ok(granted.await.map_err(|_| closed())?)
                         }
                     }
                 }
             };
-            shared.wait_durable(grant.visible_seq).await?;
-            Ok(grant)
+            let sequenced = outcome.map(|grant| {
+                let seq = grant.visible_seq;
+                (grant, seq)
+            });
+            shared.reveal(sequenced).await
         }
     }
 
@@ -315,7 +361,7 @@ impl Engine {
             Ok((lease_id, ttl))
         })();
         self.shared
-            .apply(input, |l, now, (lease_id, ttl)| {
+            .apply(key, input, |l, now, (lease_id, ttl)| {
                 l.renew(key, Fence(fence), lease_id, ttl, now)
             })
             .durable()
@@ -335,7 +381,7 @@ impl Engine {
     ) -> impl Future<Output = Result<EndedTerm>> + Send + use<> {
         let input = validate_key(key).and_then(|()| LeaseId::parse(lease_id));
         self.shared
-            .apply(input, |l, now, lease_id| {
+            .apply(key, input, |l, now, lease_id| {
                 l.release(key, Fence(fence), lease_id, suspend, now)
             })
             .durable()
@@ -351,7 +397,7 @@ impl Engine {
         fence: u64,
     ) -> impl Future<Output = Result<Term>> + Send + use<> {
         self.shared
-            .apply(validate_key(key), |l, now, ()| {
+            .apply(key, validate_key(key), |l, now, ()| {
                 l.check(key, Fence(fence), now)
             })
             .durable()
@@ -363,7 +409,7 @@ impl Engine {
     /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
     pub fn get(&self, key: &str) -> impl Future<Output = Result<KeyView>> + Send + use<> {
         self.shared
-            .apply(validate_key(key), |l, now, ()| {
+            .apply(key, validate_key(key), |l, now, ()| {
                 let view = l.get(key, now)?;
                 let seq = view.visible_seq;
                 Ok((view, seq))
@@ -391,10 +437,10 @@ impl Engine {
         };
         let budget = self.shared.config.list_scan_budget;
         self.shared
-            .apply(input, |l, now, limit| {
-                let (keys, next_after) = l.list(prefix, filter, after, limit, budget, now);
-                let seq = keys.iter().map(|k| k.visible_seq).max().unwrap_or(0);
-                Ok((Page { keys, next_after }, seq))
+            .apply(prefix, input, |l, now, limit| {
+                let page = l.list(prefix, filter, after, limit, budget, now);
+                let seq = page.visible_seq;
+                Ok((page, seq))
             })
             .durable()
     }
@@ -418,7 +464,7 @@ impl Engine {
             Ok((lease_id, specs))
         })();
         self.shared
-            .apply(input, |l, now, (lease_id, specs)| {
+            .apply(key, input, |l, now, (lease_id, specs)| {
                 l.begin_tool_calls(key, Fence(fence), lease_id, specs, now)
             })
             .durable()
@@ -444,7 +490,7 @@ impl Engine {
             Ok((lease_id, settlement))
         })();
         self.shared
-            .apply(input, |l, now, (lease_id, settlement)| {
+            .apply(key, input, |l, now, (lease_id, settlement)| {
                 let (call, already, seq) =
                     l.settle_tool_call(key, Fence(fence), lease_id, settlement, now)?;
                 Ok(((call, already), seq))
@@ -462,7 +508,7 @@ impl Engine {
         filter: CallFilter,
     ) -> impl Future<Output = Result<Vec<ToolCall>>> + Send + use<> {
         self.shared
-            .apply(validate_key(key), |l, now, ()| {
+            .apply(key, validate_key(key), |l, now, ()| {
                 l.list_tool_calls(key, filter, now)
             })
             .durable()
@@ -493,6 +539,33 @@ impl Engine {
     /// The number of keys in the table.
     pub fn key_count(&self) -> usize {
         self.shared.with_lessor(|l| l.key_count())
+    }
+
+    /// How many Acquires wait in line, over all keys.
+    pub fn waiter_count(&self) -> usize {
+        self.shared.with_lessor(|l| l.waiter_count())
+    }
+
+    /// How many entries the expiry timer holds (at most one per key).
+    pub fn deadline_entries(&self) -> usize {
+        self.shared.with_lessor(|l| l.deadline_entries())
+    }
+
+    /// Resolves once a commit has failed: from then on every request is
+    /// refused with UNAVAILABLE, and the server should stop so a supervisor
+    /// restarts it on the durable file. Never resolves on a clean stop.
+    pub fn failed(&self) -> impl Future<Output = String> + Send + use<> {
+        let mut durable = self.shared.durable.subscribe();
+        async move {
+            let failure = durable
+                .wait_for(|d| d.storage_failed)
+                .await
+                .map(|state| state.failure.clone().unwrap_or_default());
+            match failure {
+                Ok(failure) => failure,
+                Err(_) => std::future::pending().await,
+            }
+        }
     }
 
     /// The lease clock's current time.
@@ -531,34 +604,64 @@ impl Shared {
         out
     }
 
-    /// The common shape of a request: refuse bad `input` or a closed
-    /// engine, else apply `op` to the lessor now. The result still has to
-    /// wait until the sequence `op` returns is durable ([`Applied::durable`]).
+    /// The common shape of a request about `key`: refuse bad `input` or a
+    /// closed engine, else apply `op` to the lessor now. The result still
+    /// has to wait until the sequence `op` returns is durable
+    /// ([`Applied::durable`]); a refusal from `op` waits for `key`'s visible
+    /// sequence, since it describes the key's state.
     fn apply<A, T>(
         self: &Arc<Self>,
+        key: &str,
         input: Result<A>,
         op: impl FnOnce(&mut Lessor<Waiter>, Millis, A) -> Result<(T, u64)>,
     ) -> Applied<T> {
-        let result = input.and_then(|input| {
-            self.ensure_open()?;
-            let now = self.clock.now();
-            self.with_lessor(|l| op(l, now, input))
-        });
+        let result = input
+            .and_then(|input| {
+                self.ensure_open()?;
+                Ok(input)
+            })
+            .map_err(at_once)
+            .and_then(|input| {
+                let now = self.clock.now();
+                self.with_lessor(|l| op(l, now, input).map_err(|e| (e, l.visible_seq(key))))
+            });
         Applied {
             shared: self.clone(),
             result,
         }
     }
 
+    /// Sends `result` once the sequence it carries is durable. A refusal
+    /// whose state a failed commit undid becomes UNAVAILABLE, as a success
+    /// would.
+    async fn reveal<T>(&self, result: Sequenced<T>) -> Result<T> {
+        match result {
+            Ok((out, seq)) => {
+                self.wait_durable(seq).await?;
+                Ok(out)
+            }
+            Err((err, seq)) => {
+                self.wait_durable(seq).await?;
+                Err(err)
+            }
+        }
+    }
+
     /// The part of an Acquire that happens at once: validation, and a grant
     /// or a place in line.
-    fn start_acquire(&self, req: AcquireRequest) -> Result<Started> {
-        validate_key(&req.key)?;
-        validate_owner(&req.owner)?;
-        validate_ttl(req.ttl_ms)?;
-        validate_wait(req.wait_ms)?;
-        validate_request_id(&req.request_id)?;
-        self.ensure_open()?;
+    fn start_acquire(
+        self: &Arc<Self>,
+        req: AcquireRequest,
+    ) -> std::result::Result<Started, (Error, u64)> {
+        (|| {
+            validate_key(&req.key)?;
+            validate_owner(&req.owner)?;
+            validate_ttl(req.ttl_ms)?;
+            validate_wait(req.wait_ms)?;
+            validate_request_id(&req.request_id)?;
+            self.ensure_open()
+        })()
+        .map_err(at_once)?;
         let spec = AcquireSpec {
             key: req.key,
             owner: req.owner,
@@ -567,10 +670,9 @@ impl Shared {
         };
         let now = self.clock.now();
         if req.wait_ms == 0 {
-            return match self.with_lessor(|l| l.acquire(spec, now, None)) {
-                AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
-                AcquireOutcome::Busy(err) => Err(err),
-                AcquireOutcome::Queued(_) => unreachable!("no waiter was given"),
+            return match self.with_lessor(|l| acquire_now(l, spec, now)) {
+                Ok(grant) => Ok(Started::Granted(grant)),
+                Err(refusal) => Err(refusal),
             };
         }
         let (tx, granted) = oneshot::channel();
@@ -578,10 +680,15 @@ impl Shared {
         let retry = spec.clone();
         match self.with_lessor(|l| l.acquire(spec, now, Some(Waiter(tx)))) {
             AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
-            AcquireOutcome::Busy(err) => Err(err),
+            AcquireOutcome::Busy(_) => unreachable!("a waiter was given"),
             AcquireOutcome::Queued(id) => Ok(Started::Queued {
+                place: PlaceInLine {
+                    shared: self.clone(),
+                    key: retry.key.clone(),
+                    id,
+                    armed: true,
+                },
                 spec: retry,
-                id,
                 granted,
                 until: now + req.wait_ms,
             }),
@@ -592,24 +699,23 @@ impl Shared {
     async fn give_up_waiting(
         &self,
         spec: AcquireSpec,
-        id: WaiterId,
+        place: &mut PlaceInLine,
         granted: &mut oneshot::Receiver<Grant>,
-    ) -> Result<Grant> {
+    ) -> std::result::Result<Grant, (Error, u64)> {
         let now = self.clock.now();
+        place.armed = false;
         let outcome = self.with_lessor(|l| {
-            if l.cancel_waiter(&spec.key, id) {
+            if l.cancel_waiter(&spec.key, place.id) {
                 // One last look: the key may have freed with nobody ahead of us.
-                Some(l.acquire(spec, now, None))
+                Some(acquire_now(l, spec, now))
             } else {
                 None
             }
         });
         match outcome {
-            Some(AcquireOutcome::Granted(grant)) => Ok(grant),
-            Some(AcquireOutcome::Busy(err)) => Err(err),
-            Some(AcquireOutcome::Queued(_)) => unreachable!("no waiter was given"),
+            Some(outcome) => outcome,
             // Granted between the timeout and the cancel: take the grant.
-            None => granted.await.map_err(|_| closed()),
+            None => granted.await.map_err(|_| at_once(closed())),
         }
     }
 
@@ -668,8 +774,16 @@ impl Shared {
                 last_flush = Instant::now();
                 if let Err(e) = result {
                     tracing::error!(error = %e, "commit failed; refusing further requests");
-                    self.durable
-                        .send_modify(|d| d.failure = Some(format!("storage failed: {e}")));
+                    self.durable.send_modify(|d| {
+                        d.failure = Some(format!("storage failed: {e}"));
+                        d.storage_failed = true;
+                    });
+                    // Keep the store, and with it the exclusive lock on its
+                    // file, until the process exits: the file's state is
+                    // unknown after a failed commit, and no second server may
+                    // take it over while this one still answers (with
+                    // UNAVAILABLE). Restarting the process reads it afresh.
+                    std::mem::forget(store);
                     return;
                 }
                 self.commits.store(store.commits(), Ordering::Relaxed);
@@ -720,6 +834,22 @@ impl Shared {
                 _ = self.timer_wake.notified() => {}
             }
         }
+    }
+}
+
+/// An Acquire that does not wait: the grant, or the busy refusal with the
+/// key's visible sequence (it names the holder, so that grant must be
+/// durable before the refusal is sent).
+fn acquire_now(
+    lessor: &mut Lessor<Waiter>,
+    spec: AcquireSpec,
+    now: Millis,
+) -> std::result::Result<Grant, (Error, u64)> {
+    let key = spec.key.clone();
+    match lessor.acquire(spec, now, None) {
+        AcquireOutcome::Granted(grant) => Ok(grant),
+        AcquireOutcome::Busy(err) => Err((err, lessor.visible_seq(&key))),
+        AcquireOutcome::Queued(_) => unreachable!("no waiter was given"),
     }
 }
 

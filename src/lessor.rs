@@ -85,6 +85,16 @@ pub struct KeyView {
     pub visible_seq: u64,
 }
 
+/// One page of [`Lessor::list`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPage {
+    pub keys: Vec<KeyView>,
+    /// The key to continue after, when there may be more.
+    pub next_after: Option<String>,
+    /// The highest `visible_seq` over every key scanned, returned or not.
+    pub visible_seq: u64,
+}
+
 /// Which keys [`Lessor::list`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListFilter {
@@ -146,6 +156,9 @@ struct KeyState<W> {
     ledger: Option<Box<Ledger>>,
     /// Whether `prunes` holds an entry for this key (at most one does).
     prune_scheduled: bool,
+    /// The deadline under which this key sits in `Lessor::deadlines`, if
+    /// it does (at most one entry per key).
+    deadline_entry: Option<Millis>,
 }
 
 impl<W> KeyState<W> {
@@ -157,6 +170,7 @@ impl<W> KeyState<W> {
             visible_seq: 0,
             ledger: None,
             prune_scheduled: false,
+            deadline_entry: None,
         }
     }
 
@@ -166,6 +180,14 @@ impl<W> KeyState<W> {
 
     /// Why `fence` is not this key's live term.
     fn stale_reason(&self, fence: Fence) -> StaleReason {
+        // A newer live term decides first: the last ended term may be
+        // `fence` itself, but a retry is told the truth, that it was
+        // superseded, not how it ended.
+        if let Some(live) = &self.live {
+            if fence < live.fence {
+                return StaleReason::Superseded { by: live.fence.0 };
+            }
+        }
         if let Some(ended) = &self.last_ended {
             if ended.fence == fence {
                 return match ended.end {
@@ -224,9 +246,13 @@ pub struct Lessor<W> {
     keys: BTreeMap<String, KeyState<W>>,
     /// The fence the next grant gets.
     next_fence: u64,
-    /// Expiry deadlines, earliest first. Entries go stale when a term is
-    /// renewed or ended; [`Lessor::expire_due`] re-checks each one it pops.
-    deadlines: BinaryHeap<Reverse<(Millis, String)>>,
+    /// Expiry deadlines, earliest first: at most one entry per key, at the
+    /// deadline recorded in its `deadline_entry`. A renewal leaves the entry
+    /// where it is (renewals are hot); [`Lessor::expire_due`] re-files an
+    /// entry it pops early. A grant moves the key's entry only when the new
+    /// deadline is earlier, so a key handed over again and again still has
+    /// one entry, and the timer's work does not grow with its history.
+    deadlines: BTreeSet<(Millis, String)>,
     /// Keys changed since the last batch by a change that must be durable
     /// before a reply (grants, releases, longer TTLs).
     dirty: HashSet<String>,
@@ -281,7 +307,7 @@ impl<W: WaiterHandle> Lessor<W> {
         let mut lessor = Lessor {
             keys: BTreeMap::new(),
             next_fence: fence_high_water + 1,
-            deadlines: BinaryHeap::new(),
+            deadlines: BTreeSet::new(),
             dirty: HashSet::new(),
             lazy_dirty: BTreeSet::new(),
             urgent: false,
@@ -303,7 +329,8 @@ impl<W: WaiterHandle> Lessor<W> {
                 lessor.next_fence = lessor.next_fence.max(term.fence.0 + 1);
                 lessor
                     .deadlines
-                    .push(Reverse((term.expires_at, record.key.clone())));
+                    .insert((term.expires_at, record.key.clone()));
+                state.deadline_entry = Some(term.expires_at);
                 state.live = Some(term);
             }
             if let Some(ended) = &record.last_ended {
@@ -450,7 +477,10 @@ impl<W: WaiterHandle> Lessor<W> {
                     return Err(denied());
                 }
             }
-            (_, Some(ended)) if ended.fence == fence && ended.end != TermEnd::Expired => {
+            // A retry of this fence's own release, while no newer term
+            // holds the key; once one does, the retry is told it was
+            // superseded (below), never a bare OK.
+            (None, Some(ended)) if ended.fence == fence && ended.end != TermEnd::Expired => {
                 if ended.lease_id != lease_id {
                     return Err(denied());
                 }
@@ -597,7 +627,11 @@ impl<W: WaiterHandle> Lessor<W> {
     /// Up to `limit` keys starting with `prefix`, in key order, after `after`.
     ///
     /// Scans at most `scan_budget` keys so one call never holds the table for
-    /// long; returns the key to continue after when there may be more.
+    /// long; returns the key to continue after when there may be more, and
+    /// the highest `visible_seq` of every key it looked at: a key the filter
+    /// left out may be left out because of a change not yet durable (a grant
+    /// hides a recoverable key), so the page may only be sent once that
+    /// change is.
     pub fn list(
         &self,
         prefix: &str,
@@ -606,22 +640,24 @@ impl<W: WaiterHandle> Lessor<W> {
         limit: usize,
         scan_budget: usize,
         now: Millis,
-    ) -> (Vec<KeyView>, Option<String>) {
+    ) -> ListPage {
         use std::ops::Bound;
         let start = match after {
             Some(after) if after >= prefix => Bound::Excluded(after.to_owned()),
             _ => Bound::Included(prefix.to_owned()),
         };
-        let mut views = Vec::new();
+        let mut page = ListPage::default();
         let mut last = None;
         for (scanned, (key, state)) in self.keys.range((start, Bound::Unbounded)).enumerate() {
             if !key.starts_with(prefix) {
-                return (views, None);
+                return page;
             }
-            if views.len() == limit || scanned == scan_budget {
-                return (views, last);
+            if page.keys.len() == limit || scanned == scan_budget {
+                page.next_after = last;
+                return page;
             }
             last = Some(key.clone());
+            page.visible_seq = page.visible_seq.max(state.visible_seq);
             let view = state.view(key, now);
             let wanted = match filter {
                 ListFilter::Live => view.live.is_some(),
@@ -629,10 +665,26 @@ impl<W: WaiterHandle> Lessor<W> {
                 ListFilter::All => true,
             };
             if wanted {
-                views.push(view);
+                page.keys.push(view);
             }
         }
-        (views, None)
+        page
+    }
+
+    /// The sequence that must be durable before anything about `key` may be
+    /// revealed, refusals included (0 for a key the table does not hold).
+    pub fn visible_seq(&self, key: &str) -> u64 {
+        self.keys.get(key).map_or(0, |s| s.visible_seq)
+    }
+
+    /// How many Acquires wait in line, over all keys.
+    pub fn waiter_count(&self) -> usize {
+        self.keys.values().map(|s| s.waiters.len()).sum()
+    }
+
+    /// How many entries the expiry timer holds (at most one per key).
+    pub fn deadline_entries(&self) -> usize {
+        self.deadlines.len()
     }
 
     /// Ends every term whose deadline has passed, hands freed keys to waiters,
@@ -647,7 +699,7 @@ impl<W: WaiterHandle> Lessor<W> {
     pub fn expire_due_up_to(&mut self, now: Millis, budget: usize) -> bool {
         self.prune_due(now);
         let mut looked = 0;
-        while let Some(Reverse((deadline, _))) = self.deadlines.peek() {
+        while let Some((deadline, _)) = self.deadlines.first() {
             if *deadline > now {
                 break;
             }
@@ -655,14 +707,17 @@ impl<W: WaiterHandle> Lessor<W> {
                 return true;
             }
             looked += 1;
-            let Reverse((_, key)) = self.deadlines.pop().expect("peeked");
-            let expires_at = self
-                .keys
-                .get(&key)
-                .and_then(|s| s.live.as_ref())
-                .map(|t| t.expires_at);
-            match expires_at {
-                Some(at) if at > now => self.deadlines.push(Reverse((at, key))),
+            let (_, key) = self.deadlines.pop_first().expect("peeked");
+            let Some(state) = self.keys.get_mut(&key) else {
+                continue;
+            };
+            state.deadline_entry = None;
+            match state.live.as_ref().map(|t| t.expires_at) {
+                Some(at) if at > now => {
+                    // Renewed since the entry was filed: file it again.
+                    state.deadline_entry = Some(at);
+                    self.deadlines.insert((at, key));
+                }
                 Some(_) => self.settle(&key, now),
                 None => {}
             }
@@ -739,7 +794,9 @@ impl<W: WaiterHandle> Lessor<W> {
 
     /// Removes `key` from the table; the next batch deletes its row.
     fn forget(&mut self, key: String) {
-        self.keys.remove(&key);
+        if let Some(at) = self.keys.remove(&key).and_then(|s| s.deadline_entry) {
+            self.deadlines.remove(&(at, key.clone()));
+        }
         self.dirty.remove(&key);
         self.lazy_dirty.remove(&key);
         if !self.dirty_calls.is_empty() {
@@ -750,7 +807,7 @@ impl<W: WaiterHandle> Lessor<W> {
 
     /// The earliest deadline the expiry timer must wake for.
     pub fn next_deadline(&self) -> Option<Millis> {
-        let expiry = self.deadlines.peek().map(|Reverse((at, _))| *at);
+        let expiry = self.deadlines.first().map(|(at, _)| *at);
         let prune = self.prunes.peek().map(|Reverse((at, _))| *at);
         match (expiry, prune) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -860,8 +917,39 @@ impl<W: WaiterHandle> Lessor<W> {
             };
             if queued.handle.is_waiting() {
                 let grant = self.grant(queued.spec, now);
-                self.handoffs.push((queued.handle, grant));
+                if grant.term.request_id.is_some() {
+                    self.handoffs.push((queued.handle, grant.clone()));
+                    self.hand_replays(key, &grant);
+                } else {
+                    self.handoffs.push((queued.handle, grant));
+                }
             }
+        }
+    }
+
+    /// Hands `grant` as a replay to retries of the same request (same owner
+    /// and request id) still waiting further back in the key's line, so a
+    /// retry sent while the original still waited gets the term at once
+    /// instead of waiting out its own wait behind it.
+    fn hand_replays(&mut self, key: &str, grant: &Grant) {
+        if grant.term.request_id.is_none() {
+            return;
+        }
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        let (retries, others): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut state.waiters)
+            .into_iter()
+            .partition(|q: &Queued<W>| {
+                q.spec.owner == grant.term.owner && q.spec.request_id == grant.term.request_id
+            });
+        state.waiters = others;
+        for retry in retries {
+            let replay = Grant {
+                replayed: true,
+                ..grant.clone()
+            };
+            self.handoffs.push((retry.handle, replay));
         }
     }
 
@@ -882,12 +970,22 @@ impl<W: WaiterHandle> Lessor<W> {
         if self.next_deadline().is_none_or(|at| term.expires_at < at) {
             self.earliest_deadline_changed = true;
         }
-        self.deadlines
-            .push(Reverse((term.expires_at, spec.key.clone())));
         let state = self
             .keys
             .entry(spec.key.clone())
             .or_insert_with(KeyState::new);
+        // One entry per key: keep an entry at or before the new deadline
+        // (the timer re-files it when it comes due early); move a later one.
+        match state.deadline_entry {
+            Some(at) if at <= term.expires_at => {}
+            entry => {
+                if let Some(at) = entry {
+                    self.deadlines.remove(&(at, spec.key.clone()));
+                }
+                self.deadlines.insert((term.expires_at, spec.key.clone()));
+                state.deadline_entry = Some(term.expires_at);
+            }
+        }
         state.live = Some(term.clone());
         state.visible_seq = self.seq;
         mark_dirty(&mut self.dirty, &mut self.lazy_dirty, &spec.key, true);
@@ -1212,6 +1310,162 @@ mod tests {
             batch.records[0].live.as_ref().unwrap().fence,
             again.term.fence
         );
+    }
+
+    #[test]
+    fn a_key_handed_over_again_and_again_keeps_one_timer_entry() {
+        let mut lessor = Lessor::<Tag>::new();
+        let mut held = granted(lessor.acquire(spec("hot", "a"), 0, None));
+        for now in 0..10_000u64 {
+            // A waiter queues; the holder renews, then releases: the key
+            // goes to the waiter at once.
+            assert!(matches!(
+                lessor.acquire(spec("hot", "w"), now, Some(Tag("w"))),
+                AcquireOutcome::Queued(_)
+            ));
+            lessor
+                .renew("hot", held.term.fence, held.term.lease_id, None, now)
+                .unwrap();
+            lessor
+                .release(
+                    "hot",
+                    held.term.fence,
+                    held.term.lease_id,
+                    now % 2 == 0,
+                    now,
+                )
+                .unwrap();
+            let mut handoffs = lessor.take_handoffs();
+            assert_eq!(handoffs.len(), 1);
+            held = handoffs.pop().unwrap().1;
+        }
+        assert_eq!(
+            lessor.deadline_entries(),
+            1,
+            "one entry per key, whatever its history"
+        );
+        // The one entry still expires the live term, at its deadline.
+        lessor.expire_due(held.term.expires_at);
+        assert!(
+            lessor
+                .get("hot", held.term.expires_at)
+                .unwrap()
+                .live
+                .is_none()
+        );
+        assert_eq!(lessor.deadline_entries(), 0);
+    }
+
+    #[test]
+    fn a_renewed_term_expires_at_its_new_deadline_not_the_first() {
+        let mut lessor = Lessor::<Tag>::new();
+        let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+        lessor
+            .renew("k", g.term.fence, g.term.lease_id, None, 900)
+            .unwrap();
+        lessor.expire_due(1000);
+        assert!(lessor.check("k", g.term.fence, 1000).is_ok());
+        assert_eq!(lessor.deadline_entries(), 1);
+        lessor.expire_due(1900);
+        assert!(lessor.check("k", g.term.fence, 1900).is_err());
+        assert_eq!(lessor.deadline_entries(), 0);
+    }
+
+    #[test]
+    fn a_short_term_after_a_long_one_expires_on_time() {
+        let mut lessor = Lessor::<Tag>::new();
+        let long = AcquireSpec {
+            ttl_ms: 100_000,
+            ..spec("k", "a")
+        };
+        let g = granted(lessor.acquire(long, 0, None));
+        lessor
+            .release("k", g.term.fence, g.term.lease_id, false, 1)
+            .unwrap();
+        let short = granted(lessor.acquire(spec("k", "b"), 1, None));
+        assert_eq!(lessor.next_deadline(), Some(short.term.expires_at));
+        lessor.expire_due(short.term.expires_at);
+        assert!(
+            lessor
+                .get("k", short.term.expires_at)
+                .unwrap()
+                .live
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_retried_release_of_a_superseded_fence_is_refused_as_superseded() {
+        let mut lessor = Lessor::<Tag>::new();
+        let first = granted(lessor.acquire(spec("k", "a"), 0, None));
+        lessor
+            .release("k", first.term.fence, first.term.lease_id, false, 1)
+            .unwrap();
+        // The retry before anyone took the key: the same answer again.
+        assert!(
+            lessor
+                .release("k", first.term.fence, first.term.lease_id, false, 2)
+                .is_ok()
+        );
+        let second = granted(lessor.acquire(spec("k", "b"), 3, None));
+        let superseded = StaleReason::Superseded {
+            by: second.term.fence.0,
+        };
+        assert_eq!(
+            lessor.release("k", first.term.fence, first.term.lease_id, false, 4),
+            Err(stale("k", first.term.fence, superseded))
+        );
+        assert_eq!(
+            lessor.check("k", first.term.fence, 4),
+            Err(stale("k", first.term.fence, superseded))
+        );
+        // The newer holder is untouched.
+        assert!(lessor.check("k", second.term.fence, 4).is_ok());
+    }
+
+    #[test]
+    fn a_retry_waiting_behind_its_original_gets_the_replay_with_it() {
+        let mut lessor = Lessor::<Tag>::new();
+        let held = granted(lessor.acquire(spec("k", "a"), 0, None));
+        let with_id = AcquireSpec {
+            request_id: Some("r1".into()),
+            ..spec("k", "b")
+        };
+        for tag in ["original", "retry"] {
+            assert!(matches!(
+                lessor.acquire(with_id.clone(), 1, Some(Tag(tag))),
+                AcquireOutcome::Queued(_)
+            ));
+        }
+        assert!(matches!(
+            lessor.acquire(spec("k", "c"), 1, Some(Tag("c"))),
+            AcquireOutcome::Queued(_)
+        ));
+        lessor
+            .release("k", held.term.fence, held.term.lease_id, false, 2)
+            .unwrap();
+        let handoffs = lessor.take_handoffs();
+        assert_eq!(handoffs.len(), 2);
+        assert_eq!(handoffs[0].0, Tag("original"));
+        assert!(!handoffs[0].1.replayed);
+        assert_eq!(handoffs[1].0, Tag("retry"));
+        assert!(handoffs[1].1.replayed);
+        assert_eq!(handoffs[0].1.term, handoffs[1].1.term);
+        assert_eq!(lessor.waiter_count(), 1, "c still waits");
+    }
+
+    #[test]
+    fn list_reports_the_sequence_of_keys_its_filter_left_out() {
+        let mut lessor = Lessor::<Tag>::new();
+        let g = granted(lessor.acquire(spec("s:1", "a"), 0, None));
+        lessor
+            .release("s:1", g.term.fence, g.term.lease_id, true, 1)
+            .unwrap();
+        lessor.take_batch();
+        let taken = granted(lessor.acquire(spec("s:1", "b"), 2, None));
+        let page = lessor.list("s:", ListFilter::Recoverable, None, 10, 100, 2);
+        assert!(page.keys.is_empty());
+        assert_eq!(page.visible_seq, taken.visible_seq);
     }
 
     #[test]

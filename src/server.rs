@@ -30,6 +30,10 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// A commit failed: the server stopped serving so that a supervisor
+    /// restarts it on the durable file.
+    #[error("stopped after a storage failure: {0}")]
+    StorageFailed(String),
 }
 
 /// Opens the SQLite database at `db` and starts an engine on it.
@@ -125,22 +129,37 @@ pub async fn serve_with(
         .max_encoding_message_size(MAX_TRANSCRIPT_BYTES);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let signalled = Arc::new(Notify::new());
+    let storage_failure = Arc::new(std::sync::Mutex::new(None::<String>));
     let draining = {
         let engine = engine.clone();
         let signalled = signalled.clone();
+        let storage_failure = storage_failure.clone();
         async move {
-            shutdown.await;
-            tracing::info!("shutting down: draining requests");
+            tokio::select! {
+                () = shutdown => tracing::info!("shutting down: draining requests"),
+                failure = engine.failed() => {
+                    tracing::error!(%failure, "storage failed: reporting NOT_SERVING and stopping");
+                    *storage_failure.lock().expect("failure slot") = Some(failure);
+                }
+            }
             health_reporter
                 .set_not_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
+                .await;
+            health_reporter
+                .set_not_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
                 .await;
             engine.begin_shutdown();
             signalled.notify_one();
         }
     };
+    // gRPC-Web on the same port (HTTP/1.1 and HTTP/2), for fetch-based
+    // clients (Bun, browsers-like runtimes) without a proxy. No CORS layer:
+    // cross-origin browser calls stay refused unless a deployment adds one.
     let serving = tonic::transport::Server::builder()
+        .accept_http1(true)
         .http2_keepalive_interval(Some(options.keep_alive_interval))
         .http2_keepalive_timeout(Some(options.keep_alive_timeout))
+        .layer(tonic_web::GrpcWebLayer::new())
         .add_service(health)
         .add_service(reflection)
         .add_service(service)
@@ -158,5 +177,9 @@ pub async fn serve_with(
     };
     engine.shutdown().await;
     tracing::info!(commits = engine.commits(), "stopped");
-    Ok(served?)
+    served?;
+    match storage_failure.lock().expect("failure slot").take() {
+        Some(failure) => Err(ServeError::StorageFailed(failure)),
+        None => Ok(()),
+    }
 }

@@ -360,7 +360,8 @@ impl AcquireBuilder {
                 .request_id
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
         };
-        let timeout = self.wait + timing.rpc_timeout;
+        // Saturating: an absurd wait is the server's to refuse (over 5 min), not a panic here.
+        let timeout = self.wait.saturating_add(timing.rpc_timeout);
         let first_sent = tokio::time::Instant::now();
         let mut attempt = 1;
         let reply = loop {
