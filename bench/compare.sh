@@ -3,7 +3,7 @@
 #
 # Installs etcd and ZooKeeper from Debian's packages if they are missing,
 # starts all three single-node on loopback with their data under a temp dir,
-# runs `leasehold bench` against each (cycle, hot, renew, check at 1, 16 and
+# runs `leasehold-bench` against each (cycle, hot, renew, check at 1, 16 and
 # 64 clients), ROUNDS rounds interleaved, and prints a Markdown table with the
 # median ops/s, median p99 and the median per-round ratio of each row. Every
 # server it started is stopped by its PID on exit.
@@ -36,7 +36,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 install_peers
-log "building leasehold (release, --features peers)"
+log "building leasehold and leasehold-bench (release, --features peers)"
 build_leasehold
 start_leasehold
 start_etcd
@@ -58,7 +58,7 @@ for round in $(seq "$ROUNDS"); do
         log "round $round: $target $mode, $clients clients"
         extra=()
         [ "$target" = leasehold ] && extra=("${stream_flag[@]}")
-        if ! "$BIN" bench --target "$target" --mode "$mode" --clients "$clients" \
+        if ! "$BENCH" --target "$target" --mode "$mode" --clients "$clients" \
           "${conn_flag[@]}" "${extra[@]}" --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
           --label "$round" --json >>"$RESULTS" 2>>"$WORK/bench.log"; then
           log "  failed (see $WORK/bench.log)"
@@ -74,4 +74,4 @@ echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "Each server single-node on loopback; client on the same machine; ${ROUNDS} rounds of ${DURATION} s (after ${WARMUP} s warm-up), interleaved."
 echo "Connections: ${CONNECTIONS:-one per client}. Ratios: leasehold ops/s over the peer's, median of the per-round ratios."
 echo
-"$BIN" bench --summarize "$RESULTS"
+"$BENCH" --summarize "$RESULTS"

@@ -64,8 +64,9 @@ build_leasehold() {
     fi
     export PROTOC
   fi
-  (cd "$ROOT" && cargo build --release --features peers --quiet)
+  (cd "$ROOT" && cargo build --release --quiet -p leasehold-server && cargo build --release --quiet -p leasehold-bench --features peers)
   BIN="$ROOT/target/release/leasehold"
+  BENCH="$ROOT/target/release/leasehold-bench"
 }
 
 start_leasehold() {

@@ -2,7 +2,7 @@
 # Scale: 1,000,000 live leases in one leasehold server.
 #
 # Starts leasehold on a fresh database under a temp dir, runs
-# `leasehold bench --mode scale` (loads LEASES leases, EXPIRING of them ending
+# `leasehold-bench --mode scale` (loads LEASES leases, EXPIRING of them ending
 # at one instant, and times Acquire around that instant), then reports the
 # server's resident memory, stops it, and times a restart on the same file
 # (until it listens again). The server is stopped by its PID on exit.
@@ -31,11 +31,12 @@ trap 'exit 130' INT TERM
 log "building leasehold (release)"
 (cd "$ROOT" && cargo build --release --quiet)
 BIN="$ROOT/target/release/leasehold"
+BENCH="$ROOT/target/release/leasehold-bench"
 DB="$WORK/leasehold/leasehold.db"
 
 start_leasehold "$DB"
 log "loading $LEASES leases ($EXPIRING expiring at once) with $CLIENTS clients"
-"$BIN" bench --mode scale --leases "$LEASES" --expiring "$EXPIRING" --clients "$CLIENTS" \
+"$BENCH" --mode scale --leases "$LEASES" --expiring "$EXPIRING" --clients "$CLIENTS" \
   --probe-clients "$PROBE_CLIENTS" --json >"$WORK/scale.json"
 rss_loaded=$(rss_kib "$LEASEHOLD_PID")
 

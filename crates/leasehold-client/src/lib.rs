@@ -1,0 +1,569 @@
+//! The Rust client: fenced session guards.
+//!
+//! The server alone cannot stop two processes from driving one session: a
+//! process that lost its lease keeps running until it notices. This client
+//! makes noticing the easy path. [`Client::acquire`] returns a
+//! [`SessionGuard`] that renews itself, knows when it can no longer be sure it
+//! holds the lease, and has one call to make before every continuation.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use leasehold_client::{Client, ClientError};
+//!
+//! # async fn turn() -> Result<(), ClientError> {
+//! let client = Client::connect("http://127.0.0.1:7420").await?;
+//! let guard = client
+//!     .acquire("session:42")
+//!     .owner("graph-a")
+//!     .ttl(Duration::from_secs(10))
+//!     .wait(Duration::from_secs(30))
+//!     .await?;
+//! // Before each model request and each terminal write:
+//! let fence = guard.gate().await?;
+//! // ... send the request; store its result with `fence` (see `leasehold_client::fence`) ...
+//! # let _ = fence;
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The guard's life
+//! 1. **Acquired.** The acquire carries a request id (a fresh UUID unless you
+//!    set one) and is retried on transient failures with that same id, so a
+//!    lost reply cannot leave a second, orphaned term behind: the server
+//!    replays the term it granted.
+//! 2. **Held.** A background task renews the term about every third of the
+//!    TTL ([`AcquireBuilder::renew_every`]) and retries failed renewals with
+//!    jittered, growing pauses. The guard keeps a *local deadline*: the time
+//!    the last successful renewal (or the acquire) was *sent*, plus the TTL,
+//!    less a safety margin ([`AcquireBuilder::safety_margin`]), on the local
+//!    monotonic clock ([`tokio::time::Instant`]). The server granted or
+//!    extended the term after that send, so the term cannot end before the
+//!    deadline unless the server's clock runs fast. This is how a holder that
+//!    cannot reach the server still learns it may have lost the lease, as
+//!    Kubernetes' client-go leader election and Chubby's client do.
+//! 3. **Unsure.** When the deadline passes without a successful renewal, the
+//!    guard is not valid ([`SessionGuard::is_valid`] is false,
+//!    [`SessionGuard::lost`] resolves with [`LossReason::DeadlinePassed`]).
+//!    Renewal goes on: if a later one succeeds with the same fence, the
+//!    server never ended the term, nobody else held the key in between, and
+//!    the guard is valid again.
+//! 4. **Lost.** A renewal or check refused with `FAILED_PRECONDITION` (the
+//!    term expired on the server's clock, or a newer term superseded it)
+//!    is final: the guard never becomes valid again, and renewal stops.
+//! 5. **Ended.** [`SessionGuard::release`] ends the term as finished and
+//!    [`SessionGuard::suspend`] as unfinished (the key becomes recoverable).
+//!    Both present the fence and the secret lease id, so they can never end
+//!    somebody else's term, and both consume the guard.
+//!
+//! # Dropping a guard
+//! Dropping a guard without releasing it stops renewal at once and, in the
+//! background, makes one best-effort attempt to **suspend** the term (release
+//! it as unfinished). A guard is usually dropped on an error path, a panic or
+//! a cancelled task, where the work is not known to be done; suspending frees
+//! the key for the next holder at once and marks it recoverable, so whoever
+//! takes it over looks at what was left. If that attempt fails (the runtime
+//! is shutting down, the server is unreachable), the term simply expires at
+//! its TTL. Call `release()` when the work is finished.
+//!
+//! # The gate
+//! [`SessionGuard::gate`] is the one call to make before sending a request
+//! to a model or committing a terminal write: a local check (no round trip
+//! when the guard is already known to be invalid), then a `Check` round trip
+//! proving the fence is still the key's live term, then the local check
+//! again. It returns the fence to store with the write:
+//!
+//! ```no_run
+//! # async fn step(guard: &leasehold_client::SessionGuard) -> Result<(), leasehold_client::ClientError> {
+//! let fence = guard.gate().await?;
+//! # let _ = fence;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`SessionGuard::run`] goes one step further for work that takes time (a
+//! model call, a tool): it passes the gate, runs the work while watching
+//! [`SessionGuard::lost`] (cancelling the work if the lease is lost), and
+//! passes the gate again before handing back the result.
+//!
+//! A gate narrows the window in which a stale holder can act; it cannot close
+//! it. A process paused between the gate and its write still writes late.
+//! Storage that checks the fence itself closes it: see [`crate::fence`].
+//!
+//! # Errors
+//! Every call returns [`ClientError`]: what the server said, as the domain
+//! [`Error`] (busy with the holder named, stale fence, permission,
+//! invalid argument, unavailable), converted from the gRPC status in one
+//! place, or [`ClientError::Lost`] with the [`LossReason`].
+
+mod error;
+#[cfg(feature = "sqlite-fence")]
+pub mod fence;
+mod guard;
+mod session;
+mod tools;
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use leasehold_core::Error;
+use leasehold_wire::pb;
+use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use leasehold_wire::pb::session_request::Op;
+use session::SessionMux;
+
+pub use error::{ClientError, LossReason};
+pub use guard::{Ended, SessionGuard};
+pub use tools::{ToolCallRequest, ToolInvocation, ToolOutcome, ToolResult};
+
+/// The TTL an acquire asks for unless told otherwise.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// How many times an acquire is sent, at most, when the server is unreachable.
+pub const DEFAULT_ATTEMPTS: u32 = 3;
+/// The longest the default safety margin gets, whatever the TTL.
+const MAX_DEFAULT_MARGIN: Duration = Duration::from_secs(2);
+/// The longest the default per-call timeout gets, whatever the TTL.
+const MAX_DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting to the server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an HTTP/2 ping checks the connection, even when idle.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a ping may go unanswered before the connection counts as dead.
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection to a leasehold server. Cheap to clone; clones share the
+/// connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// The generated gRPC client; cloned per call, as tonic expects.
+    rpc: LeaseholdClient<Channel>,
+    /// The Session stream that carries every guard's checks, renewals and
+    /// releases, opened on first use.
+    session: Arc<SessionMux>,
+}
+
+impl Client {
+    /// Connects to the server at `endpoint` (`http://host:port`; a bare
+    /// `host:port` means plain HTTP/2).
+    ///
+    /// The connection is re-established on demand if it breaks later.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a malformed endpoint;
+    /// [`Error::Unavailable`] when nothing answers there.
+    pub async fn connect(endpoint: impl Into<String>) -> Result<Client, ClientError> {
+        let mut url = endpoint.into();
+        if !url.contains("://") {
+            url = format!("http://{url}");
+        }
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| Error::InvalidArgument(format!("endpoint {url:?}: {}", chain(&e))))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            // A connection that goes silent (partition, dead peer: no FIN
+            // or RST) would otherwise hold every guard's renewals until TCP
+            // gives up, many minutes later; pings find it dead in seconds,
+            // and the next call connects afresh.
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| Error::Unavailable(format!("cannot connect to {url}: {}", chain(&e))))?;
+        Ok(Client::new(channel))
+    }
+
+    /// A client over a channel you configured yourself (TLS, interceptors...).
+    pub fn new(channel: Channel) -> Client {
+        let rpc = LeaseholdClient::new(channel);
+        Client {
+            session: Arc::new(SessionMux::new(rpc.clone())),
+            rpc,
+        }
+    }
+
+    /// Starts an acquire of `key`; set options on the builder, then `.await` it.
+    pub fn acquire(&self, key: impl Into<String>) -> AcquireBuilder {
+        AcquireBuilder {
+            rpc: self.rpc.clone(),
+            session: self.session.clone(),
+            key: key.into(),
+            owner: None,
+            ttl: DEFAULT_TTL,
+            wait: Duration::ZERO,
+            request_id: None,
+            renew_every: None,
+            safety_margin: None,
+            rpc_timeout: None,
+            attempts: DEFAULT_ATTEMPTS,
+        }
+    }
+
+    /// The generated gRPC client, for calls this API does not wrap (Get, List).
+    pub fn rpc(&self) -> LeaseholdClient<Channel> {
+        self.rpc.clone()
+    }
+
+    /// Whether `fence` is the live term of `key` (Chubby's CheckSequencer),
+    /// for a process that was handed a fence rather than holding the guard:
+    /// `Ok` with the term while it is live, else the server's refusal
+    /// ([`Error::StaleFence`] with the reason). Goes over the client's
+    /// shared Session stream.
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`], [`Error::InvalidArgument`],
+    /// [`Error::Unavailable`] (also when no reply came within `timeout`).
+    pub async fn check(
+        &self,
+        key: impl Into<String>,
+        fence: u64,
+        timeout: Duration,
+    ) -> Result<pb::Lease, ClientError> {
+        let op = Op::Check(pb::CheckRequest {
+            key: key.into(),
+            fence,
+        });
+        let reply = self.session.call("Check", op, timeout).await?;
+        reply.lease.ok_or_else(|| guard::missing("Check"))
+    }
+
+    /// Sends one raw operation over the client's shared Session stream and
+    /// waits up to `timeout` for its response; a refusal comes back as the
+    /// [`ClientError`] the unary call would give. For tools (the load
+    /// generator) that drive the protocol directly; applications use the
+    /// guard.
+    ///
+    /// # Errors
+    /// The operation's refusal, or [`Error::Unavailable`].
+    pub async fn session_op(
+        &self,
+        op: Op,
+        timeout: Duration,
+    ) -> Result<pb::SessionResponse, ClientError> {
+        self.session.call("Session", op, timeout).await
+    }
+}
+
+/// An acquire being set up. `.await` it (or call [`AcquireBuilder::send`]).
+#[must_use = "an acquire does nothing until it is awaited"]
+#[derive(Debug, Clone)]
+pub struct AcquireBuilder {
+    /// Where to send it.
+    rpc: LeaseholdClient<Channel>,
+    /// The client's Session stream, for the guard.
+    session: Arc<SessionMux>,
+    /// The key to hold, e.g. a session id.
+    key: String,
+    /// Who holds it, shown to others in busy errors; `HOSTNAME:pid` by default.
+    owner: Option<String>,
+    /// How long a term lasts without renewal.
+    ttl: Duration,
+    /// How long to queue for a held key before giving up as busy.
+    wait: Duration,
+    /// The retry token; a fresh UUID by default.
+    request_id: Option<String>,
+    /// How often the guard renews; a third of the TTL by default.
+    renew_every: Option<Duration>,
+    /// How much earlier than the TTL the guard stops trusting itself.
+    safety_margin: Option<Duration>,
+    /// How long one call may take before it counts as failed.
+    rpc_timeout: Option<Duration>,
+    /// How many times the acquire is sent when the server is unreachable.
+    attempts: u32,
+}
+
+impl AcquireBuilder {
+    /// Who holds the lease, as shown to others.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    /// The lease duration (the server accepts 100 ms to 24 h). Default 10 s.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait in line for a held key (at most 5 min). Default 0:
+    /// fail at once with [`Error::Busy`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// The retry token. By default a fresh UUID, reused by this builder's own
+    /// retries. Set it yourself to make an acquire repeated by a restarted
+    /// process return the same term: such a replayed guard trusts nothing
+    /// until its first renewal succeeds.
+    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// How often the guard renews. Default: a third of the TTL. Must be
+    /// shorter than the TTL less the safety margin.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// How much earlier than the TTL the guard's local deadline falls. It
+    /// covers the gap between checking the guard and acting on it, and a
+    /// server clock that runs a little fast. Default: a tenth of the TTL, at
+    /// most 2 s.
+    pub fn safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = Some(margin);
+        self
+    }
+
+    /// How long one renew, check or release may take before it counts as
+    /// failed (an acquire may take its wait on top). Default: the renewal
+    /// interval, at most 5 s.
+    pub fn rpc_timeout(mut self, timeout: Duration) -> Self {
+        self.rpc_timeout = Some(timeout);
+        self
+    }
+
+    /// How many times to send the acquire when the server is unreachable
+    /// (always with the same request id). Default 3; at least 1.
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts.max(1);
+        self
+    }
+
+    /// Sends the acquire and starts the guard's renewal.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] (holder named) when the key is still held after the
+    /// wait; [`Error::InvalidArgument`] for a malformed key, owner or TTL or
+    /// inconsistent timing options; [`Error::Unavailable`] when every attempt
+    /// failed to reach the server; [`ClientError::Lost`] when a replayed or
+    /// long-waited grant was refused on its first renewal.
+    pub async fn send(self) -> Result<SessionGuard, ClientError> {
+        let timing = Timing::resolve(
+            self.ttl,
+            self.renew_every,
+            self.safety_margin,
+            self.rpc_timeout,
+        )?;
+        let generated_id = self.request_id.is_none();
+        let message = pb::AcquireRequest {
+            key: self.key,
+            owner: self.owner.unwrap_or_else(default_owner),
+            ttl_ms: millis(self.ttl),
+            wait_ms: millis(self.wait),
+            request_id: self
+                .request_id
+                .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        };
+        // Saturating: an absurd wait is the server's to refuse (over 5 min), not a panic here.
+        let timeout = self.wait.saturating_add(timing.rpc_timeout);
+        let first_sent = tokio::time::Instant::now();
+        let mut attempt = 1;
+        let reply = loop {
+            let mut rpc = self.rpc.clone();
+            let sent = rpc.acquire(request(message.clone(), timeout));
+            match call("Acquire", timeout, sent).await {
+                Ok(reply) => break reply,
+                Err(err) if err.is_transient() && attempt < self.attempts => {
+                    tracing::debug!(key = %message.key, attempt, error = %err, "acquire failed; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(jittered(timing.retry_pause(attempt))).await;
+                }
+                Err(err) => return Err(err),
+            }
+        };
+        // A fresh grant happened after our first send, so that send time is a
+        // safe basis for the local deadline. A replayed one happened at some
+        // earlier attempt: ours if we made up the id, unknown otherwise.
+        let basis = (!reply.replayed || generated_id).then_some(first_sent);
+        SessionGuard::start(self.rpc, self.session, timing, reply, basis).await
+    }
+}
+
+impl IntoFuture for AcquireBuilder {
+    type Output = Result<SessionGuard, ClientError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.send())
+    }
+}
+
+/// The guard's timing, checked for consistency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    /// The term's TTL.
+    ttl: Duration,
+    /// How often to renew.
+    renew_every: Duration,
+    /// Subtracted from the TTL for the local deadline.
+    safety_margin: Duration,
+    /// How long one call may take.
+    pub(crate) rpc_timeout: Duration,
+}
+
+impl Timing {
+    fn resolve(
+        ttl: Duration,
+        renew_every: Option<Duration>,
+        safety_margin: Option<Duration>,
+        rpc_timeout: Option<Duration>,
+    ) -> Result<Timing, ClientError> {
+        let invalid = |what: String| ClientError::Server(Error::InvalidArgument(what));
+        let safety_margin = safety_margin.unwrap_or_else(|| (ttl / 10).min(MAX_DEFAULT_MARGIN));
+        if safety_margin >= ttl {
+            return Err(invalid(format!(
+                "safety margin {safety_margin:?} must be shorter than the ttl {ttl:?}"
+            )));
+        }
+        let renew_every = renew_every.unwrap_or(ttl / 3);
+        if renew_every.is_zero() || renew_every >= ttl - safety_margin {
+            return Err(invalid(format!(
+                "renewal interval {renew_every:?} must be above zero and shorter than the ttl \
+                 {ttl:?} less the safety margin {safety_margin:?}"
+            )));
+        }
+        let rpc_timeout = rpc_timeout.unwrap_or_else(|| renew_every.min(MAX_DEFAULT_RPC_TIMEOUT));
+        if rpc_timeout.is_zero() {
+            return Err(invalid("rpc timeout must be above zero".into()));
+        }
+        Ok(Timing {
+            ttl,
+            renew_every,
+            safety_margin,
+            rpc_timeout,
+        })
+    }
+
+    /// How long after a successful renewal was sent the guard trusts itself.
+    fn valid_for(&self) -> Duration {
+        self.ttl - self.safety_margin
+    }
+
+    /// The pause before retry number `failures` (1 = after the first
+    /// failure): doubling from an eighth of the renewal interval (at least
+    /// 10 ms), never longer than the interval. Jitter is applied by the caller.
+    fn retry_pause(&self, failures: u32) -> Duration {
+        let base = (self.renew_every / 8).max(Duration::from_millis(10));
+        base.saturating_mul(1 << failures.saturating_sub(1).min(16))
+            .min(self.renew_every)
+    }
+}
+
+/// Awaits one call, bounded by `timeout`, and converts its status.
+async fn call<T>(
+    name: &str,
+    timeout: Duration,
+    reply: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, ClientError> {
+    match tokio::time::timeout(timeout, reply).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(status.into()),
+        Err(_) => Err(ClientError::timed_out(name, timeout)),
+    }
+}
+
+/// A request that tells the server how long the client will wait for it.
+fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// A duration picked uniformly from `[d/2, d]`, so that many clients that
+/// failed together do not retry together. The randomness comes from a v4
+/// UUID (its low 62 bits are random) rather than a new dependency.
+fn jittered(d: Duration) -> Duration {
+    let random = (uuid::Uuid::new_v4().as_u128() as u64) & ((1 << 62) - 1);
+    let fraction = random as f64 / (1u64 << 62) as f64;
+    d / 2 + d.mul_f64(fraction / 2.0)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn default_owner() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "client".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// An error with its sources, since tonic's transport errors say little on
+/// their own.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Guards and clients can be shared across tasks and threads.
+    #[test]
+    fn guards_and_clients_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Client>();
+        check::<SessionGuard>();
+        check::<ClientError>();
+    }
+
+    /// Defaults: renew every third of the TTL, a tenth as margin, calls bounded by the interval.
+    #[test]
+    fn default_timing_follows_the_ttl() {
+        let t = Timing::resolve(Duration::from_secs(9), None, None, None).unwrap();
+        assert_eq!(t.renew_every, Duration::from_secs(3));
+        assert_eq!(t.safety_margin, 900 * MS);
+        assert_eq!(t.rpc_timeout, Duration::from_secs(3));
+        assert_eq!(t.valid_for(), 8100 * MS);
+        let long = Timing::resolve(Duration::from_secs(3600), None, None, None).unwrap();
+        assert_eq!(long.safety_margin, MAX_DEFAULT_MARGIN);
+        assert_eq!(long.rpc_timeout, MAX_DEFAULT_RPC_TIMEOUT);
+    }
+
+    /// Timing that would let the deadline pass before the first renewal is refused.
+    #[test]
+    fn inconsistent_timing_is_invalid() {
+        let ttl = 300 * MS;
+        assert!(Timing::resolve(ttl, None, Some(ttl), None).is_err());
+        assert!(Timing::resolve(ttl, Some(280 * MS), Some(30 * MS), None).is_err());
+        assert!(Timing::resolve(ttl, Some(Duration::ZERO), None, None).is_err());
+        assert!(Timing::resolve(ttl, None, None, Some(Duration::ZERO)).is_err());
+        assert!(Timing::resolve(ttl, Some(260 * MS), Some(30 * MS), None).is_ok());
+    }
+
+    /// Retry pauses double from an eighth of the interval and stop at the interval.
+    #[test]
+    fn retry_pauses_grow_and_are_capped() {
+        let t = Timing::resolve(800 * MS, Some(240 * MS), None, None).unwrap();
+        assert_eq!(t.retry_pause(1), 30 * MS);
+        assert_eq!(t.retry_pause(2), 60 * MS);
+        assert_eq!(t.retry_pause(4), 240 * MS);
+        assert_eq!(t.retry_pause(40), 240 * MS);
+    }
+
+    /// Jitter stays within [d/2, d].
+    #[test]
+    fn jitter_stays_in_range() {
+        let d = 100 * MS;
+        for _ in 0..1000 {
+            let j = jittered(d);
+            assert!(j >= d / 2 && j <= d, "{j:?}");
+        }
+    }
+}

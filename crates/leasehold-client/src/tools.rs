@@ -1,0 +1,304 @@
+//! Running a turn's tool calls through the server's ledger, so no call id
+//! ever runs its tool twice and a new owner knows what was left running.
+//!
+//! [`SessionGuard::run_tool_calls`] is the common loop: register the turn's
+//! calls (before any side effect), run the new ones (as concurrently as the
+//! caller allows), settle each as it finishes, and return one result per call
+//! in the provider's call order. A call id the ledger already knows gets its
+//! stored outcome instead of a second run.
+
+use std::future::Future;
+
+use futures_util::stream::{self, StreamExt};
+
+use super::error::ClientError;
+use super::guard::SessionGuard;
+use super::{call, request};
+use leasehold_core::Error;
+use leasehold_core::lease::Fence;
+use leasehold_core::ledger::idempotency_key;
+use leasehold_wire::pb;
+
+/// One tool call of a turn, as the model provider asked for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallRequest {
+    /// The provider's call id (`call_…`, `toolu_…`).
+    pub call_id: String,
+    /// The tool's name.
+    pub name: String,
+    /// Optional digest of the input, stored with the call for audits.
+    pub input_digest: String,
+}
+
+impl ToolCallRequest {
+    /// A call with no input digest.
+    pub fn new(call_id: impl Into<String>, name: impl Into<String>) -> Self {
+        ToolCallRequest {
+            call_id: call_id.into(),
+            name: name.into(),
+            input_digest: String::new(),
+        }
+    }
+}
+
+/// What a handler is given to run one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolInvocation {
+    pub call: ToolCallRequest,
+    /// The fence the call was registered under; pass it to fenced storage.
+    pub fence: Fence,
+    /// Stable across retries and duplicates: give it to downstream services
+    /// that deduplicate (see `docs/tool-calls.md`).
+    pub idempotency_key: String,
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutcome {
+    /// It ran and succeeded, with this (small) result payload.
+    Succeeded(Vec<u8>),
+    /// It ran and failed, with this payload (an error message, say).
+    Failed(Vec<u8>),
+    /// Nobody knows whether its side effects happened (settled by a recoverer).
+    Unknown,
+    /// Recorded as running by an earlier turn or term and not settled yet:
+    /// its outcome is still owed. The handler was not run.
+    StillRunning,
+}
+
+/// One call's result, in the provider's call order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub outcome: ToolOutcome,
+    /// True when the outcome came from the ledger (a duplicate call id), so
+    /// the handler did not run for this entry.
+    pub reused: bool,
+}
+
+impl ToolOutcome {
+    fn from_record(call: &pb::ToolCall) -> ToolOutcome {
+        match pb::ToolCallState::try_from(call.state) {
+            Ok(pb::ToolCallState::Succeeded) => ToolOutcome::Succeeded(call.result.clone()),
+            Ok(pb::ToolCallState::Failed) => ToolOutcome::Failed(call.result.clone()),
+            Ok(pb::ToolCallState::Unknown) => ToolOutcome::Unknown,
+            _ => ToolOutcome::StillRunning,
+        }
+    }
+}
+
+impl SessionGuard {
+    /// Runs one turn's tool calls through the ledger; see the [module docs](self).
+    ///
+    /// Calls are registered all at once before any handler runs. Up to
+    /// `concurrency` handlers run at a time; each new call is settled as soon
+    /// as its handler returns. An id repeated within the turn runs once and
+    /// every occurrence gets its outcome. If the lease is lost while handlers
+    /// run, they are dropped (cancelled) and the error is returned: their
+    /// calls stay recorded as running, for whoever recovers the key.
+    ///
+    /// # Errors
+    /// [`ClientError::Lost`] when the guard is not valid or the server
+    /// refuses its fence; server errors from the ledger calls.
+    pub async fn run_tool_calls<F, Fut>(
+        &self,
+        calls: Vec<ToolCallRequest>,
+        concurrency: usize,
+        handler: F,
+    ) -> Result<Vec<ToolResult>, ClientError>
+    where
+        F: Fn(ToolInvocation) -> Fut,
+        Fut: Future<Output = ToolOutcome>,
+    {
+        self.ensure_valid()?;
+        let mut unique: Vec<ToolCallRequest> = Vec::new();
+        for call in &calls {
+            if !unique.iter().any(|u| u.call_id == call.call_id) {
+                unique.push(call.clone());
+            }
+        }
+        let known = self.register(&unique).await?;
+        let fresh: Vec<ToolCallRequest> = unique
+            .into_iter()
+            .filter(|c| !known.iter().any(|k| k.call_id == c.call_id))
+            .collect();
+
+        let fence = self.fence();
+        let key = self.key().to_owned();
+        let running = stream::iter(fresh)
+            .map(|call| {
+                let invocation = ToolInvocation {
+                    idempotency_key: idempotency_key(&key, &call.call_id),
+                    fence,
+                    call,
+                };
+                let handler = &handler;
+                async move {
+                    let call_id = invocation.call.call_id.clone();
+                    let outcome = handler(invocation).await;
+                    self.settle_tool_call(&call_id, &outcome).await?;
+                    Ok::<_, ClientError>((call_id, outcome))
+                }
+            })
+            .buffer_unordered(concurrency.max(1))
+            .collect::<Vec<_>>();
+        let ran = tokio::select! {
+            ran = running => ran,
+            reason = self.lost() => return Err(self.shared.lost_error(reason)),
+        };
+        let ran = ran.into_iter().collect::<Result<Vec<_>, _>>()?;
+
+        Ok(calls
+            .iter()
+            .map(|call| {
+                if let Some((_, outcome)) = ran.iter().find(|(id, _)| *id == call.call_id) {
+                    return ToolResult {
+                        call_id: call.call_id.clone(),
+                        outcome: outcome.clone(),
+                        reused: false,
+                    };
+                }
+                let record = known
+                    .iter()
+                    .find(|k| k.call_id == call.call_id)
+                    .expect("every call is either known or ran");
+                ToolResult {
+                    call_id: call.call_id.clone(),
+                    outcome: ToolOutcome::from_record(record),
+                    reused: true,
+                }
+            })
+            .collect())
+    }
+
+    /// Registers `calls` (unique ids) in the ledger; returns the records of
+    /// those it already held. The others are now recorded as running.
+    async fn register(&self, calls: &[ToolCallRequest]) -> Result<Vec<pb::ToolCall>, ClientError> {
+        let reply = self.begin_batch(calls).await?;
+        if !reply.duplicate {
+            return Ok(Vec::new());
+        }
+        // All or nothing: nothing was recorded. Register the new ones alone.
+        let fresh: Vec<ToolCallRequest> = calls
+            .iter()
+            .filter(|c| !reply.calls.iter().any(|k| k.call_id == c.call_id))
+            .cloned()
+            .collect();
+        if !fresh.is_empty() {
+            let again = self.begin_batch(&fresh).await?;
+            if again.duplicate {
+                // Only this term's holder can register calls, so this means
+                // another process holds our fence and lease id.
+                return Err(ClientError::Server(Error::Unavailable(format!(
+                    "tool calls {:?} were registered concurrently by another holder of this term",
+                    again.duplicate_call_ids
+                ))));
+            }
+        }
+        Ok(reply.calls)
+    }
+
+    async fn begin_batch(
+        &self,
+        calls: &[ToolCallRequest],
+    ) -> Result<pb::BeginToolCallsResponse, ClientError> {
+        if calls.is_empty() {
+            return Ok(pb::BeginToolCallsResponse::default());
+        }
+        let shared = &self.shared;
+        let message = pb::BeginToolCallsRequest {
+            key: shared.key.clone(),
+            fence: shared.fence.0,
+            lease_id: shared.lease_id.clone(),
+            calls: calls
+                .iter()
+                .map(|c| pb::ToolCallSpec {
+                    call_id: c.call_id.clone(),
+                    name: c.name.clone(),
+                    input_digest: c.input_digest.clone(),
+                })
+                .collect(),
+        };
+        let timeout = shared.timing.rpc_timeout;
+        let mut rpc = shared.rpc.clone();
+        call(
+            "BeginToolCalls",
+            timeout,
+            rpc.begin_tool_calls(request(message, timeout)),
+        )
+        .await
+        .map_err(|err| shared.judge(err))
+    }
+
+    /// Records a call's outcome under this guard's fence (the first terminal
+    /// outcome wins; the winning record is returned). A recoverer uses it to
+    /// settle the calls a dead holder left running, usually as
+    /// [`ToolOutcome::Unknown`].
+    ///
+    /// # Errors
+    /// [`ClientError::Lost`] when the fence is refused;
+    /// [`Error::InvalidArgument`] for [`ToolOutcome::StillRunning`] or an
+    /// over-long payload; [`Error::NotFound`] for an unknown call id.
+    pub async fn settle_tool_call(
+        &self,
+        call_id: &str,
+        outcome: &ToolOutcome,
+    ) -> Result<pb::ToolCall, ClientError> {
+        let (state, result) = match outcome {
+            ToolOutcome::Succeeded(result) => (pb::ToolCallState::Succeeded, result.clone()),
+            ToolOutcome::Failed(result) => (pb::ToolCallState::Failed, result.clone()),
+            ToolOutcome::Unknown => (pb::ToolCallState::Unknown, Vec::new()),
+            ToolOutcome::StillRunning => {
+                return Err(ClientError::Server(Error::InvalidArgument(
+                    "a call cannot be settled as still running".into(),
+                )));
+            }
+        };
+        let shared = &self.shared;
+        let message = pb::SettleToolCallRequest {
+            key: shared.key.clone(),
+            fence: shared.fence.0,
+            lease_id: shared.lease_id.clone(),
+            call_id: call_id.to_owned(),
+            outcome: state as i32,
+            result_digest: String::new(),
+            result,
+        };
+        let timeout = shared.timing.rpc_timeout;
+        let mut rpc = shared.rpc.clone();
+        let reply = call(
+            "SettleToolCall",
+            timeout,
+            rpc.settle_tool_call(request(message, timeout)),
+        )
+        .await
+        .map_err(|err| shared.judge(err))?;
+        reply.call.ok_or_else(|| {
+            ClientError::Server(Error::Storage(
+                "SettleToolCall reply carried no call".into(),
+            ))
+        })
+    }
+
+    /// The key's calls still recorded as running: after taking over a key,
+    /// settle each before continuing.
+    ///
+    /// # Errors
+    /// Server errors from `ListToolCalls`.
+    pub async fn unsettled_tool_calls(&self) -> Result<Vec<pb::ToolCall>, ClientError> {
+        let shared = &self.shared;
+        let message = pb::ListToolCallsRequest {
+            key: shared.key.clone(),
+            filter: pb::list_tool_calls_request::Filter::Unsettled as i32,
+        };
+        let timeout = shared.timing.rpc_timeout;
+        let mut rpc = shared.rpc.clone();
+        let reply = call(
+            "ListToolCalls",
+            timeout,
+            rpc.list_tool_calls(request(message, timeout)),
+        )
+        .await?;
+        Ok(reply.calls)
+    }
+}

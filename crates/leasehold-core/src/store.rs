@@ -1,0 +1,94 @@
+//! Durable storage of the lease table, behind a small trait.
+//!
+//! The lessor keeps the live state in memory; storage is the source of truth
+//! at start-up and the place every acknowledged write lands before its reply.
+//! The trait speaks only in these records, so SQLite stays an implementation
+//! detail of the server crate (its `sqlite::SqliteStore` is the first
+//! implementation). The records are what the lessor's change tracking hands
+//! the writer: the full current state of every key changed since the last
+//! batch.
+
+use crate::lease::{EndedTerm, Term};
+use crate::ledger::ToolCall;
+
+/// A key's durable state: what storage keeps, and what start-up restores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub key: String,
+    pub live: Option<Term>,
+    pub last_ended: Option<EndedTerm>,
+}
+
+/// A set of changes to commit in one transaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The full current state of every key changed since the last batch.
+    pub records: Vec<KeyRecord>,
+    /// Keys forgotten (released cleanly long enough ago): their rows go.
+    /// Applied before `records`, which may hold a key created again since.
+    pub forgotten: Vec<String>,
+    /// Tool calls pruned from ledgers: (key, call ids). Applied before `calls`.
+    pub pruned_calls: Vec<(String, Vec<String>)>,
+    /// The current state of every tool call changed since the last batch.
+    pub calls: Vec<(String, ToolCall)>,
+    /// The highest fence ever granted. Storage must keep it durable by the
+    /// time it deletes a row (`forgotten`): until then every fence granted
+    /// is in its key's row, and start-up takes the highest of both.
+    pub fence_high_water: u64,
+    /// Once this batch commits, every change up to this sequence is durable.
+    pub seq: u64,
+}
+
+/// A storage failure. Storage errors are never the client's fault.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened or read.
+    #[error("cannot open database {path}: {reason}")]
+    Open { path: String, reason: String },
+    /// The database was written by a newer leasehold; refusing to touch it.
+    #[error(
+        "database {path} has schema version {found}, newer than this build's {supported}; \
+         upgrade leasehold instead of downgrading the database"
+    )]
+    TooNew {
+        path: String,
+        found: i64,
+        supported: i64,
+    },
+    /// A read or write failed.
+    #[error("storage: {0}")]
+    Io(String),
+}
+
+/// Everything storage holds, as read at start-up.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub records: Vec<KeyRecord>,
+    /// Every tool call, with its key.
+    pub calls: Vec<(String, ToolCall)>,
+    /// A fence at least as high as any granted whose key's row is gone.
+    /// Start-up takes the highest of this and every fence in `records`, so
+    /// a store must keep it current only when it deletes rows.
+    pub fence_high_water: u64,
+}
+
+/// Durable storage for the lease table.
+pub trait Store: Send + 'static {
+    /// Reads the whole table.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the data cannot be read.
+    fn load(&mut self) -> Result<Snapshot, StoreError>;
+
+    /// Writes a batch atomically and durably (per the store's sync setting)
+    /// before returning.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the batch could not be committed; nothing of it
+    /// is then visible.
+    fn commit(&mut self, batch: &Batch) -> Result<(), StoreError>;
+
+    /// How many transactions [`Store::commit`] has committed so far (for
+    /// tests and metrics that prove group commit happens).
+    fn commits(&self) -> u64;
+}

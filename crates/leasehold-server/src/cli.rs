@@ -1,0 +1,679 @@
+//! Command-line parsing and the operator commands.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use leasehold_core::{Error, SystemClock};
+use leasehold_server::engine::EngineConfig;
+use leasehold_server::server;
+use leasehold_server::sqlite::SyncMode;
+use leasehold_transcript as transcript;
+use leasehold_wire::pb;
+use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+
+/// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the lease server.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:7420", env = "LEASEHOLD_LISTEN")]
+        listen: SocketAddr,
+        /// SQLite database file (created if missing).
+        #[arg(long, default_value = "./leasehold.db", env = "LEASEHOLD_DB")]
+        db: PathBuf,
+        /// full: every acknowledged write survives power loss; normal: survives crashes only.
+        #[arg(long, value_enum, default_value_t = Sync::Full)]
+        sync: Sync,
+        /// On SIGINT/SIGTERM, how long to wait for open connections to finish.
+        #[arg(long, default_value_t = 5000)]
+        drain_timeout_ms: u64,
+        /// How long a key released cleanly is remembered (its last term, its
+        /// settled tool calls) before it is forgotten; expired and suspended
+        /// keys are kept until taken over.
+        #[arg(long, alias = "ledger-retention-ms", default_value_t = leasehold_core::lessor::DEFAULT_RETENTION_MS)]
+        retention_ms: u64,
+    },
+    /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
+    Transcript {
+        #[command(subcommand)]
+        command: TranscriptCommand,
+    },
+    /// Acquire a lease on KEY.
+    Acquire {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+        /// Who holds the lease (shown to others).
+        #[arg(long, default_value_t = default_owner())]
+        owner: String,
+        /// Lease duration in milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        ttl_ms: u64,
+        /// Wait up to this long for a held key (FIFO).
+        #[arg(long, default_value_t = 0)]
+        wait_ms: u64,
+        /// Retry token: repeating it returns the same lease.
+        #[arg(long, default_value = "")]
+        request_id: String,
+    },
+    /// Extend a lease.
+    Renew {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        fence: u64,
+        #[arg(long)]
+        lease_id: String,
+        /// New TTL in milliseconds (0 keeps the current one).
+        #[arg(long, default_value_t = 0)]
+        ttl_ms: u64,
+    },
+    /// End a lease.
+    Release {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        fence: u64,
+        #[arg(long)]
+        lease_id: String,
+        /// Release as unfinished, so the key is listed as recoverable.
+        #[arg(long)]
+        suspend: bool,
+    },
+    /// Succeed only while FENCE is KEY's live term.
+    Check {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        fence: u64,
+    },
+    /// Show a key's live lease, last ended term and recoverability.
+    Get {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// List keys.
+    List {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long, default_value = "")]
+        prefix: String,
+        #[arg(long, value_enum, default_value_t = Filter::All)]
+        filter: Filter,
+        /// Keys per page (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        page_size: u32,
+        /// Continue from a previous page's token.
+        #[arg(long, default_value = "")]
+        page_token: String,
+        /// Follow every page.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TranscriptCommand {
+    /// Report every unmatched, duplicate, late or orphaned tool result.
+    /// Exit status: 0 healthy, 1 findings, 2 unreadable input.
+    Check {
+        /// The transcript file; `-` reads standard input.
+        file: PathBuf,
+        /// openai-chat, anthropic or openai-responses (default: detect).
+        #[arg(long)]
+        format: Option<transcript::Format>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move genuine results next to their calls, drop duplicates and orphans,
+    /// and add unknown-outcome placeholders; list every action on stderr.
+    /// Exit status: 0 repaired output is healthy, 1 unrecoverable findings
+    /// remain, 2 unreadable input.
+    Repair {
+        /// The transcript file; `-` reads standard input.
+        file: PathBuf,
+        /// Where to write the repaired transcript (default: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// openai-chat, anthropic or openai-responses (default: detect).
+        #[arg(long)]
+        format: Option<transcript::Format>,
+        /// A substring marking another tool's placeholder result (repeatable).
+        #[arg(long = "placeholder-marker")]
+        placeholder_markers: Vec<String>,
+        /// Print the actions as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Where operator commands send their request, and how they print.
+#[derive(Debug, clap::Args)]
+struct Target {
+    /// The server's address.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:7420",
+        env = "LEASEHOLD_SERVER"
+    )]
+    server: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Sync {
+    Full,
+    Normal,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Filter {
+    Live,
+    Recoverable,
+    All,
+}
+
+fn default_owner() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "cli".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Runs the command line; the process exit code says how it went.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Serve {
+            listen,
+            db,
+            sync,
+            drain_timeout_ms,
+            retention_ms,
+        } => {
+            let config = EngineConfig {
+                retention_ms,
+                ..EngineConfig::default()
+            };
+            serve(
+                listen,
+                db,
+                sync,
+                config,
+                Duration::from_millis(drain_timeout_ms),
+            )
+            .await
+        }
+        Command::Transcript { command } => transcript_command(command),
+        other => match operate(other).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("error: {message}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+async fn serve(
+    listen: SocketAddr,
+    db: PathBuf,
+    sync: Sync,
+    config: EngineConfig,
+    drain_timeout: Duration,
+) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let sync = match sync {
+        Sync::Full => SyncMode::Full,
+        Sync::Normal => SyncMode::Normal,
+    };
+    let engine = match server::open_engine(&db, sync, Arc::new(SystemClock::new()), config) {
+        Ok(engine) => engine,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("error: cannot listen on {listen}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().map_or(listen, |a| a);
+    tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
+    // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
+    println!("listening on {addr}");
+    let options = server::ServeOptions {
+        drain_timeout,
+        ..server::ServeOptions::default()
+    };
+    match server::serve_with(listener, engine, shutdown_signal(), options).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = async {
+            match term.as_mut() {
+                Some(term) => {
+                    term.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn connect(target: &Target) -> Result<LeaseholdClient<Channel>, String> {
+    LeaseholdClient::connect(target.server.clone())
+        .await
+        .map_err(|e| format!("cannot connect to {}: {e}", target.server))
+}
+
+fn refused(status: tonic::Status) -> String {
+    let code = status.code();
+    let err: Error = leasehold_wire::status::from_status(&status);
+    format!("{code:?}: {err}")
+}
+
+async fn operate(command: Command) -> Result<(), String> {
+    match command {
+        Command::Serve { .. } | Command::Transcript { .. } => {
+            unreachable!("handled by run")
+        }
+        Command::Acquire {
+            key,
+            target,
+            owner,
+            ttl_ms,
+            wait_ms,
+            request_id,
+        } => {
+            let reply = connect(&target)
+                .await?
+                .acquire(pb::AcquireRequest {
+                    key,
+                    owner,
+                    ttl_ms,
+                    wait_ms,
+                    request_id,
+                })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            print(
+                target.json,
+                json!({
+                    "lease": reply.lease.as_ref().map(lease_json),
+                    "previous": reply.previous.as_ref().map(ended_json),
+                    "replayed": reply.replayed,
+                }),
+            );
+        }
+        Command::Renew {
+            key,
+            target,
+            fence,
+            lease_id,
+            ttl_ms,
+        } => {
+            let reply = connect(&target)
+                .await?
+                .renew(pb::RenewRequest {
+                    key,
+                    fence,
+                    lease_id,
+                    ttl_ms,
+                })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            print(
+                target.json,
+                json!({ "lease": reply.lease.as_ref().map(lease_json) }),
+            );
+        }
+        Command::Release {
+            key,
+            target,
+            fence,
+            lease_id,
+            suspend,
+        } => {
+            let reply = connect(&target)
+                .await?
+                .release(pb::ReleaseRequest {
+                    key,
+                    fence,
+                    lease_id,
+                    suspend,
+                })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            print(
+                target.json,
+                json!({ "ended": reply.ended.as_ref().map(ended_json) }),
+            );
+        }
+        Command::Check { key, target, fence } => {
+            let reply = connect(&target)
+                .await?
+                .check(pb::CheckRequest { key, fence })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            print(
+                target.json,
+                json!({ "lease": reply.lease.as_ref().map(lease_json) }),
+            );
+        }
+        Command::Get { key, target } => {
+            let reply = connect(&target)
+                .await?
+                .get(pb::GetRequest { key })
+                .await
+                .map_err(refused)?
+                .into_inner();
+            print(
+                target.json,
+                json!({
+                    "lease": reply.lease.as_ref().map(lease_json),
+                    "last_ended": reply.last_ended.as_ref().map(ended_json),
+                    "recoverable": reply.recoverable,
+                }),
+            );
+        }
+        Command::List {
+            target,
+            prefix,
+            filter,
+            page_size,
+            mut page_token,
+            all,
+        } => {
+            let mut client = connect(&target).await?;
+            let filter = match filter {
+                Filter::Live => pb::ListFilter::Live,
+                Filter::Recoverable => pb::ListFilter::Recoverable,
+                Filter::All => pb::ListFilter::All,
+            };
+            let mut keys = Vec::new();
+            loop {
+                let reply = client
+                    .list(pb::ListRequest {
+                        prefix: prefix.clone(),
+                        filter: filter as i32,
+                        page_size,
+                        page_token: page_token.clone(),
+                    })
+                    .await
+                    .map_err(refused)?
+                    .into_inner();
+                keys.extend(reply.keys.iter().map(|k| {
+                    json!({
+                        "key": k.key,
+                        "lease": k.lease.as_ref().map(lease_json),
+                        "last_ended": k.last_ended.as_ref().map(ended_json),
+                        "recoverable": k.recoverable,
+                    })
+                }));
+                page_token = reply.next_page_token;
+                if !all || page_token.is_empty() {
+                    break;
+                }
+            }
+            if target.json {
+                print(true, json!({ "keys": keys, "next_page_token": page_token }));
+            } else {
+                for key in &keys {
+                    println!("{}", one_line(key));
+                }
+                if !page_token.is_empty() {
+                    println!("next_page_token: {page_token}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a transcript from a file, or standard input for `-`.
+fn read_transcript(file: &Path) -> Result<transcript::Transcript, String> {
+    let text = if file == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        text
+    } else {
+        std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?
+    };
+    transcript::Transcript::parse(&text).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+fn transcript_command(command: TranscriptCommand) -> ExitCode {
+    const UNREADABLE: u8 = 2;
+    let fail = |message: String| {
+        eprintln!("error: {message}");
+        ExitCode::from(UNREADABLE)
+    };
+    match command {
+        TranscriptCommand::Check { file, format, json } => {
+            let parsed = match read_transcript(&file) {
+                Ok(parsed) => parsed,
+                Err(message) => return fail(message),
+            };
+            let report = match transcript::check(&parsed, format) {
+                Ok(report) => report,
+                Err(e) => return fail(e.to_string()),
+            };
+            let Some(report) = report else {
+                if json {
+                    println!(
+                        "{}",
+                        json!({"healthy": true, "format": null, "messages": parsed.len(), "findings": []})
+                    );
+                } else {
+                    println!("healthy: {} messages, no tool calls", parsed.len());
+                }
+                return ExitCode::SUCCESS;
+            };
+            if json {
+                println!(
+                    "{}",
+                    leasehold_server::grpc::transcripts::report_json(&report)
+                );
+            } else {
+                print!("{}", transcript::render_human(&report));
+            }
+            if report.is_healthy() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        TranscriptCommand::Repair {
+            file,
+            output,
+            format,
+            placeholder_markers,
+            json,
+        } => {
+            let parsed = match read_transcript(&file) {
+                Ok(parsed) => parsed,
+                Err(message) => return fail(message),
+            };
+            let mut options = transcript::RepairOptions::default();
+            options
+                .extra_placeholder_markers
+                .extend(placeholder_markers);
+            let repaired = match transcript::repair_checked(&parsed, format, &options) {
+                Ok(repaired) => repaired,
+                Err(e) => return fail(e.to_string()),
+            };
+            let (text, actions, unrecoverable) = match &repaired {
+                Some(r) => (r.transcript.to_text(), &r.actions[..], &r.unrecoverable[..]),
+                None => (parsed.to_text(), &[][..], &[][..]),
+            };
+            let written = match &output {
+                Some(path) => std::fs::write(path, &text)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display())),
+                None => std::io::stdout()
+                    .write_all(text.as_bytes())
+                    .map_err(|e| format!("cannot write standard output: {e}")),
+            };
+            if let Err(message) = written {
+                return fail(message);
+            }
+            if json {
+                eprintln!(
+                    "{}",
+                    json!({"healthy": unrecoverable.is_empty(), "actions": actions, "unrecoverable": unrecoverable})
+                );
+            } else {
+                for action in actions {
+                    eprintln!(
+                        "{}",
+                        one_line(&serde_json::to_value(action).unwrap_or_default())
+                    );
+                }
+                for finding in unrecoverable {
+                    eprintln!(
+                        "unrecoverable: message {} call {}: {}",
+                        finding.index, finding.call_id, finding.detail
+                    );
+                }
+                eprintln!(
+                    "{} actions, {} unrecoverable",
+                    actions.len(),
+                    unrecoverable.len()
+                );
+            }
+            if unrecoverable.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+fn lease_json(lease: &pb::Lease) -> Value {
+    let mut value = json!({
+        "key": lease.key,
+        "fence": lease.fence,
+        "owner": lease.owner,
+        "ttl_ms": lease.ttl_ms,
+        "acquired_at_ms": lease.acquired_at_ms,
+        "expires_at_ms": lease.expires_at_ms,
+    });
+    if !lease.lease_id.is_empty() {
+        value["lease_id"] = json!(lease.lease_id);
+    }
+    value
+}
+
+fn ended_json(ended: &pb::EndedTerm) -> Value {
+    let end = pb::TermEnd::try_from(ended.end).map_or("UNSPECIFIED", |e| e.as_str_name());
+    json!({
+        "fence": ended.fence,
+        "owner": ended.owner,
+        "end": end,
+        "ended_at_ms": ended.ended_at_ms,
+    })
+}
+
+/// Prints `value` as JSON, or as `field: value` lines for people.
+fn print(as_json: bool, value: Value) {
+    if as_json {
+        println!("{value}");
+        return;
+    }
+    let Value::Object(fields) = value else {
+        println!("{value}");
+        return;
+    };
+    for (name, field) in fields {
+        match field {
+            Value::Null => {}
+            Value::Object(_) => println!("{name}: {}", one_line(&field)),
+            other => println!("{name}: {other}"),
+        }
+    }
+}
+
+/// `a=1 b=x` rendering of a flat JSON object.
+fn one_line(value: &Value) -> String {
+    match value {
+        Value::Object(fields) => fields
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k}={s}"),
+                Value::Object(_) => format!("{k}={{{}}}", one_line(v)),
+                other => format!("{k}={other}"),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,848 @@
+//! The lease engine: the lessor's state shared by all requests, a writer
+//! thread that commits changes in batches (group commit), an expiry timer,
+//! and FIFO waiters.
+//!
+//! # Request path
+//! A request locks the lessor (a std `Mutex`: nothing awaits while it is
+//! held), applies its rule, and notes which sequence number must be durable
+//! before its reply may go out. It then waits, without the lock, until the
+//! writer has committed that sequence. While one commit syncs the disk, the
+//! next requests pile up in the lessor's dirty set, so one fsync serves many
+//! of them. Reads (Check, Get, List) wait only when the key they reveal has a
+//! change that is not durable yet, so they normally never wait on the disk and
+//! still never show a grant or release that a crash could undo.
+//!
+//! Refusals reveal state too ("held by a, fence 1", "released", "wrong
+//! lease_id" for a live fence), so a refusal made by the lessor waits for its
+//! key's visible sequence exactly as a success does: a client is never told
+//! of a grant or release that a failed commit then undoes.
+//!
+//! # Failure
+//! If a commit fails, the engine stops taking requests (UNAVAILABLE) rather
+//! than retrying: after a failed fsync the state of the file is unknown
+//! (PostgreSQL's "fsyncgate"). Restart the server to recover from the file.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, oneshot, watch};
+
+use leasehold_core::clock::{Clock, Millis};
+use leasehold_core::error::{Error, Result};
+use leasehold_core::lease::{
+    EndedTerm, Fence, LeaseId, Term, validate_key, validate_owner, validate_request_id,
+    validate_ttl, validate_wait,
+};
+use leasehold_core::ledger::{
+    BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
+};
+pub use leasehold_core::lessor::AcquireRequest;
+use leasehold_core::lessor::{
+    AcquireOutcome, AcquireSpec, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter,
+    ListPage, WaiterHandle, WaiterId,
+};
+use leasehold_core::store::{Store, StoreError};
+
+/// At most this many lazily changed keys (expiries, renewals) go into one
+/// commit, so a mass expiry is written in chunks that urgent changes ride
+/// along with, instead of one long commit they queue behind.
+const LAZY_CHUNK: usize = 500;
+
+/// At most this many deadlines are looked at per hold of the lessor lock, so a
+/// mass expiry does not stall requests.
+const EXPIRY_CHUNK: usize = 2_000;
+
+/// Tuning knobs of the engine. The defaults suit production.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// How long changes that need no durability before their reply (renewals,
+    /// expiries) may sit in memory before the writer commits them anyway.
+    pub lazy_flush: Duration,
+    /// How many keys one List call scans at most, bounding lock hold time.
+    pub list_scan_budget: usize,
+    /// How long a cleanly released key (its last term and its settled tool
+    /// calls) is remembered before it is forgotten.
+    pub retention_ms: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            lazy_flush: Duration::from_secs(1),
+            list_scan_budget: 10_000,
+            retention_ms: DEFAULT_RETENTION_MS,
+        }
+    }
+}
+
+/// One page of [`Engine::list`].
+pub type Page = ListPage;
+
+/// The wake-up end of a queued Acquire.
+struct Waiter(oneshot::Sender<Grant>);
+
+impl WaiterHandle for Waiter {
+    fn is_waiting(&self) -> bool {
+        !self.0.is_closed()
+    }
+}
+
+/// A reply (success or refusal) and the sequence that must be committed
+/// before it may be sent. Refusals of malformed input reveal nothing and
+/// carry sequence 0.
+type Sequenced<T> = std::result::Result<(T, u64), (Error, u64)>;
+
+/// An error that reveals no state, so it may be sent at once.
+fn at_once(err: Error) -> (Error, u64) {
+    (err, 0)
+}
+
+/// An operation applied to the lessor, not yet known to be durable.
+struct Applied<T> {
+    shared: Arc<Shared>,
+    /// The reply, and the sequence that must be committed before it.
+    result: Sequenced<T>,
+}
+
+impl<T> Applied<T> {
+    /// The reply, once everything it reveals is durable.
+    async fn durable(self) -> Result<T> {
+        self.shared.reveal(self.result).await
+    }
+}
+
+/// An Acquire after its immediate part.
+enum Started {
+    Granted(Grant),
+    /// In line for the key until `until`.
+    Queued {
+        spec: AcquireSpec,
+        place: PlaceInLine,
+        granted: oneshot::Receiver<Grant>,
+        until: Millis,
+    },
+}
+
+/// A waiting Acquire's place in its key's line. Dropping it (the request's
+/// future was dropped: the client cancelled, its deadline passed, its
+/// connection or Session stream closed) takes the waiter out of the line at
+/// once, so abandoned waits cannot pile up while the key stays held.
+struct PlaceInLine {
+    shared: Arc<Shared>,
+    key: String,
+    id: WaiterId,
+    /// False once the waiter has left the line some other way.
+    armed: bool,
+}
+
+impl PlaceInLine {
+    /// Leaves the line now; true if the waiter was still in it (not granted).
+    fn leave(&mut self) -> bool {
+        self.armed = false;
+        self.shared
+            .with_lessor(|l| l.cancel_waiter(&self.key, self.id))
+    }
+}
+
+impl Drop for PlaceInLine {
+    fn drop(&mut self) {
+        if self.armed {
+            self.leave();
+        }
+    }
+}
+
+/// How far storage has caught up.
+#[derive(Debug, Clone, Default)]
+struct Durable {
+    /// Every change up to this sequence is committed.
+    seq: u64,
+    /// Set when a commit failed (or the writer stopped): the engine then
+    /// refuses all requests with this message.
+    failure: Option<String>,
+    /// Whether `failure` is a storage failure (not a clean stop).
+    storage_failed: bool,
+}
+
+/// State shared by request handlers, the writer thread and the expiry timer.
+struct Shared {
+    /// The live lease table.
+    lessor: Mutex<Lessor<Waiter>>,
+    /// Wakes the writer when a change must be made durable.
+    writer_wake: Condvar,
+    /// Whether the writer sleeps on `writer_wake`. Read and written only with
+    /// the lessor locked, so a change never misses a sleeping writer; it
+    /// spares every write while the writer is busy committing a futex wake.
+    writer_idle: AtomicBool,
+    /// Published by the writer after each commit; replies wait on it.
+    durable: watch::Sender<Durable>,
+    /// Wakes the expiry timer when a grant moved the earliest deadline.
+    timer_wake: Notify,
+    /// The lease clock.
+    clock: Arc<dyn Clock>,
+    /// Set when the server begins to shut down: waiting Acquires give up.
+    closing: watch::Sender<bool>,
+    /// Set when the writer must flush what is left and exit.
+    stopping: AtomicBool,
+    /// Transactions committed so far (to show batching).
+    commits: AtomicU64,
+    /// The writer thread, joined at shutdown.
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Tuning.
+    config: EngineConfig,
+}
+
+/// A cheap, cloneable handle to the lease engine. When the last handle is
+/// dropped the writer flushes what is pending and exits.
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    /// Stops the background work when the last handle goes (mini-redis style).
+    _guard: Arc<StopGuard>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("commits", &self.commits())
+            .finish_non_exhaustive()
+    }
+}
+
+struct StopGuard(Arc<Shared>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.0.stop_writer();
+    }
+}
+
+impl Engine {
+    /// Loads the lease table from `store` and starts the writer and the
+    /// expiry timer. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// Whatever [`Store::load`] returns.
+    pub fn start(
+        mut store: Box<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+    ) -> std::result::Result<Engine, StoreError> {
+        let snapshot = store.load()?;
+        let keys = snapshot.records.len();
+        let lessor = Lessor::restore(
+            snapshot.records,
+            snapshot.calls,
+            snapshot.fence_high_water,
+            clock.now(),
+            config.retention_ms,
+        );
+        tracing::info!(
+            keys,
+            fence_high_water = snapshot.fence_high_water,
+            "lease table loaded"
+        );
+        let shared = Arc::new(Shared {
+            lessor: Mutex::new(lessor),
+            writer_wake: Condvar::new(),
+            writer_idle: AtomicBool::new(false),
+            durable: watch::Sender::new(Durable::default()),
+            timer_wake: Notify::new(),
+            clock,
+            closing: watch::Sender::new(false),
+            stopping: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
+            writer: Mutex::new(None),
+            config,
+        });
+        let writer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("leasehold-writer".into())
+                .spawn(move || shared.write_loop(store))
+                .map_err(|e| StoreError::Io(format!("cannot start the writer thread: {e}")))?
+        };
+        *shared.writer.lock().expect("writer slot") = Some(writer);
+        tokio::spawn(shared.clone().expiry_loop());
+        Ok(Engine {
+            _guard: Arc::new(StopGuard(shared.clone())),
+            shared,
+        })
+    }
+
+    /// Grants `req.key`, waiting up to `req.wait_ms` in line if it is held.
+    ///
+    /// Like every operation here, the request is applied to the lease table
+    /// when this is called, not when the returned future is first polled; the
+    /// future only waits (in line, and for durability). So operations take
+    /// effect in the order they are called, which the Session stream relies on
+    /// to pipeline them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for malformed input; [`Error::Busy`] when the
+    /// key is still held after the wait; [`Error::Unavailable`] when the
+    /// server is closing or storage failed.
+    pub fn acquire(
+        &self,
+        req: AcquireRequest,
+    ) -> impl Future<Output = Result<Grant>> + Send + use<> {
+        let shared = self.shared.clone();
+        let started = self.shared.start_acquire(req);
+        async move {
+            let outcome = match started {
+                Err(refusal) => Err(refusal),
+                Ok(Started::Granted(grant)) => Ok(grant),
+                Ok(Started::Queued {
+                    spec,
+                    mut place,
+                    mut granted,
+                    until,
+                }) => {
+                    let mut closing = shared.closing.subscribe();
+                    tokio::select! {
+                        grant = &mut granted => {
+                            place.armed = false;
+                            Ok(grant.map_err(|_| closed())?)
+                        }
+                        _ = shared.clock.sleep_until(until) => {
+                            shared.give_up_waiting(spec, &mut place, &mut granted).await
+                        }
+                        _ = async { closing.wait_for(|closing| *closing).await.map(|_| ()) } => {
+                            if place.leave() {
+                                return Err(closed());
+                            }
+                            Ok(granted.await.map_err(|_| closed())?)
+                        }
+                    }
+                }
+            };
+            let sequenced = outcome.map(|grant| {
+                let seq = grant.visible_seq;
+                (grant, seq)
+            });
+            shared.reveal(sequenced).await
+        }
+    }
+
+    /// Extends the live term `fence` of `key`; `ttl_ms = 0` keeps its TTL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub fn renew(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Term>> + Send + use<> {
+        let input = (|| {
+            validate_key(key)?;
+            let lease_id = LeaseId::parse(lease_id)?;
+            let ttl = if ttl_ms == 0 {
+                None
+            } else {
+                validate_ttl(ttl_ms)?;
+                Some(ttl_ms)
+            };
+            Ok((lease_id, ttl))
+        })();
+        self.shared
+            .apply(key, input, |l, now, (lease_id, ttl)| {
+                l.renew(key, Fence(fence), lease_id, ttl, now)
+            })
+            .durable()
+    }
+
+    /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub fn release(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        suspend: bool,
+    ) -> impl Future<Output = Result<EndedTerm>> + Send + use<> {
+        let input = validate_key(key).and_then(|()| LeaseId::parse(lease_id));
+        self.shared
+            .apply(key, input, |l, now, lease_id| {
+                l.release(key, Fence(fence), lease_id, suspend, now)
+            })
+            .durable()
+    }
+
+    /// The live term of `key` if `fence` is it (Chubby's CheckSequencer).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`], [`Error::Unavailable`].
+    pub fn check(
+        &self,
+        key: &str,
+        fence: u64,
+    ) -> impl Future<Output = Result<Term>> + Send + use<> {
+        self.shared
+            .apply(key, validate_key(key), |l, now, ()| {
+                l.check(key, Fence(fence), now)
+            })
+            .durable()
+    }
+
+    /// The state of `key`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
+    pub fn get(&self, key: &str) -> impl Future<Output = Result<KeyView>> + Send + use<> {
+        self.shared
+            .apply(key, validate_key(key), |l, now, ()| {
+                let view = l.get(key, now)?;
+                let seq = view.visible_seq;
+                Ok((view, seq))
+            })
+            .durable()
+    }
+
+    /// One page of keys starting with `prefix`, after the key `after`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a page size over 1000; [`Error::Unavailable`].
+    pub fn list(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        after: Option<&str>,
+        page_size: usize,
+    ) -> impl Future<Output = Result<Page>> + Send + use<> {
+        let input = if page_size > 1000 {
+            Err(Error::InvalidArgument(format!(
+                "page_size {page_size} is over the limit of 1000"
+            )))
+        } else {
+            Ok(if page_size == 0 { 100 } else { page_size })
+        };
+        let budget = self.shared.config.list_scan_budget;
+        self.shared
+            .apply(prefix, input, |l, now, limit| {
+                let page = l.list(prefix, filter, after, limit, budget, now);
+                let seq = page.visible_seq;
+                Ok((page, seq))
+            })
+            .durable()
+    }
+
+    /// Records tool calls as running under the live term, all or none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub fn begin_tool_calls(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        specs: Vec<CallSpec>,
+    ) -> impl Future<Output = Result<BeginOutcome>> + Send + use<> {
+        let input = (|| {
+            validate_key(key)?;
+            let lease_id = LeaseId::parse(lease_id)?;
+            validate_specs(&specs)?;
+            Ok((lease_id, specs))
+        })();
+        self.shared
+            .apply(key, input, |l, now, (lease_id, specs)| {
+                l.begin_tool_calls(key, Fence(fence), lease_id, specs, now)
+            })
+            .durable()
+    }
+
+    /// Records a tool call's terminal outcome; the first one wins. Returns
+    /// the winning record and whether an earlier settle had won.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
+    /// [`Error::PermissionDenied`], [`Error::NotFound`], [`Error::Unavailable`].
+    pub fn settle_tool_call(
+        &self,
+        key: &str,
+        fence: u64,
+        lease_id: &str,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<(ToolCall, bool)>> + Send + use<> {
+        let input = (|| {
+            validate_key(key)?;
+            let lease_id = LeaseId::parse(lease_id)?;
+            validate_settlement(&settlement)?;
+            Ok((lease_id, settlement))
+        })();
+        self.shared
+            .apply(key, input, |l, now, (lease_id, settlement)| {
+                let (call, already, seq) =
+                    l.settle_tool_call(key, Fence(fence), lease_id, settlement, now)?;
+                Ok(((call, already), seq))
+            })
+            .durable()
+    }
+
+    /// The tool calls of `key` in registration order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
+    pub fn list_tool_calls(
+        &self,
+        key: &str,
+        filter: CallFilter,
+    ) -> impl Future<Output = Result<Vec<ToolCall>>> + Send + use<> {
+        self.shared
+            .apply(key, validate_key(key), |l, now, ()| {
+                l.list_tool_calls(key, filter, now)
+            })
+            .durable()
+    }
+
+    /// Makes waiting Acquires give up with UNAVAILABLE, so a graceful shutdown
+    /// does not wait out their waits. Requests in flight still complete.
+    pub fn begin_shutdown(&self) {
+        self.shared.closing.send_replace(true);
+    }
+
+    /// Commits everything pending and stops the writer. Call after the gRPC
+    /// server has drained; later requests get UNAVAILABLE.
+    pub async fn shutdown(&self) {
+        self.begin_shutdown();
+        self.shared.stop_writer();
+        let writer = self.shared.writer.lock().expect("writer slot").take();
+        if let Some(writer) = writer {
+            let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+        }
+    }
+
+    /// Transactions committed so far; far fewer than writes under load.
+    pub fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
+    }
+
+    /// The number of keys in the table.
+    pub fn key_count(&self) -> usize {
+        self.shared.with_lessor(|l| l.key_count())
+    }
+
+    /// How many Acquires wait in line, over all keys.
+    pub fn waiter_count(&self) -> usize {
+        self.shared.with_lessor(|l| l.waiter_count())
+    }
+
+    /// How many entries the expiry timer holds (at most one per key).
+    pub fn deadline_entries(&self) -> usize {
+        self.shared.with_lessor(|l| l.deadline_entries())
+    }
+
+    /// Resolves once a commit has failed: from then on every request is
+    /// refused with UNAVAILABLE, and the server should stop so a supervisor
+    /// restarts it on the durable file. Never resolves on a clean stop.
+    pub fn failed(&self) -> impl Future<Output = String> + Send + use<> {
+        let mut durable = self.shared.durable.subscribe();
+        async move {
+            let failure = durable
+                .wait_for(|d| d.storage_failed)
+                .await
+                .map(|state| state.failure.clone().unwrap_or_default());
+            match failure {
+                Ok(failure) => failure,
+                Err(_) => std::future::pending().await,
+            }
+        }
+    }
+
+    /// The lease clock's current time.
+    pub fn now(&self) -> Millis {
+        self.shared.clock.now()
+    }
+}
+
+impl Shared {
+    /// Runs `f` on the locked lessor, then delivers handoffs and wakes the
+    /// writer and the timer as the change requires, after unlocking, so a
+    /// woken thread does not at once block on the lock it was woken for.
+    ///
+    /// Waking the writer after unlocking loses nothing: it decided to sleep
+    /// (`writer_idle`) with the lock held, and a condvar wait releases the
+    /// lock atomically, so it is already waiting when we see the flag.
+    fn with_lessor<T>(&self, f: impl FnOnce(&mut Lessor<Waiter>) -> T) -> T {
+        let (out, handoffs, wake_writer, wake_timer) = {
+            let mut lessor = self.lessor.lock().expect("lessor lock");
+            let out = f(&mut lessor);
+            let handoffs = lessor.take_handoffs();
+            let wake_writer = lessor.has_urgent() && self.writer_idle.load(Ordering::Relaxed);
+            (out, handoffs, wake_writer, lessor.take_deadline_changed())
+        };
+        for (Waiter(tx), grant) in handoffs {
+            // A waiter that left just now loses its grant; the term then
+            // lapses at its TTL (or its request-id retry picks it up).
+            let _ = tx.send(grant);
+        }
+        if wake_writer {
+            self.writer_wake.notify_one();
+        }
+        if wake_timer {
+            self.timer_wake.notify_one();
+        }
+        out
+    }
+
+    /// The common shape of a request about `key`: refuse bad `input` or a
+    /// closed engine, else apply `op` to the lessor now. The result still
+    /// has to wait until the sequence `op` returns is durable
+    /// ([`Applied::durable`]); a refusal from `op` waits for `key`'s visible
+    /// sequence, since it describes the key's state.
+    fn apply<A, T>(
+        self: &Arc<Self>,
+        key: &str,
+        input: Result<A>,
+        op: impl FnOnce(&mut Lessor<Waiter>, Millis, A) -> Result<(T, u64)>,
+    ) -> Applied<T> {
+        let result = input
+            .and_then(|input| {
+                self.ensure_open()?;
+                Ok(input)
+            })
+            .map_err(at_once)
+            .and_then(|input| {
+                let now = self.clock.now();
+                self.with_lessor(|l| op(l, now, input).map_err(|e| (e, l.visible_seq(key))))
+            });
+        Applied {
+            shared: self.clone(),
+            result,
+        }
+    }
+
+    /// Sends `result` once the sequence it carries is durable. A refusal
+    /// whose state a failed commit undid becomes UNAVAILABLE, as a success
+    /// would.
+    async fn reveal<T>(&self, result: Sequenced<T>) -> Result<T> {
+        match result {
+            Ok((out, seq)) => {
+                self.wait_durable(seq).await?;
+                Ok(out)
+            }
+            Err((err, seq)) => {
+                self.wait_durable(seq).await?;
+                Err(err)
+            }
+        }
+    }
+
+    /// The part of an Acquire that happens at once: validation, and a grant
+    /// or a place in line.
+    fn start_acquire(
+        self: &Arc<Self>,
+        req: AcquireRequest,
+    ) -> std::result::Result<Started, (Error, u64)> {
+        (|| {
+            validate_key(&req.key)?;
+            validate_owner(&req.owner)?;
+            validate_ttl(req.ttl_ms)?;
+            validate_wait(req.wait_ms)?;
+            validate_request_id(&req.request_id)?;
+            self.ensure_open()
+        })()
+        .map_err(at_once)?;
+        let spec = AcquireSpec {
+            key: req.key,
+            owner: req.owner,
+            ttl_ms: req.ttl_ms,
+            request_id: (!req.request_id.is_empty()).then_some(req.request_id),
+        };
+        let now = self.clock.now();
+        if req.wait_ms == 0 {
+            return match self.with_lessor(|l| acquire_now(l, spec, now)) {
+                Ok(grant) => Ok(Started::Granted(grant)),
+                Err(refusal) => Err(refusal),
+            };
+        }
+        let (tx, granted) = oneshot::channel();
+        // Only a waiting request needs its spec again (to give up or retry).
+        let retry = spec.clone();
+        match self.with_lessor(|l| l.acquire(spec, now, Some(Waiter(tx)))) {
+            AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
+            AcquireOutcome::Busy(_) => unreachable!("a waiter was given"),
+            AcquireOutcome::Queued(id) => Ok(Started::Queued {
+                place: PlaceInLine {
+                    shared: self.clone(),
+                    key: retry.key.clone(),
+                    id,
+                    armed: true,
+                },
+                spec: retry,
+                granted,
+                until: now + req.wait_ms,
+            }),
+        }
+    }
+
+    /// Leaves the line after the wait ran out: busy, unless the grant raced in.
+    async fn give_up_waiting(
+        &self,
+        spec: AcquireSpec,
+        place: &mut PlaceInLine,
+        granted: &mut oneshot::Receiver<Grant>,
+    ) -> std::result::Result<Grant, (Error, u64)> {
+        let now = self.clock.now();
+        place.armed = false;
+        let outcome = self.with_lessor(|l| {
+            if l.cancel_waiter(&spec.key, place.id) {
+                // One last look: the key may have freed with nobody ahead of us.
+                Some(acquire_now(l, spec, now))
+            } else {
+                None
+            }
+        });
+        match outcome {
+            Some(outcome) => outcome,
+            // Granted between the timeout and the cancel: take the grant.
+            None => granted.await.map_err(|_| at_once(closed())),
+        }
+    }
+
+    fn ensure_open(&self) -> Result<()> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(closed());
+        }
+        if let Some(failure) = &self.durable.borrow().failure {
+            return Err(Error::Unavailable(failure.clone()));
+        }
+        Ok(())
+    }
+
+    /// Waits until storage has committed every change up to `seq`.
+    async fn wait_durable(&self, seq: u64) -> Result<()> {
+        // Most reads reveal nothing in flight: answer without subscribing.
+        if self.durable.borrow().seq >= seq {
+            return Ok(());
+        }
+        let mut durable = self.durable.subscribe();
+        let state = durable
+            .wait_for(|d| d.seq >= seq || d.failure.is_some())
+            .await
+            .map_err(|_| closed())?;
+        match &state.failure {
+            Some(failure) if state.seq < seq => Err(Error::Unavailable(failure.clone())),
+            _ => Ok(()),
+        }
+    }
+
+    fn stop_writer(&self) {
+        self.closing.send_replace(true);
+        self.stopping.store(true, Ordering::Release);
+        let _guard = self.lessor.lock().expect("lessor lock");
+        self.writer_wake.notify_all();
+        self.timer_wake.notify_one();
+    }
+
+    /// The writer thread: commits urgent changes at once, lazy ones within
+    /// `lazy_flush`, everything at shutdown.
+    fn write_loop(&self, mut store: Box<dyn Store>) {
+        let lazy_flush = self.config.lazy_flush;
+        let mut last_flush = Instant::now();
+        // Set when a lazy flush left keys for the next commit.
+        let mut backlog = false;
+        let mut lessor = self.lessor.lock().expect("lessor lock");
+        loop {
+            let stopping = self.stopping.load(Ordering::Acquire);
+            let lazy_due = stopping || backlog || last_flush.elapsed() >= lazy_flush;
+            let due = lessor.has_urgent() || (lessor.has_dirty() && lazy_due);
+            if due {
+                let batch = lessor.take_batch_up_to(LAZY_CHUNK);
+                backlog = lessor.has_lazy_backlog();
+                drop(lessor);
+                let result = store.commit(&batch);
+                last_flush = Instant::now();
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "commit failed; refusing further requests");
+                    self.durable.send_modify(|d| {
+                        d.failure = Some(format!("storage failed: {e}"));
+                        d.storage_failed = true;
+                    });
+                    // Keep the store, and with it the exclusive lock on its
+                    // file, until the process exits: the file's state is
+                    // unknown after a failed commit, and no second server may
+                    // take it over while this one still answers (with
+                    // UNAVAILABLE). Restarting the process reads it afresh.
+                    std::mem::forget(store);
+                    return;
+                }
+                self.commits.store(store.commits(), Ordering::Relaxed);
+                self.durable.send_modify(|d| d.seq = d.seq.max(batch.seq));
+                lessor = self.lessor.lock().expect("lessor lock");
+                continue;
+            }
+            if stopping {
+                tracing::info!(commits = store.commits(), "writer stopped");
+                // A request that slipped in after the last commit would
+                // otherwise wait forever for a writer that is gone.
+                self.durable
+                    .send_modify(|d| d.failure = Some("the server has stopped".into()));
+                return;
+            }
+            let wait = if lessor.has_dirty() {
+                lazy_flush.saturating_sub(last_flush.elapsed())
+            } else {
+                lazy_flush
+            };
+            self.writer_idle.store(true, Ordering::Relaxed);
+            lessor = self
+                .writer_wake
+                .wait_timeout(lessor, wait.max(Duration::from_millis(1)))
+                .expect("lessor lock")
+                .0;
+            self.writer_idle.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Ends terms at their deadlines and hands freed keys to waiters.
+    async fn expiry_loop(self: Arc<Self>) {
+        while !self.stopping.load(Ordering::Acquire) {
+            let (more, next) = self.with_lessor(|l| {
+                let more = l.expire_due_up_to(self.clock.now(), EXPIRY_CHUNK);
+                (more, l.next_deadline())
+            });
+            if more {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let sleep = match next {
+                Some(at) => self.clock.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                _ = sleep => {}
+                _ = self.timer_wake.notified() => {}
+            }
+        }
+    }
+}
+
+/// An Acquire that does not wait: the grant, or the busy refusal with the
+/// key's visible sequence (it names the holder, so that grant must be
+/// durable before the refusal is sent).
+fn acquire_now(
+    lessor: &mut Lessor<Waiter>,
+    spec: AcquireSpec,
+    now: Millis,
+) -> std::result::Result<Grant, (Error, u64)> {
+    let key = spec.key.clone();
+    match lessor.acquire(spec, now, None) {
+        AcquireOutcome::Granted(grant) => Ok(grant),
+        AcquireOutcome::Busy(err) => Err((err, lessor.visible_seq(&key))),
+        AcquireOutcome::Queued(_) => unreachable!("no waiter was given"),
+    }
+}
+
+fn closed() -> Error {
+    Error::Unavailable("the server is shutting down".into())
+}

@@ -1,0 +1,19 @@
+//! The leasehold server: per-key leases with fencing tokens, served over gRPC
+//! from a durable store.
+//!
+//! - [`engine`]: the lessor shared by all requests, the writer thread (group
+//!   commit) and the expiry timer; the SQLite-backed [`Backend`].
+//! - [`backend`]: the seam the gRPC services talk through ([`Backend`]).
+//! - [`sqlite`]: the SQLite implementation of the core's `Store` trait.
+//! - [`grpc`]: the tonic services (leases, the Session stream, transcripts).
+//! - [`server`]: running it all on a listener, with health and reflection.
+//!
+//! The rules themselves live in `leasehold-core`; the wire format in
+//! `leasehold-wire`.
+
+pub mod engine;
+pub mod grpc;
+pub mod server;
+pub mod sqlite;
+
+pub use engine::{Engine, EngineConfig};

@@ -1,0 +1,185 @@
+//! Running the gRPC server: the lease service, gRPC health and reflection.
+//!
+//! The caller binds the listener (tests bind `127.0.0.1:0`) and provides the
+//! shutdown future, as in mini-redis. On shutdown, waiting Acquires give up,
+//! in-flight requests finish, and the engine commits what is pending.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tonic::transport::server::TcpIncoming;
+
+use crate::engine::{Engine, EngineConfig};
+use crate::grpc::LeaseholdService;
+use crate::grpc::transcripts::{MAX_TRANSCRIPT_BYTES, TranscriptsService};
+use crate::sqlite::{SqliteStore, SyncMode};
+use leasehold_core::clock::Clock;
+use leasehold_core::store::StoreError;
+use leasehold_wire::pb;
+
+/// A failure to run the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// A commit failed: the server stopped serving so that a supervisor
+    /// restarts it on the durable file.
+    #[error("stopped after a storage failure: {0}")]
+    StorageFailed(String),
+}
+
+/// Opens the SQLite database at `db` and starts an engine on it.
+///
+/// # Errors
+/// [`StoreError`] when the database cannot be opened, is locked by another
+/// server, or was written by a newer leasehold.
+pub fn open_engine(
+    db: &Path,
+    sync: SyncMode,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+) -> Result<Engine, StoreError> {
+    let store = SqliteStore::open(db, sync)?;
+    Engine::start(Box::new(store), clock, config)
+}
+
+/// How long a shutdown waits for connections to drain by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How the server runs its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// On shutdown, how long to wait for open connections to finish.
+    ///
+    /// Draining waits for in-flight requests and for clients to close their
+    /// connections; an idle client that keeps its HTTP/2 connection open
+    /// would otherwise hold the server up indefinitely (hyperium/hyper#4170).
+    /// Every acknowledged write is already durable, so cutting the drain
+    /// short loses nothing: the engine still commits what is pending.
+    pub drain_timeout: Duration,
+    /// How often the server pings each connection over HTTP/2.
+    ///
+    /// A client that vanished without closing its connection (a crashed
+    /// host, a partition) would otherwise keep its Acquires waiting in line
+    /// until their waits run out: the key could be handed to a waiter nobody
+    /// will ever use, and stay held until that grant's TTL. A connection that
+    /// does not answer a ping within `keep_alive_timeout` is closed, which
+    /// cancels its waiting Acquires, so the line moves on to live waiters.
+    pub keep_alive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keep_alive_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            keep_alive_interval: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves leases from `engine` on `listener` until `shutdown` resolves, then
+/// drains and flushes the engine, with the default [`ServeOptions`].
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve(
+    listener: TcpListener,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    serve_with(listener, engine, shutdown, ServeOptions::default()).await
+}
+
+/// As [`serve`], with `options`.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve_with(
+    listener: TcpListener,
+    engine: Engine,
+    shutdown: impl Future<Output = ()> + Send,
+    options: ServeOptions,
+) -> Result<(), ServeError> {
+    let drain_timeout = options.drain_timeout;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(engine.clone()));
+    let transcripts = pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
+        .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
+        .max_encoding_message_size(MAX_TRANSCRIPT_BYTES);
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let signalled = Arc::new(Notify::new());
+    let storage_failure = Arc::new(std::sync::Mutex::new(None::<String>));
+    let draining = {
+        let engine = engine.clone();
+        let signalled = signalled.clone();
+        let storage_failure = storage_failure.clone();
+        async move {
+            tokio::select! {
+                () = shutdown => tracing::info!("shutting down: draining requests"),
+                failure = engine.failed() => {
+                    tracing::error!(%failure, "storage failed: reporting NOT_SERVING and stopping");
+                    *storage_failure.lock().expect("failure slot") = Some(failure);
+                }
+            }
+            health_reporter
+                .set_not_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
+                .await;
+            health_reporter
+                .set_not_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
+                .await;
+            engine.begin_shutdown();
+            signalled.notify_one();
+        }
+    };
+    // gRPC-Web on the same port (HTTP/1.1 and HTTP/2), for fetch-based
+    // clients (Bun, browsers-like runtimes) without a proxy. No CORS layer:
+    // cross-origin browser calls stay refused unless a deployment adds one.
+    let serving = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .http2_keepalive_interval(Some(options.keep_alive_interval))
+        .http2_keepalive_timeout(Some(options.keep_alive_timeout))
+        .layer(tonic_web::GrpcWebLayer::new())
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(service)
+        .add_service(transcripts)
+        .serve_with_incoming_shutdown(incoming, draining);
+    let served = tokio::select! {
+        served = serving => served,
+        _ = async {
+            signalled.notified().await;
+            tokio::time::sleep(drain_timeout).await;
+        } => {
+            tracing::warn!(?drain_timeout, "connections still open after the drain timeout; closing");
+            Ok(())
+        }
+    };
+    engine.shutdown().await;
+    tracing::info!(commits = engine.commits(), "stopped");
+    served?;
+    match storage_failure.lock().expect("failure slot").take() {
+        Some(failure) => Err(ServeError::StorageFailed(failure)),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,315 @@
+//! The Session stream with many operations in flight (pipelining), over real
+//! gRPC on loopback: arrival order is the order of application, each
+//! operation gets exactly one response with its id, a quick operation is not
+//! held up behind a slow one, refusals carry the unary details, and the
+//! client shares one stream among all its guards.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{TestServer, acquire, lease_of};
+use leasehold_client::{Client, ClientError};
+use leasehold_core::error::StaleReason;
+use leasehold_wire::pb;
+use leasehold_wire::pb::session_request::Op;
+use leasehold_wire::status::from_refusal;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Code;
+use {leasehold_core::Error, leasehold_server::grpc::SESSION_WINDOW};
+
+/// A raw Session stream: send without waiting, read responses as they come.
+struct Pipe {
+    tx: mpsc::UnboundedSender<pb::SessionRequest>,
+    rx: tonic::Streaming<pb::SessionResponse>,
+}
+
+impl Pipe {
+    async fn open(server: &TestServer) -> Pipe {
+        let (tx, outbound) = mpsc::unbounded_channel();
+        let rx = server
+            .client()
+            .await
+            .session(UnboundedReceiverStream::new(outbound))
+            .await
+            .expect("open Session")
+            .into_inner();
+        Pipe { tx, rx }
+    }
+
+    fn send(&self, id: u64, op: Op) {
+        self.tx
+            .send(pb::SessionRequest { op: Some(op), id })
+            .expect("stream open");
+    }
+
+    async fn next(&mut self) -> pb::SessionResponse {
+        tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("a response within 10 s")
+            .expect("no stream error")
+            .expect("stream not ended")
+    }
+
+    /// The next `n` responses, by id; each id must come exactly once.
+    async fn collect(&mut self, n: usize) -> HashMap<u64, pb::SessionResponse> {
+        let mut got = HashMap::new();
+        for _ in 0..n {
+            let response = self.next().await;
+            let id = response.id;
+            assert!(got.insert(id, response).is_none(), "id {id} answered twice");
+        }
+        got
+    }
+}
+
+fn release(lease: &pb::Lease) -> Op {
+    Op::Release(pb::ReleaseRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        suspend: false,
+    })
+}
+
+fn check(key: &str, fence: u64) -> Op {
+    Op::Check(pb::CheckRequest {
+        key: key.into(),
+        fence,
+    })
+}
+
+fn acquire_op(key: &str, owner: &str, wait_ms: u64) -> Op {
+    let mut request = acquire(key, owner, 60_000);
+    request.wait_ms = wait_ms;
+    Op::Acquire(request)
+}
+
+/// Operations sent back to back are applied in the order sent, and a quick
+/// one (Check) is answered while an earlier one (an Acquire waiting in line)
+/// is still pending on the same stream.
+#[tokio::test]
+async fn pipelined_operations_apply_in_order_and_answer_as_they_complete() {
+    let server = TestServer::start().await;
+    let mut rpc = server.client().await;
+    let first = lease_of(rpc.acquire(acquire("k", "a", 60_000)).await.unwrap());
+    let mut pipe = Pipe::open(&server).await;
+
+    // 1 waits in line behind `a`; 2 must not wait for it.
+    pipe.send(1, acquire_op("k", "b", 30_000));
+    pipe.send(2, check("k", first.fence));
+    let quick = pipe.next().await;
+    assert_eq!(quick.id, 2, "the Check was held up: {quick:?}");
+    assert_eq!(quick.code, 0, "{quick:?}");
+    // 3 releases `a`, which hands the key to 1.
+    pipe.send(3, release(&first));
+    let got = pipe.collect(2).await;
+    assert_eq!(got[&3].code, 0, "{:?}", got[&3]);
+    let second = got[&1].lease.clone().expect("1 was granted");
+    assert_eq!(second.owner, "b");
+    assert!(second.fence > first.fence);
+    assert_eq!(got[&1].previous.as_ref().unwrap().fence, first.fence);
+
+    // Back to back, without waiting: the release is applied before the
+    // acquire after it, so the acquire (which does not wait) gets the key,
+    // and the check after the release already sees the fence as stale.
+    pipe.send(10, release(&second));
+    pipe.send(11, check("k", second.fence));
+    pipe.send(12, acquire_op("k", "c", 0));
+    let got = pipe.collect(3).await;
+    assert_eq!(got[&10].code, 0, "{:?}", got[&10]);
+    assert_eq!(got[&11].code, Code::FailedPrecondition as i32);
+    assert_eq!(got[&11].reason, "released");
+    assert_eq!(got[&12].code, 0, "{:?}", got[&12]);
+    let third = got[&12].lease.clone().unwrap();
+    assert!(third.fence > second.fence);
+
+    // Durable like the unary form.
+    drop(pipe);
+    drop(rpc);
+    let server = server.restart().await;
+    let got = server
+        .client()
+        .await
+        .get(pb::GetRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.lease.unwrap().fence, third.fence);
+}
+
+/// A refusal over the stream carries the same details as the unary status,
+/// so it turns back into the same domain error.
+#[tokio::test]
+async fn refusals_carry_the_unary_details() {
+    let server = TestServer::start().await;
+    let mut rpc = server.client().await;
+    let held = lease_of(rpc.acquire(acquire("k", "holder-ä", 60_000)).await.unwrap());
+    let mut pipe = Pipe::open(&server).await;
+    pipe.send(1, acquire_op("k", "other", 0));
+    pipe.send(2, release(&held));
+    pipe.send(3, check("k", held.fence));
+    let got = pipe.collect(3).await;
+    let busy = &got[&1];
+    assert_eq!(busy.code, Code::Aborted as i32);
+    assert_eq!(
+        from_refusal(busy.code, &busy.message, &busy.details),
+        Error::Busy {
+            key: "k".into(),
+            holder: "holder-ä".into(),
+            fence: held.fence,
+            remaining_ms: 60_000,
+        }
+    );
+    let stale = &got[&3];
+    let Error::StaleFence { key, fence, reason } =
+        from_refusal(stale.code, &stale.message, &stale.details)
+    else {
+        panic!("not a stale fence: {stale:?}");
+    };
+    assert_eq!((key.as_str(), fence), ("k", held.fence));
+    assert!(matches!(reason, StaleReason::Released { .. }), "{reason:?}");
+
+    // The unary status of the same refusal says the same.
+    let status = rpc
+        .check(pb::CheckRequest {
+            key: "k".into(),
+            fence: held.fence,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        leasehold_wire::status::from_status(&status),
+        from_refusal(stale.code, &stale.message, &stale.details)
+    );
+}
+
+/// Far more operations than the window, all sent before any response is
+/// read: the server applies backpressure instead of failing, and every
+/// operation is answered exactly once, correctly.
+#[tokio::test]
+async fn more_operations_than_the_window_are_all_answered() {
+    let server = TestServer::start().await;
+    let mut rpc = server.client().await;
+    let held = lease_of(rpc.acquire(acquire("k", "a", 60_000)).await.unwrap());
+    let mut pipe = Pipe::open(&server).await;
+    let n = 3 * SESSION_WINDOW as u64;
+    for id in 0..n {
+        // Even ids present the live fence, odd ones a stale one.
+        let fence = if id % 2 == 0 {
+            held.fence
+        } else {
+            held.fence + 1
+        };
+        pipe.send(id, check("k", fence));
+    }
+    let got = pipe.collect(n as usize).await;
+    assert_eq!(got.len() as u64, n);
+    for (id, response) in &got {
+        if id % 2 == 0 {
+            assert_eq!(response.code, 0, "{response:?}");
+        } else {
+            assert_eq!(response.code, Code::FailedPrecondition as i32);
+            assert_eq!(response.reason, "unknown");
+        }
+    }
+}
+
+/// A client half-closes with operations still in flight: each is still
+/// answered (the release is committed), then the stream ends.
+#[tokio::test]
+async fn half_close_drains_in_flight_operations() {
+    let server = TestServer::start().await;
+    let mut rpc = server.client().await;
+    let held = lease_of(rpc.acquire(acquire("k", "a", 60_000)).await.unwrap());
+    let Pipe { tx, mut rx } = Pipe::open(&server).await;
+    tx.send(pb::SessionRequest {
+        op: Some(release(&held)),
+        id: 5,
+    })
+    .unwrap();
+    drop(tx);
+    let response = rx.message().await.unwrap().expect("answered");
+    assert_eq!((response.id, response.code), (5, 0));
+    assert!(rx.message().await.unwrap().is_none(), "the stream ends");
+    let got = rpc
+        .get(pb::GetRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.lease.is_none());
+    assert_eq!(got.last_ended.unwrap().fence, held.fence);
+}
+
+/// One client, many guards, many concurrent checks: all travel over the
+/// client's one stream, and each gets its own answer (a stale fence is
+/// refused with its reason while the live ones pass).
+#[tokio::test]
+async fn one_client_multiplexes_many_guards() {
+    let server = TestServer::start().await;
+    let client = Client::connect(format!("http://{}", server.addr))
+        .await
+        .unwrap();
+    let mut guards = Vec::new();
+    for i in 0..16 {
+        let guard = client
+            .acquire(format!("s/{i}"))
+            .ttl(Duration::from_secs(30))
+            .await
+            .unwrap();
+        guards.push(guard);
+    }
+    // End the last guard's term behind its back: its fence goes stale.
+    let last = guards.pop().unwrap();
+    let (last_key, last_fence) = (last.key().to_owned(), last.fence().0);
+    last.release().await.unwrap();
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for guard in guards {
+        let client = client.clone();
+        tasks.spawn(async move {
+            for _ in 0..50 {
+                guard.verify().await.expect("live guard verifies");
+                let lease = client
+                    .check(guard.key(), guard.fence().0, Duration::from_secs(5))
+                    .await
+                    .expect("live fence checks");
+                assert_eq!(lease.fence, guard.fence().0);
+            }
+            guard.release().await.expect("release over the stream");
+        });
+    }
+    for _ in 0..50 {
+        let err = client
+            .check(&last_key, last_fence, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ClientError::Server(Error::StaleFence {
+                    reason: StaleReason::Released { .. },
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("task");
+    }
+    // Every release went through: all keys are free again.
+    for i in 0..15 {
+        let got = client
+            .rpc()
+            .get(pb::GetRequest {
+                key: format!("s/{i}"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(got.lease.is_none(), "s/{i} still held");
+    }
+}

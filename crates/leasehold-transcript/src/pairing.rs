@@ -1,0 +1,345 @@
+//! The single pass shared by diagnosis and repair: it walks the messages once,
+//! groups calls into turns, and records where every result stands relative to
+//! the turn of its call.
+
+use std::collections::HashMap;
+
+use super::format::{CallRef, Format, Role, Scan};
+use super::{Transcript, TranscriptError};
+
+/// Where a result stands relative to the reply its call needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// In its turn's reply, where the provider accepts it.
+    InPlace,
+    /// Anthropic: in the right user message, but after a block that is not
+    /// a `tool_result`.
+    TextBefore,
+    /// Anthropic: in a later user message, with only result-carrying user
+    /// messages since the reply.
+    Split,
+    /// No call with this id had been seen yet. It is an orphan when no call
+    /// ever appears, and misplaced (before its call) when one does.
+    BeforeCall,
+    /// After a later model turn started, at the given message.
+    Late { turn_start: usize },
+    /// After a user message ended the reply, at the given message.
+    AfterUser { user: usize },
+    /// After some other message ended the reply (a system or developer
+    /// message), or in a message that cannot hold results.
+    AfterOther { message: usize },
+}
+
+impl Placement {
+    /// How good a home this is for a result we keep; lower is better.
+    pub(crate) fn rank(self) -> u8 {
+        match self {
+            Placement::InPlace => 0,
+            Placement::TextBefore => 1,
+            Placement::Split => 2,
+            _ => 3,
+        }
+    }
+}
+
+/// One call, as found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallSite<'a> {
+    pub(crate) call: CallRef<'a>,
+    /// Index into [`Pairing::entries`] for the call's id, so later stages
+    /// never hash the id again.
+    pub(crate) entry: usize,
+    /// Message holding the call.
+    pub(crate) index: usize,
+    /// Index into [`Pairing::turns`].
+    pub(crate) turn: usize,
+}
+
+/// One result, as found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResultSite<'a> {
+    pub(crate) id: &'a str,
+    /// Index into [`Pairing::entries`] for the result's id.
+    pub(crate) entry: usize,
+    /// Message holding the result.
+    pub(crate) index: usize,
+    /// Content block holding the result (Anthropic).
+    pub(crate) block: Option<usize>,
+    pub(crate) placement: Placement,
+    /// The next result with the same id, as an index into
+    /// [`Pairing::results`]; a linked list keeps every copy without an
+    /// allocation per id.
+    pub(crate) next_same_id: Option<usize>,
+}
+
+/// Everything known about one call id.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct IdEntry {
+    /// How many calls use the id; more than one is a reused id.
+    pub(crate) calls: u32,
+    /// The first call with the id, as an index into [`Pairing::calls`].
+    pub(crate) first_call: Option<usize>,
+    /// The latest call with the id; a result answers the latest call.
+    pub(crate) last_call: Option<usize>,
+    /// How many results quote the id; counted, never overwritten.
+    pub(crate) results: u32,
+    /// Head of the linked list of results with the id.
+    pub(crate) first_result: Option<usize>,
+    /// Tail of that list, for appending.
+    pub(crate) last_result: Option<usize>,
+    /// True when at least one result sits in its reply.
+    pub(crate) answered_in_place: bool,
+}
+
+/// The calls one model turn made, and what ended its reply.
+#[derive(Debug, Clone)]
+pub(crate) struct Turn {
+    /// Message holding the turn's first call.
+    pub(crate) message: usize,
+    /// Where the next model turn started, if one did.
+    pub(crate) next_turn_start: Option<usize>,
+    /// The first user or other input message after the reply.
+    pub(crate) first_closer: Option<(usize, Role)>,
+    /// The last message of the turn or its reply (Chat, Responses): repair
+    /// puts moved results right after it.
+    pub(crate) reply_end: usize,
+}
+
+/// Which messages may still hold results for the current turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    /// No turn is waiting for results.
+    Closed,
+    /// Results messages directly after the turn (Chat, Responses).
+    Open,
+    /// Anthropic: the very next message must hold the results.
+    NextMessage,
+    /// Anthropic: the next message held results and only result-carrying
+    /// user messages followed; results here are split across messages.
+    SplitTail,
+}
+
+/// The outcome of the pass.
+#[derive(Debug)]
+pub(crate) struct Pairing<'a> {
+    pub(crate) format: Format,
+    /// Call id to its index in `entries`: the only place an id is hashed.
+    ids: HashMap<&'a str, usize>,
+    /// Everything known about each call id, in order of first sight.
+    pub(crate) entries: Vec<IdEntry>,
+    /// Every call, in message order.
+    pub(crate) calls: Vec<CallSite<'a>>,
+    /// Every result, in message order.
+    pub(crate) results: Vec<ResultSite<'a>>,
+    pub(crate) turns: Vec<Turn>,
+}
+
+/// The state of the walk between messages.
+struct Walk {
+    /// The latest turn that made calls.
+    current_turn: Option<usize>,
+    reply: Reply,
+    /// Responses: the previous item was model output, so another model item
+    /// continues the same turn rather than starting one.
+    in_model_run: bool,
+    /// Responses: the current run already has a turn for its calls.
+    run_has_turn: bool,
+}
+
+impl<'a> Pairing<'a> {
+    /// Walks the transcript once.
+    ///
+    /// # Errors
+    ///
+    /// [`TranscriptError::NotAnObject`] for the first message that is not a
+    /// JSON object.
+    pub(crate) fn build(
+        transcript: &'a Transcript,
+        format: Format,
+    ) -> Result<Pairing<'a>, TranscriptError> {
+        let mut pairing = Pairing {
+            format,
+            ids: HashMap::new(),
+            entries: Vec::new(),
+            calls: Vec::new(),
+            results: Vec::new(),
+            turns: Vec::new(),
+        };
+        let mut walk = Walk {
+            current_turn: None,
+            reply: Reply::Closed,
+            in_model_run: false,
+            run_has_turn: false,
+        };
+        let mut scan = Scan::default();
+        for (index, message) in transcript.messages().enumerate() {
+            let Some(object) = message.as_object() else {
+                return Err(TranscriptError::NotAnObject {
+                    index,
+                    line: transcript.line(index),
+                });
+            };
+            format.scan(object, &mut scan);
+            pairing.step(&mut walk, index, &scan);
+        }
+        Ok(pairing)
+    }
+
+    fn step(&mut self, walk: &mut Walk, index: usize, scan: &Scan<'a>) {
+        let role = scan.role();
+        if role == Role::Model {
+            let starts_turn = match self.format {
+                Format::OpenAiResponses => !walk.in_model_run,
+                // Every assistant message is a turn, including one that makes
+                // calls of its own.
+                Format::OpenAiChat | Format::Anthropic => true,
+            };
+            if starts_turn {
+                if let Some(turn) = walk.current_turn {
+                    self.turns[turn].next_turn_start.get_or_insert(index);
+                }
+                walk.reply = Reply::Closed;
+                walk.run_has_turn = false;
+            }
+            walk.in_model_run = true;
+        } else if role != Role::Neutral {
+            walk.in_model_run = false;
+        }
+
+        for result in &scan.results {
+            let entry = self.entry_for(result.id);
+            let placement = self.place(walk, index, role, result.after_other_block, entry);
+            self.push_result(ResultSite {
+                id: result.id,
+                entry,
+                index,
+                block: result.block,
+                placement,
+                next_same_id: None,
+            });
+        }
+
+        if role == Role::Model {
+            for call in &scan.calls {
+                if !walk.run_has_turn {
+                    self.turns.push(Turn {
+                        message: index,
+                        next_turn_start: None,
+                        first_closer: None,
+                        reply_end: index,
+                    });
+                    walk.current_turn = Some(self.turns.len() - 1);
+                    walk.run_has_turn = true;
+                    walk.reply = match self.format {
+                        Format::Anthropic => Reply::NextMessage,
+                        Format::OpenAiChat | Format::OpenAiResponses => Reply::Open,
+                    };
+                }
+                let turn = self.turns.len() - 1;
+                let entry = self.entry_for(call.id);
+                self.push_call(CallSite {
+                    call: *call,
+                    entry,
+                    index,
+                    turn,
+                });
+            }
+            if let (true, Some(turn)) = (walk.run_has_turn, self.turns.last_mut()) {
+                turn.reply_end = index;
+            }
+            return;
+        }
+
+        let Some(turn) = walk.current_turn else {
+            return;
+        };
+        let keeps_reply = match (self.format, walk.reply) {
+            (_, Reply::Closed) => false,
+            (Format::Anthropic, _) => role == Role::User && !scan.results.is_empty(),
+            (_, _) => matches!(role, Role::Result | Role::Neutral),
+        };
+        if keeps_reply {
+            if self.format == Format::Anthropic {
+                walk.reply = Reply::SplitTail;
+            } else if role == Role::Result {
+                self.turns[turn].reply_end = index;
+            }
+        } else if matches!(role, Role::User | Role::Other) {
+            walk.reply = Reply::Closed;
+            self.turns[turn].first_closer.get_or_insert((index, role));
+        }
+    }
+
+    /// Decides where a result at `index` stands, given the walk so far.
+    fn place(
+        &self,
+        walk: &Walk,
+        index: usize,
+        role: Role,
+        after_other_block: bool,
+        entry: usize,
+    ) -> Placement {
+        let Some(call) = self.entries[entry].last_call else {
+            return Placement::BeforeCall;
+        };
+        let turn = self.calls[call].turn;
+        if walk.current_turn == Some(turn) {
+            match walk.reply {
+                Reply::Open => return Placement::InPlace,
+                Reply::NextMessage if role == Role::User && after_other_block => {
+                    return Placement::TextBefore;
+                }
+                Reply::NextMessage if role == Role::User => return Placement::InPlace,
+                Reply::SplitTail if role == Role::User => return Placement::Split,
+                _ => {}
+            }
+        }
+        let turn = &self.turns[turn];
+        if let Some(turn_start) = turn.next_turn_start {
+            return Placement::Late { turn_start };
+        }
+        match turn.first_closer {
+            Some((user, Role::User)) => Placement::AfterUser { user },
+            Some((message, _)) => Placement::AfterOther { message },
+            None => Placement::AfterOther { message: index },
+        }
+    }
+
+    fn push_call(&mut self, site: CallSite<'a>) {
+        let position = self.calls.len();
+        let entry = &mut self.entries[site.entry];
+        entry.calls += 1;
+        entry.first_call.get_or_insert(position);
+        entry.last_call = Some(position);
+        self.calls.push(site);
+    }
+
+    fn push_result(&mut self, site: ResultSite<'a>) {
+        let position = self.results.len();
+        let entry = &mut self.entries[site.entry];
+        entry.results += 1;
+        entry.answered_in_place |= site.placement == Placement::InPlace;
+        if let Some(tail) = entry.last_result.replace(position) {
+            self.results[tail].next_same_id = Some(position);
+        }
+        entry.first_result.get_or_insert(position);
+        self.results.push(site);
+    }
+
+    /// The index of the entry for `id`, created on first sight.
+    fn entry_for(&mut self, id: &'a str) -> usize {
+        let next = self.entries.len();
+        let entry = *self.ids.entry(id).or_insert(next);
+        if entry == next {
+            self.entries.push(IdEntry::default());
+        }
+        entry
+    }
+
+    /// Every result quoting the id of `entry`, in message order.
+    pub(crate) fn results_of(&self, entry: usize) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(self.entries[entry].first_result, |&at| {
+            self.results[at].next_same_id
+        })
+    }
+}

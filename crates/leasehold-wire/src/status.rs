@@ -1,0 +1,290 @@
+//! The one table between [`Error`] and `tonic::Status`, both ways.
+//!
+//! The server turns every refusal into a status here and nowhere else; the
+//! client turns statuses back with [`from_status`]. Details a program needs
+//! (holder, remaining time, why a fence is stale) travel as metadata, so
+//! clients never parse messages.
+
+use std::collections::HashMap;
+
+use tonic::metadata::{
+    AsciiMetadataKey, AsciiMetadataValue, BinaryMetadataKey, KeyAndValueRef, MetadataMap,
+    MetadataValue,
+};
+use tonic::{Code, Status};
+
+use leasehold_core::error::{Error, StaleReason};
+
+const KEY: &str = "leasehold-key-bin";
+const HOLDER: &str = "leasehold-holder-bin";
+const FENCE: &str = "leasehold-fence";
+const REMAINING: &str = "leasehold-remaining-ms";
+/// The metadata key naming why a fence is stale.
+pub const REASON: &str = "leasehold-reason";
+const AT: &str = "leasehold-at-ms";
+const BY: &str = "leasehold-superseded-by";
+
+/// Turns a domain error into the gRPC status a client sees.
+pub fn to_status(err: Error) -> Status {
+    let message = err.to_string();
+    let mut meta = MetadataMap::new();
+    let code = match &err {
+        Error::InvalidArgument(_) => Code::InvalidArgument,
+        Error::Busy {
+            key,
+            holder,
+            fence,
+            remaining_ms,
+        } => {
+            put_bin(&mut meta, KEY, key);
+            put_bin(&mut meta, HOLDER, holder);
+            put(&mut meta, FENCE, *fence);
+            put(&mut meta, REMAINING, *remaining_ms);
+            Code::Aborted
+        }
+        Error::StaleFence { key, fence, reason } => {
+            put_bin(&mut meta, KEY, key);
+            put(&mut meta, FENCE, *fence);
+            meta.insert(REASON, MetadataValue::from_static(reason.name()));
+            match reason {
+                StaleReason::Expired { at }
+                | StaleReason::Released { at }
+                | StaleReason::Suspended { at } => put(&mut meta, AT, *at),
+                StaleReason::Superseded { by } => put(&mut meta, BY, *by),
+                StaleReason::Unknown => {}
+            }
+            Code::FailedPrecondition
+        }
+        Error::PermissionDenied { key, fence } => {
+            put_bin(&mut meta, KEY, key);
+            put(&mut meta, FENCE, *fence);
+            Code::PermissionDenied
+        }
+        Error::NotFound(key) => {
+            put_bin(&mut meta, KEY, key);
+            Code::NotFound
+        }
+        Error::Unavailable(_) => Code::Unavailable,
+        Error::Storage(_) => Code::Internal,
+    };
+    Status::with_metadata(code, message, meta)
+}
+
+/// Turns a status from a leasehold server back into the domain error.
+///
+/// Statuses without leasehold metadata (from a proxy, a deadline, a broken
+/// connection) map by code: transport trouble becomes
+/// [`Error::Unavailable`], anything unrecognised [`Error::Storage`] with the
+/// original message.
+pub fn from_status(status: &Status) -> Error {
+    let meta = status.metadata();
+    let message = status.message().to_owned();
+    let key = || get_bin(meta, KEY).unwrap_or_default();
+    let fence = || get(meta, FENCE).unwrap_or(0);
+    match status.code() {
+        Code::InvalidArgument => Error::InvalidArgument(
+            message
+                .strip_prefix("invalid argument: ")
+                .unwrap_or(&message)
+                .to_owned(),
+        ),
+        Code::Aborted => Error::Busy {
+            key: key(),
+            holder: get_bin(meta, HOLDER).unwrap_or_default(),
+            fence: fence(),
+            remaining_ms: get(meta, REMAINING).unwrap_or(0),
+        },
+        Code::FailedPrecondition => {
+            let at = || get(meta, AT).unwrap_or(0);
+            let reason = match meta.get(REASON).and_then(|v| v.to_str().ok()) {
+                Some("expired") => StaleReason::Expired { at: at() },
+                Some("released") => StaleReason::Released { at: at() },
+                Some("suspended") => StaleReason::Suspended { at: at() },
+                Some("superseded") => StaleReason::Superseded {
+                    by: get(meta, BY).unwrap_or(0),
+                },
+                _ => StaleReason::Unknown,
+            };
+            Error::StaleFence {
+                key: key(),
+                fence: fence(),
+                reason,
+            }
+        }
+        Code::PermissionDenied => Error::PermissionDenied {
+            key: key(),
+            fence: fence(),
+        },
+        Code::NotFound => Error::NotFound(key()),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => Error::Unavailable(
+            message
+                .strip_prefix("unavailable: ")
+                .unwrap_or(&message)
+                .to_owned(),
+        ),
+        _ => Error::Storage(
+            message
+                .strip_prefix("storage error: ")
+                .unwrap_or(&message)
+                .to_owned(),
+        ),
+    }
+}
+
+/// A refusal as it travels inside a `SessionResponse`: the status code, the
+/// message and the status metadata, so a Session stream says exactly what
+/// the unary RPC would.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: i32,
+    pub message: String,
+    /// The `leasehold-reason` detail, repeated for readers of the stream
+    /// that do not look at `details`.
+    pub reason: String,
+    pub details: HashMap<String, Vec<u8>>,
+}
+
+/// Turns a domain error into the refusal fields of a `SessionResponse`.
+pub fn to_refusal(err: Error) -> Refusal {
+    let status = to_status(err);
+    let mut details = HashMap::new();
+    for entry in status.metadata().iter() {
+        match entry {
+            KeyAndValueRef::Ascii(name, value) => {
+                details.insert(name.as_str().to_owned(), value.as_encoded_bytes().to_vec());
+            }
+            KeyAndValueRef::Binary(name, value) => {
+                if let Ok(bytes) = value.to_bytes() {
+                    details.insert(name.as_str().to_owned(), bytes.to_vec());
+                }
+            }
+        }
+    }
+    Refusal {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+        reason: status
+            .metadata()
+            .get(REASON)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        details,
+    }
+}
+
+/// Turns the refusal fields of a `SessionResponse` back into the domain
+/// error, through the same table as [`from_status`]. Details it does not
+/// know are ignored.
+pub fn from_refusal(code: i32, message: &str, details: &HashMap<String, Vec<u8>>) -> Error {
+    let mut meta = MetadataMap::new();
+    for (name, value) in details {
+        if name.ends_with("-bin") {
+            if let Ok(name) = BinaryMetadataKey::from_bytes(name.as_bytes()) {
+                meta.insert_bin(name, MetadataValue::from_bytes(value));
+            }
+        } else if let (Ok(name), Ok(value)) = (
+            AsciiMetadataKey::from_bytes(name.as_bytes()),
+            AsciiMetadataValue::try_from(value.as_slice()),
+        ) {
+            meta.insert(name, value);
+        }
+    }
+    from_status(&Status::with_metadata(Code::from(code), message, meta))
+}
+
+fn put(meta: &mut MetadataMap, name: &'static str, value: u64) {
+    meta.insert(name, MetadataValue::from(value));
+}
+
+fn put_bin(meta: &mut MetadataMap, name: &'static str, value: &str) {
+    meta.insert_bin(name, MetadataValue::from_bytes(value.as_bytes()));
+}
+
+fn get(meta: &MetadataMap, name: &str) -> Option<u64> {
+    meta.get(name)?.to_str().ok()?.parse().ok()
+}
+
+fn get_bin(meta: &MetadataMap, name: &str) -> Option<String> {
+    let bytes = meta.get_bin(name)?.to_bytes().ok()?;
+    String::from_utf8(bytes.to_vec()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every error survives the trip through a status and back unchanged.
+    #[test]
+    fn every_error_round_trips_through_a_status() {
+        let errors = vec![
+            Error::InvalidArgument("key must not be empty".into()),
+            Error::Busy {
+                key: "sessión/1".into(),
+                holder: "graph-ä".into(),
+                fence: 7,
+                remaining_ms: 1234,
+            },
+            Error::StaleFence {
+                key: "k".into(),
+                fence: 3,
+                reason: StaleReason::Expired { at: 99 },
+            },
+            Error::StaleFence {
+                key: "k".into(),
+                fence: 3,
+                reason: StaleReason::Released { at: 98 },
+            },
+            Error::StaleFence {
+                key: "k".into(),
+                fence: 3,
+                reason: StaleReason::Suspended { at: 97 },
+            },
+            Error::StaleFence {
+                key: "k".into(),
+                fence: 3,
+                reason: StaleReason::Superseded { by: 9 },
+            },
+            Error::StaleFence {
+                key: "k".into(),
+                fence: 3,
+                reason: StaleReason::Unknown,
+            },
+            Error::PermissionDenied {
+                key: "k".into(),
+                fence: 4,
+            },
+            Error::NotFound("nope".into()),
+            Error::Unavailable("the server is shutting down".into()),
+            Error::Storage("disk I/O error".into()),
+        ];
+        for err in errors {
+            let status = to_status(err.clone());
+            assert_eq!(from_status(&status), err, "status was {status:?}");
+            let refusal = to_refusal(err.clone());
+            assert_eq!(refusal.code, status.code() as i32);
+            assert_eq!(
+                from_refusal(refusal.code, &refusal.message, &refusal.details),
+                err,
+                "refusal was {refusal:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn codes_follow_the_table() {
+        let code = |e: Error| to_status(e).code();
+        assert_eq!(
+            code(Error::InvalidArgument("x".into())),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            code(Error::PermissionDenied {
+                key: "k".into(),
+                fence: 1
+            }),
+            Code::PermissionDenied
+        );
+        assert_eq!(code(Error::NotFound("k".into())), Code::NotFound);
+    }
+}
