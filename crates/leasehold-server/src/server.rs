@@ -1,4 +1,5 @@
-//! Running the gRPC server: the lease service, gRPC health and reflection.
+//! Running the gRPC server: the lease service, gRPC health and reflection
+//! (v1 and v1alpha).
 //!
 //! The caller binds the listener (tests bind `127.0.0.1:0`) and provides the
 //! shutdown future, as in mini-redis. On shutdown, waiting Acquires give up,
@@ -119,10 +120,16 @@ pub async fn serve_with(
     health_reporter
         .set_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Reflection in both versions over the same descriptors: v1 for current
+    // tools, v1alpha for those that speak nothing else (Python's
+    // grpcio-reflection, older grpcurl, several GUI clients).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(engine.clone()));
     let transcripts = pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
         .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
@@ -161,7 +168,8 @@ pub async fn serve_with(
         .http2_keepalive_timeout(Some(options.keep_alive_timeout))
         .layer(tonic_web::GrpcWebLayer::new())
         .add_service(health)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(service)
         .add_service(transcripts)
         .serve_with_incoming_shutdown(incoming, draining);
