@@ -282,6 +282,10 @@ async fn serve(
         }
     };
     let addr = listener.local_addr().map_or(listen, |a| a);
+    // Catch SIGINT/SIGTERM from here on: a supervisor (or test) that signals
+    // as soon as it reads the line below gets a clean shutdown, not the
+    // signal's default action.
+    let shutdown = shutdown_signal();
     tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
     // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
     println!("listening on {addr}");
@@ -289,7 +293,7 @@ async fn serve(
         drain_timeout,
         ..server::ServeOptions::default()
     };
-    match server::serve_with(listener, engine, shutdown_signal(), options).await {
+    match server::serve_with(listener, engine, shutdown, options).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -298,28 +302,35 @@ async fn serve(
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let term = async {
-            match term.as_mut() {
-                Some(term) => {
-                    term.recv().await;
-                }
-                None => std::future::pending::<()>().await,
+/// Starts catching SIGINT and SIGTERM now (not at the first poll); the
+/// future resolves on the first of them.
+#[cfg(unix)]
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    async fn recv(signal: Option<Signal>) {
+        match signal {
+            Some(mut signal) => {
+                signal.recv().await;
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term => {}
+            None => std::future::pending::<()>().await,
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    let interrupt = recv(signal(SignalKind::interrupt()).ok());
+    let terminate = recv(signal(SignalKind::terminate()).ok());
+    async move {
+        tokio::select! {
+            () = interrupt => {}
+            () = terminate => {}
+        }
+    }
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 async fn connect(target: &Target) -> Result<LeaseholdClient<Channel>, String> {
