@@ -48,6 +48,11 @@ enum Command {
         /// keys are kept until taken over.
         #[arg(long, alias = "ledger-retention-ms", default_value_t = leasehold_core::lessor::DEFAULT_RETENTION_MS)]
         retention_ms: u64,
+        /// Log lines on stderr: text for people (coloured only on a terminal,
+        /// and not when NO_COLOR is set), json for log pipelines (one JSON
+        /// object per line). RUST_LOG picks the level (default info).
+        #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "LEASEHOLD_LOG_FORMAT")]
+        log_format: LogFormat,
     },
     /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
     Transcript {
@@ -190,6 +195,12 @@ enum Sync {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 enum Filter {
     Live,
     Recoverable,
@@ -225,7 +236,9 @@ async fn run(command: Command) -> ExitCode {
             sync,
             drain_timeout_ms,
             retention_ms,
+            log_format,
         } => {
+            init_logging(log_format);
             let config = EngineConfig {
                 retention_ms,
                 ..EngineConfig::default()
@@ -257,12 +270,6 @@ async fn serve(
     config: EngineConfig,
     drain_timeout: Duration,
 ) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let sync = match sync {
         Sync::Full => SyncMode::Full,
         Sync::Normal => SyncMode::Normal,
@@ -300,6 +307,28 @@ async fn serve(
             ExitCode::FAILURE
         }
     }
+}
+
+/// Sends the server's logs to stderr in `format`, at the level RUST_LOG names
+/// (default info).
+fn init_logging(format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        );
+    match format {
+        LogFormat::Text => logs.with_ansi(colour_stderr()).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
+}
+
+/// Colour codes only for a person at a terminal: not when stderr goes to a
+/// file, a pipe or a journal, and not when NO_COLOR is set to anything but
+/// the empty string (<https://no-color.org>).
+fn colour_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// Starts catching SIGINT and SIGTERM now (not at the first poll); the

@@ -2,7 +2,10 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::{ServerProcess, binary};
 use serde_json::Value;
@@ -165,4 +168,94 @@ fn serve_reports_an_unopenable_database() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs `leasehold serve` over `db` with `extra` flags and stderr piped (not a
+/// terminal), waits until it listens, stops it with SIGTERM and returns
+/// everything it logged.
+fn serve_and_collect_logs(db: &Path, extra: &[&str]) -> String {
+    let mut child = Command::new(binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout-ms",
+            "300",
+        ])
+        .arg("--db")
+        .arg(db)
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .env_remove("LEASEHOLD_LOG_FORMAT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn leasehold serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read listening line");
+    assert!(line.starts_with("listening on "), "first line {line:?}");
+    let pid = child.id().to_string();
+    let signalled = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    assert!(signalled.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("leasehold serve did not exit within 10s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    assert!(status.success(), "exit {status:?}, stderr: {stderr}");
+    stderr
+}
+
+/// `--log-format json`: every line on stderr is one JSON object, and the
+/// start-up line carries its message and fields.
+#[test]
+fn serve_logs_json_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = serve_and_collect_logs(&dir.path().join("json.db"), &["--log-format", "json"]);
+    let lines: Vec<Value> = stderr
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"))
+        })
+        .collect();
+    assert!(lines.iter().all(Value::is_object), "{stderr}");
+    let serving = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "leasehold serving")
+        .unwrap_or_else(|| panic!("no start-up line in {stderr}"));
+    assert_eq!(serving["level"], "INFO");
+    assert!(serving["fields"]["addr"].as_str().is_some(), "{serving}");
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"] == "stopped"),
+        "{stderr}"
+    );
+}
+
+/// Text logs to a pipe (not a terminal) carry no ANSI colour codes.
+#[test]
+fn serve_logs_plain_text_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = serve_and_collect_logs(&dir.path().join("text.db"), &[]);
+    assert!(stderr.contains("leasehold serving"), "{stderr}");
+    assert!(!stderr.contains("\x1b["), "{stderr:?}");
 }
