@@ -8,6 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use leasehold_core::Error;
+use leasehold_core::lease::{Fence, Key};
 use leasehold_transcript::Report;
 
 /// "3 findings; first: missing call_1 at message 4 (...)".
@@ -48,8 +49,8 @@ pub enum ClientError {
     /// The guard no longer holds its term, or can no longer be sure it does.
     #[error("the lease on key {key:?} (fence {fence}) is lost: {reason}")]
     Lost {
-        key: String,
-        fence: u64,
+        key: Key,
+        fence: Fence,
         reason: LossReason,
     },
 }
@@ -69,7 +70,7 @@ impl ClientError {
     /// The holder named by a busy refusal, if this is one.
     pub fn busy_holder(&self) -> Option<&str> {
         match self {
-            ClientError::Server(Error::Busy { holder, .. }) => Some(holder),
+            ClientError::Server(Error::Busy { holder, .. }) => Some(holder.as_str()),
             _ => None,
         }
     }
@@ -148,9 +149,9 @@ mod tests {
     #[test]
     fn a_busy_status_keeps_the_holder() {
         let err = ClientError::from(to_status(Error::Busy {
-            key: "session:1".into(),
-            holder: "graph-a".into(),
-            fence: 4,
+            key: Key::parse("session:1").unwrap(),
+            holder: leasehold_core::Owner::parse("graph-a").unwrap(),
+            fence: Fence(4),
             remaining_ms: 900,
         }));
         assert_eq!(err.busy_holder(), Some("graph-a"));
@@ -163,15 +164,15 @@ mod tests {
         let unreachable = ClientError::from(tonic::Status::unavailable("connection refused"));
         assert!(unreachable.is_transient());
         let stale = Error::StaleFence {
-            key: "k".into(),
-            fence: 2,
-            reason: StaleReason::Superseded { by: 3 },
+            key: Key::parse("k").unwrap(),
+            fence: Fence(2),
+            reason: StaleReason::Superseded { by: Fence(3) },
         };
         assert!(ends_the_term(&stale));
         assert!(!ends_the_term(&Error::Unavailable("down".into())));
         let lost = ClientError::Lost {
-            key: "k".into(),
-            fence: 2,
+            key: Key::parse("k").unwrap(),
+            fence: Fence(2),
             reason: LossReason::Refused(stale),
         };
         assert!(!lost.is_transient());

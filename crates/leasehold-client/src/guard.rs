@@ -14,7 +14,8 @@ use super::error::{ClientError, LossReason, ends_the_term};
 use super::session::SessionMux;
 use super::{Timing, jittered, millis};
 use leasehold_core::Error;
-use leasehold_core::lease::{Fence, TermEnd};
+use leasehold_core::lease::{Fence, Key, Lease, Owner};
+use leasehold_wire::convert;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use leasehold_wire::pb::session_request::Op;
@@ -22,33 +23,7 @@ use leasehold_wire::pb::session_request::Op;
 /// How many times a release is sent when the server is unreachable.
 const RELEASE_ATTEMPTS: u32 = 3;
 
-/// How a term of a key ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ended {
-    pub fence: Fence,
-    pub owner: String,
-    pub end: TermEnd,
-    /// Server wall-clock milliseconds since the Unix epoch.
-    pub ended_at_ms: u64,
-}
-
-impl Ended {
-    fn from_pb(ended: &pb::EndedTerm) -> Ended {
-        let end = match pb::TermEnd::try_from(ended.end) {
-            Ok(pb::TermEnd::Released) => TermEnd::Released,
-            Ok(pb::TermEnd::Suspended) => TermEnd::Suspended,
-            // The server never sends anything else; reading an unknown end as
-            // "expired" errs towards treating the key as recoverable.
-            _ => TermEnd::Expired,
-        };
-        Ended {
-            fence: Fence(ended.fence),
-            owner: ended.owner.clone(),
-            end,
-            ended_at_ms: ended.ended_at_ms,
-        }
-    }
-}
+pub use leasehold_core::lease::Ended;
 
 /// What the holder knows about its term right now; published to `lost()` waiters.
 #[derive(Debug, Clone)]
@@ -65,9 +40,9 @@ struct Standing {
 /// The part of a guard its keep-alive task shares.
 pub(crate) struct Shared {
     /// The key held.
-    pub(crate) key: String,
+    pub(crate) key: Key,
     /// The owner name the term was granted to.
-    owner: String,
+    owner: Owner,
     /// The term's fencing token.
     pub(crate) fence: Fence,
     /// The secret capability to renew and release the term; never shown.
@@ -86,7 +61,7 @@ impl Shared {
     pub(crate) fn lost_error(&self, reason: LossReason) -> ClientError {
         ClientError::Lost {
             key: self.key.clone(),
-            fence: self.fence.0,
+            fence: self.fence,
             reason,
         }
     }
@@ -117,11 +92,11 @@ impl Shared {
     }
 
     /// Records a successful renewal that was sent at `sent`.
-    fn renewed(&self, sent: Instant, lease: &pb::Lease) {
+    fn renewed(&self, sent: Instant, lease: &Lease) {
         let deadline = sent + self.timing.valid_for();
         self.standing.send_modify(|standing| {
             standing.deadline = standing.deadline.max(deadline);
-            standing.expires_at_ms = lease.expires_at_ms;
+            standing.expires_at_ms = lease.expires_at;
         });
     }
 
@@ -137,9 +112,9 @@ impl Shared {
         }
     }
 
-    async fn renew_once(&self) -> Result<pb::Lease, ClientError> {
+    async fn renew_once(&self) -> Result<Lease, ClientError> {
         let op = Op::Renew(pb::RenewRequest {
-            key: self.key.clone(),
+            key: self.key.as_str().to_owned(),
             fence: self.fence.0,
             lease_id: self.lease_id.clone(),
             ttl_ms: millis(self.timing.ttl),
@@ -148,12 +123,13 @@ impl Shared {
             .session
             .call("Renew", op, self.timing.rpc_timeout)
             .await?;
-        reply.lease.ok_or_else(|| missing("Renew"))
+        let lease = reply.lease.ok_or_else(|| missing("Renew"))?;
+        Ok(convert::lease_from_pb(lease)?)
     }
 
     async fn check_once(&self) -> Result<(), ClientError> {
         let op = Op::Check(pb::CheckRequest {
-            key: self.key.clone(),
+            key: self.key.as_str().to_owned(),
             fence: self.fence.0,
         });
         self.session
@@ -164,7 +140,7 @@ impl Shared {
 
     async fn release_once(&self, suspend: bool) -> Result<Ended, ClientError> {
         let op = Op::Release(pb::ReleaseRequest {
-            key: self.key.clone(),
+            key: self.key.as_str().to_owned(),
             fence: self.fence.0,
             lease_id: self.lease_id.clone(),
             suspend,
@@ -173,11 +149,8 @@ impl Shared {
             .session
             .call("Release", op, self.timing.rpc_timeout)
             .await?;
-        reply
-            .ended
-            .as_ref()
-            .map(Ended::from_pb)
-            .ok_or_else(|| missing("Release"))
+        let ended = reply.ended.ok_or_else(|| missing("Release"))?;
+        Ok(convert::ended_from_pb(ended)?)
     }
 }
 
@@ -231,19 +204,25 @@ impl SessionGuard {
         basis: Option<Instant>,
     ) -> Result<SessionGuard, ClientError> {
         let lease = reply.lease.ok_or_else(|| missing("Acquire"))?;
+        let previous = reply.previous.map(convert::ended_from_pb).transpose()?;
+        let lease = convert::lease_from_pb(lease)?;
+        let lease_id = lease
+            .lease_id
+            .ok_or_else(|| missing("Acquire"))?
+            .to_string();
         let now = Instant::now();
         let shared = Arc::new(Shared {
             key: lease.key,
             owner: lease.owner,
-            fence: Fence(lease.fence),
-            lease_id: lease.lease_id,
+            fence: lease.fence,
+            lease_id,
             timing,
             rpc,
             session,
             standing: watch::Sender::new(Standing {
                 // Without a basis the guard trusts nothing until it renews.
                 deadline: basis.map_or(now, |sent| sent + timing.valid_for()),
-                expires_at_ms: lease.expires_at_ms,
+                expires_at_ms: lease.expires_at,
                 ended: None,
             }),
         });
@@ -269,7 +248,7 @@ impl SessionGuard {
         let keep_alive = tokio::spawn(keep_alive(shared.clone(), on_drop, next_renewal));
         Ok(SessionGuard {
             shared,
-            previous: reply.previous.as_ref().map(Ended::from_pb),
+            previous,
             replayed: reply.replayed,
             unsettled_at_grant: reply.unsettled_tool_calls,
             dropped: Some(dropped),
@@ -278,7 +257,7 @@ impl SessionGuard {
     }
 
     /// The key held.
-    pub fn key(&self) -> &str {
+    pub fn key(&self) -> &Key {
         &self.shared.key
     }
 
@@ -288,7 +267,7 @@ impl SessionGuard {
     }
 
     /// The owner name the term was granted to.
-    pub fn owner(&self) -> &str {
+    pub fn owner(&self) -> &Owner {
         &self.shared.owner
     }
 

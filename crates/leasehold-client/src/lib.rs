@@ -100,6 +100,7 @@ mod error;
 #[cfg(feature = "sqlite-fence")]
 pub mod fence;
 mod guard;
+mod ops;
 mod session;
 mod tools;
 
@@ -110,7 +111,7 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
-use leasehold_core::Error;
+use leasehold_wire::convert;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use leasehold_wire::pb::session_request::Op;
@@ -118,6 +119,11 @@ use session::SessionMux;
 
 pub use error::{ClientError, LossReason};
 pub use guard::{Ended, SessionGuard};
+pub use leasehold_core::lease::{Fence, Key, KeyState, Lease, LeaseId, Owner, TermEnd, Ttl};
+pub use leasehold_core::ledger::{CallState, ToolCall};
+pub use leasehold_core::lessor::{Acquire, ListFilter};
+pub use leasehold_core::{Error, StaleReason};
+pub use ops::{Granted, KeyPage};
 pub use tools::{ToolCallRequest, ToolInvocation, ToolOutcome, ToolResult};
 
 /// The TTL an acquire asks for unless told otherwise.
@@ -220,23 +226,24 @@ impl Client {
     /// [`Error::Unavailable`] (also when no reply came within `timeout`).
     pub async fn check(
         &self,
-        key: impl Into<String>,
-        fence: u64,
+        key: &Key,
+        fence: Fence,
         timeout: Duration,
-    ) -> Result<pb::Lease, ClientError> {
+    ) -> Result<Lease, ClientError> {
         let op = Op::Check(pb::CheckRequest {
-            key: key.into(),
-            fence,
+            key: key.as_str().to_owned(),
+            fence: fence.0,
         });
         let reply = self.session.call("Check", op, timeout).await?;
-        reply.lease.ok_or_else(|| guard::missing("Check"))
+        let lease = reply.lease.ok_or_else(|| guard::missing("Check"))?;
+        Ok(convert::lease_from_pb(lease)?)
     }
 
     /// Sends one raw operation over the client's shared Session stream and
     /// waits up to `timeout` for its response; a refusal comes back as the
-    /// [`ClientError`] the unary call would give. For tools (the load
-    /// generator) that drive the protocol directly; applications use the
-    /// guard.
+    /// [`ClientError`] the unary call would give. An escape hatch speaking
+    /// the wire types, for tools (the load generator) that drive the
+    /// protocol directly; applications use the guard.
     ///
     /// # Errors
     /// The operation's refusal, or [`Error::Unavailable`].
@@ -353,7 +360,9 @@ impl AcquireBuilder {
             self.rpc_timeout,
         )?;
         let generated_id = self.request_id.is_none();
-        let message = pb::AcquireRequest {
+        // Parse at the edge: a malformed request is refused here, with the
+        // server's own rules, before anything is sent.
+        let acquire = convert::acquire(pb::AcquireRequest {
             key: self.key,
             owner: self.owner.unwrap_or_else(default_owner),
             ttl_ms: millis(self.ttl),
@@ -361,7 +370,8 @@ impl AcquireBuilder {
             request_id: self
                 .request_id
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-        };
+        })?;
+        let message = convert::acquire_to_pb(&acquire);
         // Saturating: an absurd wait is the server's to refuse (over 5 min), not a panic here.
         let timeout = self.wait.saturating_add(timing.rpc_timeout);
         let first_sent = tokio::time::Instant::now();

@@ -16,7 +16,8 @@ use super::guard::SessionGuard;
 use super::{call, request};
 use leasehold_core::Error;
 use leasehold_core::lease::Fence;
-use leasehold_core::ledger::idempotency_key;
+use leasehold_core::ledger::{ToolCall, idempotency_key};
+use leasehold_wire::convert;
 use leasehold_wire::pb;
 
 /// One tool call of a turn, as the model provider asked for it.
@@ -128,7 +129,7 @@ impl SessionGuard {
         let running = stream::iter(fresh)
             .map(|call| {
                 let invocation = ToolInvocation {
-                    idempotency_key: idempotency_key(&key, &call.call_id),
+                    idempotency_key: idempotency_key(key.as_str(), &call.call_id),
                     fence,
                     call,
                 };
@@ -207,7 +208,7 @@ impl SessionGuard {
         }
         let shared = &self.shared;
         let message = pb::BeginToolCallsRequest {
-            key: shared.key.clone(),
+            key: shared.key.as_str().to_owned(),
             fence: shared.fence.0,
             lease_id: shared.lease_id.clone(),
             calls: calls
@@ -238,12 +239,12 @@ impl SessionGuard {
     /// # Errors
     /// [`ClientError::Lost`] when the fence is refused;
     /// [`Error::InvalidArgument`] for [`ToolOutcome::StillRunning`] or an
-    /// over-long payload; [`Error::NotFound`] for an unknown call id.
+    /// over-long payload; [`Error::ToolCallNotFound`] for an unknown call id.
     pub async fn settle_tool_call(
         &self,
         call_id: &str,
         outcome: &ToolOutcome,
-    ) -> Result<pb::ToolCall, ClientError> {
+    ) -> Result<ToolCall, ClientError> {
         let (state, result) = match outcome {
             ToolOutcome::Succeeded(result) => (pb::ToolCallState::Succeeded, result.clone()),
             ToolOutcome::Failed(result) => (pb::ToolCallState::Failed, result.clone()),
@@ -256,7 +257,7 @@ impl SessionGuard {
         };
         let shared = &self.shared;
         let message = pb::SettleToolCallRequest {
-            key: shared.key.clone(),
+            key: shared.key.as_str().to_owned(),
             fence: shared.fence.0,
             lease_id: shared.lease_id.clone(),
             call_id: call_id.to_owned(),
@@ -273,11 +274,12 @@ impl SessionGuard {
         )
         .await
         .map_err(|err| shared.judge(err))?;
-        reply.call.ok_or_else(|| {
+        let call = reply.call.ok_or_else(|| {
             ClientError::Server(Error::Storage(
                 "SettleToolCall reply carried no call".into(),
             ))
-        })
+        })?;
+        Ok(convert::tool_call_from_pb(call)?.1)
     }
 
     /// The key's calls still recorded as running: after taking over a key,
@@ -285,10 +287,10 @@ impl SessionGuard {
     ///
     /// # Errors
     /// Server errors from `ListToolCalls`.
-    pub async fn unsettled_tool_calls(&self) -> Result<Vec<pb::ToolCall>, ClientError> {
+    pub async fn unsettled_tool_calls(&self) -> Result<Vec<ToolCall>, ClientError> {
         let shared = &self.shared;
         let message = pb::ListToolCallsRequest {
-            key: shared.key.clone(),
+            key: shared.key.as_str().to_owned(),
             filter: pb::list_tool_calls_request::Filter::Unsettled as i32,
         };
         let timeout = shared.timing.rpc_timeout;
@@ -299,6 +301,11 @@ impl SessionGuard {
             rpc.list_tool_calls(request(message, timeout)),
         )
         .await?;
-        Ok(reply.calls)
+        let calls = reply
+            .calls
+            .into_iter()
+            .map(|c| convert::tool_call_from_pb(c).map(|(_, call)| call))
+            .collect::<Result<_, _>>()?;
+        Ok(calls)
     }
 }

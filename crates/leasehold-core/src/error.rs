@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::clock::Millis;
+use crate::lease::{Fence, Key, Owner};
 
 /// Why a presented fence is not the key's live term.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +20,7 @@ pub enum StaleReason {
     /// The holder released the term as unfinished at this time.
     Suspended { at: Millis },
     /// A later term (with this fence) has been granted since.
-    Superseded { by: u64 },
+    Superseded { by: Fence },
     /// This key never had a term with this fence.
     Unknown,
 }
@@ -61,27 +62,31 @@ pub enum Error {
         "key {key:?} is held by owner {holder:?} (fence {fence}) for another {remaining_ms} ms"
     )]
     Busy {
-        key: String,
-        holder: String,
-        fence: u64,
+        key: Key,
+        holder: Owner,
+        fence: Fence,
         remaining_ms: u64,
     },
 
     /// The presented fence is not the key's live term.
     #[error("fence {fence} is not the live term of key {key:?}: {reason}")]
     StaleFence {
-        key: String,
-        fence: u64,
+        key: Key,
+        fence: Fence,
         reason: StaleReason,
     },
 
     /// The fence is live but the lease_id (the capability) does not match it.
     #[error("lease_id does not match the live term of key {key:?} (fence {fence})")]
-    PermissionDenied { key: String, fence: u64 },
+    PermissionDenied { key: Key, fence: Fence },
 
-    /// The key has never been acquired.
+    /// The key has never been acquired (or was forgotten).
     #[error("key {0:?} not found")]
-    NotFound(String),
+    NotFound(Key),
+
+    /// The key's tool-call ledger has no call with this id.
+    #[error("key {key:?} has no tool call {call_id:?}")]
+    ToolCallNotFound { key: Key, call_id: String },
 
     /// The server cannot serve the request now (shutting down, storage failed).
     #[error("unavailable: {0}")]

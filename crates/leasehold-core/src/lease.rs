@@ -83,11 +83,11 @@ impl TermEnd {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Term {
     pub fence: Fence,
-    pub owner: String,
+    pub owner: Owner,
     pub lease_id: LeaseId,
     /// The client's retry token for the Acquire that granted this term, if it sent one.
-    pub request_id: Option<String>,
-    pub ttl_ms: u64,
+    pub request_id: Option<RequestId>,
+    pub ttl: Ttl,
     pub acquired_at: Millis,
     pub expires_at: Millis,
 }
@@ -103,92 +103,270 @@ impl Term {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndedTerm {
     pub fence: Fence,
-    pub owner: String,
+    pub owner: Owner,
     /// Kept so a retried release can be told apart from a forged one.
     pub lease_id: LeaseId,
     pub end: TermEnd,
     pub ended_at: Millis,
 }
 
-/// Checks a key: non-empty, at most [`MAX_KEY_BYTES`], no control characters.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] naming the rule broken.
-pub fn validate_key(key: &str) -> Result<()> {
-    if key.is_empty() {
-        return Err(Error::InvalidArgument("key must not be empty".into()));
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "key is {} bytes; the limit is {MAX_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    if key.chars().any(char::is_control) {
-        return Err(Error::InvalidArgument(
-            "key must not contain control characters".into(),
-        ));
-    }
-    Ok(())
+/// A live term as a client sees it: what Acquire, Renew, Check, Get and List
+/// return. `lease_id` is only ever shown to the holder (Acquire, Renew).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub key: Key,
+    pub fence: Fence,
+    pub owner: Owner,
+    pub lease_id: Option<LeaseId>,
+    pub ttl: Ttl,
+    /// Server wall-clock milliseconds since the Unix epoch.
+    pub acquired_at: Millis,
+    pub expires_at: Millis,
 }
 
-/// Checks an owner name: non-empty, at most [`MAX_OWNER_BYTES`], no control characters.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] naming the rule broken.
-pub fn validate_owner(owner: &str) -> Result<()> {
-    if owner.is_empty() {
-        return Err(Error::InvalidArgument("owner must not be empty".into()));
+impl Lease {
+    /// The client's view of `term` of `key`, with or without its secret.
+    pub fn of(key: &Key, term: &Term, with_secret: bool) -> Lease {
+        Lease {
+            key: key.clone(),
+            fence: term.fence,
+            owner: term.owner.clone(),
+            lease_id: with_secret.then_some(term.lease_id),
+            ttl: term.ttl,
+            acquired_at: term.acquired_at,
+            expires_at: term.expires_at,
+        }
     }
-    if owner.len() > MAX_OWNER_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "owner is {} bytes; the limit is {MAX_OWNER_BYTES}",
-            owner.len()
-        )));
-    }
-    if owner.chars().any(char::is_control) {
-        return Err(Error::InvalidArgument(
-            "owner must not contain control characters".into(),
-        ));
-    }
-    Ok(())
 }
 
-/// Checks a request id: at most [`MAX_REQUEST_ID_BYTES`] (empty means none).
-///
-/// # Errors
-/// [`Error::InvalidArgument`] when it is too long.
-pub fn validate_request_id(request_id: &str) -> Result<()> {
-    if request_id.len() > MAX_REQUEST_ID_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "request_id is {} bytes; the limit is {MAX_REQUEST_ID_BYTES}",
-            request_id.len()
-        )));
-    }
-    Ok(())
+/// An ended term as a client sees it (its lease id never leaves the server).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ended {
+    pub fence: Fence,
+    pub owner: Owner,
+    pub end: TermEnd,
+    /// Server wall-clock milliseconds since the Unix epoch.
+    pub ended_at: Millis,
 }
 
-/// Checks a TTL against [`MIN_TTL_MS`]..=[`MAX_TTL_MS`].
-///
-/// # Errors
-/// [`Error::InvalidArgument`] when it is out of range.
-pub fn validate_ttl(ttl_ms: u64) -> Result<()> {
-    if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
-        return Err(Error::InvalidArgument(format!(
-            "ttl_ms {ttl_ms} is outside [{MIN_TTL_MS}, {MAX_TTL_MS}]"
-        )));
+impl From<&EndedTerm> for Ended {
+    fn from(ended: &EndedTerm) -> Ended {
+        Ended {
+            fence: ended.fence,
+            owner: ended.owner.clone(),
+            end: ended.end,
+            ended_at: ended.ended_at,
+        }
     }
-    Ok(())
 }
 
-/// Checks a wait against [`MAX_WAIT_MS`].
-///
-/// # Errors
-/// [`Error::InvalidArgument`] when it is too long.
-pub fn validate_wait(wait_ms: u64) -> Result<()> {
-    if wait_ms > MAX_WAIT_MS {
+/// A key as readers see it (Get, List).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyState {
+    pub key: Key,
+    pub lease: Option<Lease>,
+    pub last_ended: Option<Ended>,
+    /// No live term, and the last one ended expired or suspended.
+    pub recoverable: bool,
+}
+
+/// A key: names a resource (a session id, `db:<path>`, ...). Non-empty, at
+/// most [`MAX_KEY_BYTES`], no control characters; checked once, where it
+/// enters (the gRPC layer, the client), so everything inside takes a `Key`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key(String);
+
+impl Key {
+    /// Checks `key`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the rule broken.
+    pub fn parse(key: impl Into<String>) -> Result<Key> {
+        let key = key.into();
+        check_name("key", &key, MAX_KEY_BYTES)?;
+        Ok(Key(key))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+/// So a `BTreeMap<Key, _>` can be looked up and ranged over by `&str` (List
+/// ranges by prefix, which need not be a valid key).
+impl std::borrow::Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Who holds a term: a process name such as `host:pid`. Non-empty, at most
+/// [`MAX_OWNER_BYTES`], no control characters.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner(String);
+
+impl Owner {
+    /// Checks `owner`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the rule broken.
+    pub fn parse(owner: impl Into<String>) -> Result<Owner> {
+        let owner = owner.into();
+        check_name("owner", &owner, MAX_OWNER_BYTES)?;
+        Ok(Owner(owner))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The client's retry token for one Acquire: a retry with the same owner and
+/// request id while the term it got is live gets that term back. At most
+/// [`MAX_REQUEST_ID_BYTES`]; never empty (no token is `None`).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RequestId(String);
+
+impl RequestId {
+    /// Checks a request id as it travels on the wire, where empty means none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when it is too long.
+    pub fn parse_optional(request_id: impl Into<String>) -> Result<Option<RequestId>> {
+        let request_id = request_id.into();
+        if request_id.len() > MAX_REQUEST_ID_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "request_id is {} bytes; the limit is {MAX_REQUEST_ID_BYTES}",
+                request_id.len()
+            )));
+        }
+        Ok((!request_id.is_empty()).then_some(RequestId(request_id)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A term's time to live, in [`MIN_TTL_MS`]..=[`MAX_TTL_MS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ttl(u64);
+
+impl Ttl {
+    /// Checks a TTL in milliseconds.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when it is out of range.
+    pub fn from_millis(ttl_ms: u64) -> Result<Ttl> {
+        if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
+            return Err(Error::InvalidArgument(format!(
+                "ttl_ms {ttl_ms} is outside [{MIN_TTL_MS}, {MAX_TTL_MS}]"
+            )));
+        }
+        Ok(Ttl(ttl_ms))
+    }
+
+    /// A Renew's TTL as it travels on the wire, where 0 means "keep the term's".
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when it is neither 0 nor in range.
+    pub fn parse_optional(ttl_ms: u64) -> Result<Option<Ttl>> {
+        if ttl_ms == 0 {
+            Ok(None)
+        } else {
+            Ttl::from_millis(ttl_ms).map(Some)
+        }
+    }
+
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+}
+
+/// How long an Acquire may wait in line for a held key, at most
+/// [`MAX_WAIT_MS`] (0: do not wait).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Wait(u64);
+
+impl Wait {
+    /// Checks a wait in milliseconds.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when it is too long.
+    pub fn from_millis(wait_ms: u64) -> Result<Wait> {
+        if wait_ms > MAX_WAIT_MS {
+            return Err(Error::InvalidArgument(format!(
+                "wait_ms {wait_ms} is over the limit of {MAX_WAIT_MS}"
+            )));
+        }
+        Ok(Wait(wait_ms))
+    }
+
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+}
+
+macro_rules! display_as_str {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    )*};
+}
+display_as_str!(Key, Owner, RequestId, Ttl, Wait);
+
+// Text values debug-print as the quoted string they hold, so messages such as
+// `key "session:42" is held by owner "graph-a"` read as they always did.
+macro_rules! debug_as_str {
+    ($($t:ty),*) => {$(
+        impl fmt::Debug for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
+            }
+        }
+    )*};
+}
+debug_as_str!(Key, Owner, RequestId);
+
+// Text values compare with plain strings, so `guard.key() == "session:42"`
+// reads naturally.
+macro_rules! eq_str {
+    ($($t:ty),*) => {$(
+        impl PartialEq<str> for $t {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+        impl PartialEq<&str> for $t {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+    )*};
+}
+eq_str!(Key, Owner, RequestId);
+
+/// A key or owner: non-empty, at most `limit` bytes, no control characters.
+fn check_name(what: &str, text: &str, limit: usize) -> Result<()> {
+    if text.is_empty() {
+        return Err(Error::InvalidArgument(format!("{what} must not be empty")));
+    }
+    if text.len() > limit {
         return Err(Error::InvalidArgument(format!(
-            "wait_ms {wait_ms} is over the limit of {MAX_WAIT_MS}"
+            "{what} is {} bytes; the limit is {limit}",
+            text.len()
+        )));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} must not contain control characters"
         )));
     }
     Ok(())
@@ -200,19 +378,33 @@ mod tests {
 
     #[test]
     fn keys_with_control_characters_are_refused() {
-        assert!(validate_key("session:1").is_ok());
-        assert!(validate_key("a\nb").is_err());
-        assert!(validate_key("a\u{7f}b").is_err());
-        assert!(validate_key("").is_err());
-        assert!(validate_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
-        assert!(validate_key(&"k".repeat(MAX_KEY_BYTES + 1)).is_err());
+        assert!(Key::parse("session:1").is_ok());
+        assert!(Key::parse("a\nb").is_err());
+        assert!(Key::parse("a\u{7f}b").is_err());
+        assert!(Key::parse("").is_err());
+        assert!(Key::parse("k".repeat(MAX_KEY_BYTES)).is_ok());
+        assert!(Key::parse("k".repeat(MAX_KEY_BYTES + 1)).is_err());
+        assert!(Owner::parse("").is_err());
+        assert!(Owner::parse("o".repeat(MAX_OWNER_BYTES + 1)).is_err());
     }
 
     #[test]
     fn ttl_bounds_are_inclusive() {
-        assert!(validate_ttl(MIN_TTL_MS).is_ok());
-        assert!(validate_ttl(MAX_TTL_MS).is_ok());
-        assert!(validate_ttl(MIN_TTL_MS - 1).is_err());
-        assert!(validate_ttl(MAX_TTL_MS + 1).is_err());
+        assert!(Ttl::from_millis(MIN_TTL_MS).is_ok());
+        assert!(Ttl::from_millis(MAX_TTL_MS).is_ok());
+        assert!(Ttl::from_millis(MIN_TTL_MS - 1).is_err());
+        assert!(Ttl::from_millis(MAX_TTL_MS + 1).is_err());
+        assert_eq!(Ttl::parse_optional(0).unwrap(), None);
+        assert!(Wait::from_millis(MAX_WAIT_MS + 1).is_err());
+    }
+
+    #[test]
+    fn an_empty_request_id_is_none() {
+        assert_eq!(RequestId::parse_optional("").unwrap(), None);
+        assert_eq!(
+            RequestId::parse_optional("r").unwrap().unwrap().as_str(),
+            "r"
+        );
+        assert!(RequestId::parse_optional("r".repeat(MAX_REQUEST_ID_BYTES + 1)).is_err());
     }
 }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use crate::clock::Millis;
 use crate::error::{Error, Result};
-use crate::lease::Fence;
+use crate::lease::{Fence, Key};
 
 /// Longest call id, in bytes.
 pub const MAX_CALL_ID_BYTES: usize = 256;
@@ -196,19 +196,19 @@ impl Ledger {
     /// Returns the winning record and whether an earlier settle had won.
     ///
     /// # Errors
-    /// [`Error::NotFound`] when the ledger has no such call.
+    /// [`Error::ToolCallNotFound`] when the ledger has no such call.
     pub fn settle(
         &mut self,
-        key: &str,
+        key: &Key,
         settlement: Settlement,
         fence: Fence,
         now: Millis,
     ) -> Result<(ToolCall, bool)> {
         let Some(&i) = self.index.get(&settlement.call_id) else {
-            return Err(Error::NotFound(format!(
-                "{key}: no tool call {:?}",
-                settlement.call_id
-            )));
+            return Err(Error::ToolCallNotFound {
+                key: key.clone(),
+                call_id: settlement.call_id,
+            });
         };
         let call = &mut self.calls[i];
         if call.state.is_settled() {
@@ -388,11 +388,21 @@ mod tests {
             result: Vec::new(),
         };
         let (first, already) = ledger
-            .settle("k", settle(CallState::Succeeded), Fence(1), 5)
+            .settle(
+                &Key::parse("k").unwrap(),
+                settle(CallState::Succeeded),
+                Fence(1),
+                5,
+            )
             .unwrap();
         assert!(!already);
         let (second, already) = ledger
-            .settle("k", settle(CallState::Failed), Fence(1), 6)
+            .settle(
+                &Key::parse("k").unwrap(),
+                settle(CallState::Failed),
+                Fence(1),
+                6,
+            )
             .unwrap();
         assert!(already);
         assert_eq!(first, second);

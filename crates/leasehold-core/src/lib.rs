@@ -21,4 +21,7 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use error::{Error, Result, StaleReason};
-pub use lease::{EndedTerm, Fence, LeaseId, Term, TermEnd};
+pub use lease::{
+    Ended, EndedTerm, Fence, Key, KeyState, Lease, LeaseId, Owner, RequestId, Term, TermEnd, Ttl,
+    Wait,
+};

@@ -8,13 +8,13 @@
 //! the writer: the full current state of every key changed since the last
 //! batch.
 
-use crate::lease::{EndedTerm, Term};
+use crate::lease::{EndedTerm, Key, Term};
 use crate::ledger::ToolCall;
 
 /// A key's durable state: what storage keeps, and what start-up restores.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRecord {
-    pub key: String,
+    pub key: Key,
     pub live: Option<Term>,
     pub last_ended: Option<EndedTerm>,
 }
@@ -26,11 +26,11 @@ pub struct Batch {
     pub records: Vec<KeyRecord>,
     /// Keys forgotten (released cleanly long enough ago): their rows go.
     /// Applied before `records`, which may hold a key created again since.
-    pub forgotten: Vec<String>,
+    pub forgotten: Vec<Key>,
     /// Tool calls pruned from ledgers: (key, call ids). Applied before `calls`.
-    pub pruned_calls: Vec<(String, Vec<String>)>,
+    pub pruned_calls: Vec<(Key, Vec<String>)>,
     /// The current state of every tool call changed since the last batch.
-    pub calls: Vec<(String, ToolCall)>,
+    pub calls: Vec<(Key, ToolCall)>,
     /// The highest fence ever granted. Storage must keep it durable by the
     /// time it deletes a row (`forgotten`): until then every fence granted
     /// is in its key's row, and start-up takes the highest of both.
@@ -65,7 +65,7 @@ pub enum StoreError {
 pub struct Snapshot {
     pub records: Vec<KeyRecord>,
     /// Every tool call, with its key.
-    pub calls: Vec<(String, ToolCall)>,
+    pub calls: Vec<(Key, ToolCall)>,
     /// A fence at least as high as any granted whose key's row is gone.
     /// Start-up takes the highest of this and every fence in `records`, so
     /// a store must keep it current only when it deletes rows.

@@ -9,15 +9,19 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
-use tonic::transport::Channel;
 
-use leasehold_core::{Error, SystemClock};
+use leasehold_client::{Client, ClientError};
+use leasehold_core::SystemClock;
+use leasehold_core::lease::{Ended, Fence, Key, Lease, LeaseId, TermEnd, Ttl};
+use leasehold_core::lessor::ListFilter;
 use leasehold_server::engine::EngineConfig;
 use leasehold_server::server;
 use leasehold_server::sqlite::SyncMode;
 use leasehold_transcript as transcript;
-use leasehold_wire::pb;
-use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use leasehold_wire::{convert, pb};
+
+/// How long `leasehold check` waits for its answer.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite.
 #[derive(Debug, Parser)]
@@ -362,16 +366,30 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-async fn connect(target: &Target) -> Result<LeaseholdClient<Channel>, String> {
-    LeaseholdClient::connect(target.server.clone())
+async fn connect(target: &Target) -> Result<Client, String> {
+    Client::connect(target.server.clone())
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", target.server))
 }
 
-fn refused(status: tonic::Status) -> String {
-    let code = status.code();
-    let err: Error = leasehold_wire::status::from_status(&status);
-    format!("{code:?}: {err}")
+/// A refusal as the CLI prints it: the status code, then the message.
+fn refused(err: impl Into<ClientError>) -> String {
+    match err.into() {
+        ClientError::Server(err) => {
+            let code = leasehold_wire::status::to_status(err.clone()).code();
+            format!("{code:?}: {err}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// The CLI's arguments, parsed by the same rules the server applies.
+fn key(text: String) -> Result<Key, String> {
+    Key::parse(text).map_err(refused)
+}
+
+fn lease_id(text: &str) -> Result<LeaseId, String> {
+    LeaseId::parse(text).map_err(refused)
 }
 
 async fn operate(command: Command) -> Result<(), String> {
@@ -387,98 +405,81 @@ async fn operate(command: Command) -> Result<(), String> {
             wait_ms,
             request_id,
         } => {
-            let reply = connect(&target)
+            let acquire = convert::acquire(pb::AcquireRequest {
+                key,
+                owner,
+                ttl_ms,
+                wait_ms,
+                request_id,
+            })
+            .map_err(refused)?;
+            let granted = connect(&target)
                 .await?
-                .acquire(pb::AcquireRequest {
-                    key,
-                    owner,
-                    ttl_ms,
-                    wait_ms,
-                    request_id,
-                })
+                .grant(&acquire)
                 .await
-                .map_err(refused)?
-                .into_inner();
+                .map_err(refused)?;
             print(
                 target.json,
                 json!({
-                    "lease": reply.lease.as_ref().map(lease_json),
-                    "previous": reply.previous.as_ref().map(ended_json),
-                    "replayed": reply.replayed,
+                    "lease": lease_json(&granted.lease),
+                    "previous": granted.previous.as_ref().map(ended_json),
+                    "replayed": granted.replayed,
                 }),
             );
         }
         Command::Renew {
-            key,
+            key: k,
             target,
             fence,
-            lease_id,
+            lease_id: id,
             ttl_ms,
         } => {
-            let reply = connect(&target)
+            let (k, id) = (key(k)?, lease_id(&id)?);
+            let ttl = Ttl::parse_optional(ttl_ms).map_err(refused)?;
+            let lease = connect(&target)
                 .await?
-                .renew(pb::RenewRequest {
-                    key,
-                    fence,
-                    lease_id,
-                    ttl_ms,
-                })
+                .renew_term(&k, Fence(fence), id, ttl)
                 .await
-                .map_err(refused)?
-                .into_inner();
-            print(
-                target.json,
-                json!({ "lease": reply.lease.as_ref().map(lease_json) }),
-            );
+                .map_err(refused)?;
+            print(target.json, json!({ "lease": lease_json(&lease) }));
         }
         Command::Release {
-            key,
+            key: k,
             target,
             fence,
-            lease_id,
+            lease_id: id,
             suspend,
         } => {
-            let reply = connect(&target)
+            let (k, id) = (key(k)?, lease_id(&id)?);
+            let ended = connect(&target)
                 .await?
-                .release(pb::ReleaseRequest {
-                    key,
-                    fence,
-                    lease_id,
-                    suspend,
-                })
+                .release_term(&k, Fence(fence), id, suspend)
                 .await
-                .map_err(refused)?
-                .into_inner();
-            print(
-                target.json,
-                json!({ "ended": reply.ended.as_ref().map(ended_json) }),
-            );
+                .map_err(refused)?;
+            print(target.json, json!({ "ended": ended_json(&ended) }));
         }
-        Command::Check { key, target, fence } => {
-            let reply = connect(&target)
+        Command::Check {
+            key: k,
+            target,
+            fence,
+        } => {
+            let k = key(k)?;
+            let lease = connect(&target)
                 .await?
-                .check(pb::CheckRequest { key, fence })
+                .check(&k, Fence(fence), CHECK_TIMEOUT)
                 .await
-                .map_err(refused)?
-                .into_inner();
-            print(
-                target.json,
-                json!({ "lease": reply.lease.as_ref().map(lease_json) }),
-            );
+                .map_err(refused)?;
+            print(target.json, json!({ "lease": lease_json(&lease) }));
         }
-        Command::Get { key, target } => {
-            let reply = connect(&target)
-                .await?
-                .get(pb::GetRequest { key })
-                .await
-                .map_err(refused)?
-                .into_inner();
+        Command::Get { key: k, target } => {
+            let k = key(k)?;
+            let state = connect(&target).await?.get(&k).await.map_err(refused)?;
             print(
                 target.json,
                 json!({
-                    "lease": reply.lease.as_ref().map(lease_json),
-                    "last_ended": reply.last_ended.as_ref().map(ended_json),
-                    "recoverable": reply.recoverable,
+                    "lease": state.lease.as_ref().map(lease_json),
+                    "last_ended": state.last_ended.as_ref().map(ended_json),
+                    "recoverable": state.recoverable,
                 }),
             );
         }
@@ -487,40 +488,36 @@ async fn operate(command: Command) -> Result<(), String> {
             prefix,
             filter,
             page_size,
-            mut page_token,
+            page_token,
             all,
         } => {
-            let mut client = connect(&target).await?;
+            let client = connect(&target).await?;
             let filter = match filter {
-                Filter::Live => pb::ListFilter::Live,
-                Filter::Recoverable => pb::ListFilter::Recoverable,
-                Filter::All => pb::ListFilter::All,
+                Filter::Live => ListFilter::Live,
+                Filter::Recoverable => ListFilter::Recoverable,
+                Filter::All => ListFilter::All,
             };
+            let mut token = (!page_token.is_empty()).then_some(page_token);
             let mut keys = Vec::new();
             loop {
-                let reply = client
-                    .list(pb::ListRequest {
-                        prefix: prefix.clone(),
-                        filter: filter as i32,
-                        page_size,
-                        page_token: page_token.clone(),
-                    })
+                let page = client
+                    .list(&prefix, filter, page_size, token.as_deref())
                     .await
-                    .map_err(refused)?
-                    .into_inner();
-                keys.extend(reply.keys.iter().map(|k| {
+                    .map_err(refused)?;
+                keys.extend(page.keys.iter().map(|k| {
                     json!({
-                        "key": k.key,
+                        "key": k.key.as_str(),
                         "lease": k.lease.as_ref().map(lease_json),
                         "last_ended": k.last_ended.as_ref().map(ended_json),
                         "recoverable": k.recoverable,
                     })
                 }));
-                page_token = reply.next_page_token;
-                if !all || page_token.is_empty() {
+                token = page.next_page_token;
+                if !all || token.is_none() {
                     break;
                 }
             }
+            let page_token = token.unwrap_or_default();
             if target.json {
                 print(true, json!({ "keys": keys, "next_page_token": page_token }));
             } else {
@@ -657,28 +654,32 @@ fn transcript_command(command: TranscriptCommand) -> ExitCode {
     }
 }
 
-fn lease_json(lease: &pb::Lease) -> Value {
+fn lease_json(lease: &Lease) -> Value {
     let mut value = json!({
-        "key": lease.key,
-        "fence": lease.fence,
-        "owner": lease.owner,
-        "ttl_ms": lease.ttl_ms,
-        "acquired_at_ms": lease.acquired_at_ms,
-        "expires_at_ms": lease.expires_at_ms,
+        "key": lease.key.as_str(),
+        "fence": lease.fence.0,
+        "owner": lease.owner.as_str(),
+        "ttl_ms": lease.ttl.as_millis(),
+        "acquired_at_ms": lease.acquired_at,
+        "expires_at_ms": lease.expires_at,
     });
-    if !lease.lease_id.is_empty() {
-        value["lease_id"] = json!(lease.lease_id);
+    if let Some(id) = lease.lease_id {
+        value["lease_id"] = json!(id.to_string());
     }
     value
 }
 
-fn ended_json(ended: &pb::EndedTerm) -> Value {
-    let end = pb::TermEnd::try_from(ended.end).map_or("UNSPECIFIED", |e| e.as_str_name());
+fn ended_json(ended: &Ended) -> Value {
+    let end = match ended.end {
+        TermEnd::Released => "RELEASED",
+        TermEnd::Suspended => "SUSPENDED",
+        TermEnd::Expired => "EXPIRED",
+    };
     json!({
-        "fence": ended.fence,
-        "owner": ended.owner,
+        "fence": ended.fence.0,
+        "owner": ended.owner.as_str(),
         "end": end,
-        "ended_at_ms": ended.ended_at_ms,
+        "ended_at_ms": ended.ended_at,
     })
 }
 

@@ -11,9 +11,11 @@
 //! The rules themselves live in `leasehold-core`; the wire format in
 //! `leasehold-wire`.
 
+pub mod backend;
 pub mod engine;
 pub mod grpc;
 pub mod server;
 pub mod sqlite;
 
+pub use backend::Backend;
 pub use engine::{Engine, EngineConfig};

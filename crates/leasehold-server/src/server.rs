@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::transport::server::TcpIncoming;
 
+use crate::backend::Backend;
 use crate::engine::{Engine, EngineConfig};
 use crate::grpc::LeaseholdService;
 use crate::grpc::transcripts::{MAX_TRANSCRIPT_BYTES, TranscriptsService};
@@ -89,17 +90,18 @@ impl Default for ServeOptions {
     }
 }
 
-/// Serves leases from `engine` on `listener` until `shutdown` resolves, then
-/// drains and flushes the engine, with the default [`ServeOptions`].
+/// Serves leases from `backend` (an [`Engine`], or any other [`Backend`]) on
+/// `listener` until `shutdown` resolves, then drains and flushes it, with the
+/// default [`ServeOptions`].
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
 pub async fn serve(
     listener: TcpListener,
-    engine: Engine,
+    backend: impl Backend,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    serve_with(listener, engine, shutdown, ServeOptions::default()).await
+    serve_with(listener, backend, shutdown, ServeOptions::default()).await
 }
 
 /// As [`serve`], with `options`.
@@ -108,7 +110,7 @@ pub async fn serve(
 /// [`ServeError`] when the transport fails.
 pub async fn serve_with(
     listener: TcpListener,
-    engine: Engine,
+    backend: impl Backend,
     shutdown: impl Future<Output = ()> + Send,
     options: ServeOptions,
 ) -> Result<(), ServeError> {
@@ -130,7 +132,9 @@ pub async fn serve_with(
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(engine.clone()));
+    let backend: Arc<dyn Backend> = Arc::new(backend);
+    let service =
+        pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(backend.clone()));
     let transcripts = pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
         .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
         .max_encoding_message_size(MAX_TRANSCRIPT_BYTES);
@@ -138,13 +142,13 @@ pub async fn serve_with(
     let signalled = Arc::new(Notify::new());
     let storage_failure = Arc::new(std::sync::Mutex::new(None::<String>));
     let draining = {
-        let engine = engine.clone();
+        let backend = backend.clone();
         let signalled = signalled.clone();
         let storage_failure = storage_failure.clone();
         async move {
             tokio::select! {
                 () = shutdown => tracing::info!("shutting down: draining requests"),
-                failure = engine.failed() => {
+                failure = backend.failed() => {
                     tracing::error!(%failure, "storage failed: reporting NOT_SERVING and stopping");
                     *storage_failure.lock().expect("failure slot") = Some(failure);
                 }
@@ -155,7 +159,7 @@ pub async fn serve_with(
             health_reporter
                 .set_not_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
                 .await;
-            engine.begin_shutdown();
+            backend.begin_shutdown();
             signalled.notify_one();
         }
     };
@@ -183,8 +187,8 @@ pub async fn serve_with(
             Ok(())
         }
     };
-    engine.shutdown().await;
-    tracing::info!(commits = engine.commits(), "stopped");
+    backend.shutdown().await;
+    tracing::info!("stopped");
     served?;
     match storage_failure.lock().expect("failure slot").take() {
         Some(failure) => Err(ServeError::StorageFailed(failure)),

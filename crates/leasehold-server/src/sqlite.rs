@@ -25,9 +25,10 @@
 
 use std::path::Path;
 
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use leasehold_core::lease::{EndedTerm, Fence, LeaseId, Term, TermEnd};
+use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Owner, RequestId, Term, TermEnd, Ttl};
 use leasehold_core::ledger::{CallState, ToolCall};
 use leasehold_core::store::{Batch, KeyRecord};
 use leasehold_core::store::{Snapshot, Store, StoreError};
@@ -204,7 +205,7 @@ impl Store for SqliteStore {
                 .prepare_cached("DELETE FROM keys WHERE key = ?1")
                 .map_err(io)?;
             for key in &batch.forgotten {
-                forget.execute([key]).map_err(io)?;
+                forget.execute([Sql(key)]).map_err(io)?;
             }
             let mut put = tx
                 .prepare_cached(
@@ -218,18 +219,18 @@ impl Store for SqliteStore {
                 let live = record.live.as_ref();
                 let ended = record.last_ended.as_ref();
                 put.execute(params![
-                    record.key,
-                    live.map(|t| t.fence.0 as i64),
-                    live.map(|t| t.owner.as_str()),
-                    live.map(|t| t.lease_id.0.as_bytes().as_slice()),
-                    live.and_then(|t| t.request_id.as_deref()),
-                    live.map(|t| t.ttl_ms as i64),
+                    Sql(&record.key),
+                    live.map(|t| Sql(&t.fence)),
+                    live.map(|t| Sql(&t.owner)),
+                    live.map(|t| Sql(&t.lease_id)),
+                    live.and_then(|t| t.request_id.as_ref().map(Sql)),
+                    live.map(|t| Sql(&t.ttl)),
                     live.map(|t| t.acquired_at as i64),
                     live.map(|t| t.expires_at as i64),
-                    ended.map(|e| e.fence.0 as i64),
-                    ended.map(|e| e.owner.as_str()),
-                    ended.map(|e| e.lease_id.0.as_bytes().as_slice()),
-                    ended.map(|e| end_code(e.end)),
+                    ended.map(|e| Sql(&e.fence)),
+                    ended.map(|e| Sql(&e.owner)),
+                    ended.map(|e| Sql(&e.lease_id)),
+                    ended.map(|e| Sql(&e.end)),
                     ended.map(|e| e.ended_at as i64),
                 ])
                 .map_err(io)?;
@@ -239,7 +240,7 @@ impl Store for SqliteStore {
                 .map_err(io)?;
             for (key, call_ids) in &batch.pruned_calls {
                 for call_id in call_ids {
-                    prune.execute(params![key, call_id]).map_err(io)?;
+                    prune.execute(params![Sql(key), call_id]).map_err(io)?;
                 }
             }
             let mut put_call = tx
@@ -253,14 +254,14 @@ impl Store for SqliteStore {
             for (key, call) in &batch.calls {
                 put_call
                     .execute(params![
-                        key,
+                        Sql(key),
                         call.call_id,
                         call.ordinal as i64,
                         call.name,
                         call.input_digest,
-                        call.fence.0 as i64,
-                        state_code(call.state),
-                        call.settled_fence.map(|f| f.0 as i64),
+                        Sql(&call.fence),
+                        Sql(&call.state),
+                        call.settled_fence.as_ref().map(Sql),
                         call.result_digest,
                         call.result,
                         call.begun_at as i64,
@@ -291,81 +292,202 @@ impl Store for SqliteStore {
     }
 }
 
-fn end_code(end: TermEnd) -> i64 {
-    match end {
-        TermEnd::Released => 1,
-        TermEnd::Suspended => 2,
-        TermEnd::Expired => 3,
+/// A domain value in a SQLite column. Reading checks it as the gRPC edge
+/// would: a stored key, owner, TTL or code this build does not know is an
+/// error at load (the server refuses to start), never silently mapped to a
+/// default.
+struct Sql<T>(T);
+
+impl ToSql for Sql<&Key> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.0.as_str()))
     }
 }
 
-fn state_code(state: CallState) -> i64 {
-    match state {
-        CallState::Running => 1,
-        CallState::Succeeded => 2,
-        CallState::Failed => 3,
-        CallState::Unknown => 4,
+impl FromSql for Sql<Key> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        Key::parse(String::column_result(value)?)
+            .map(Sql)
+            .map_err(|e| FromSqlError::Other(Box::new(e)))
     }
 }
 
-fn read_call(row: &Row<'_>) -> rusqlite::Result<(String, ToolCall)> {
-    let state = match row.get::<_, i64>(6)? {
-        1 => CallState::Running,
-        2 => CallState::Succeeded,
-        3 => CallState::Failed,
-        _ => CallState::Unknown,
-    };
+impl ToSql for Sql<&Owner> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.0.as_str()))
+    }
+}
+
+impl FromSql for Sql<Owner> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        Owner::parse(String::column_result(value)?)
+            .map(Sql)
+            .map_err(|e| FromSqlError::Other(Box::new(e)))
+    }
+}
+
+impl ToSql for Sql<&RequestId> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.0.as_str()))
+    }
+}
+
+/// A stored request id: NULL (or empty) is none.
+impl FromSql for Sql<Option<RequestId>> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        let text = Option::<String>::column_result(value)?.unwrap_or_default();
+        RequestId::parse_optional(text)
+            .map(Sql)
+            .map_err(|e| FromSqlError::Other(Box::new(e)))
+    }
+}
+
+impl ToSql for Sql<&Fence> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        let fence = i64::try_from(self.0.0)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        Ok(ToSqlOutput::from(fence))
+    }
+}
+
+impl FromSql for Sql<Fence> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        let fence = i64::column_result(value)?;
+        u64::try_from(fence)
+            .map(|f| Sql(Fence(f)))
+            .map_err(|_| FromSqlError::OutOfRange(fence))
+    }
+}
+
+impl ToSql for Sql<&Ttl> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.0.as_millis() as i64))
+    }
+}
+
+impl FromSql for Sql<Ttl> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        let ms = i64::column_result(value)?;
+        u64::try_from(ms)
+            .ok()
+            .and_then(|ms| Ttl::from_millis(ms).ok())
+            .map(Sql)
+            .ok_or(FromSqlError::OutOfRange(ms))
+    }
+}
+
+impl ToSql for Sql<&LeaseId> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.0.0.as_bytes().as_slice()))
+    }
+}
+
+impl FromSql for Sql<LeaseId> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        uuid::Uuid::from_slice(value.as_blob()?)
+            .map(|id| Sql(LeaseId(id)))
+            .map_err(|e| FromSqlError::Other(Box::new(e)))
+    }
+}
+
+/// Term ends as stored: 1 released, 2 suspended, 3 expired.
+impl ToSql for Sql<&TermEnd> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        let code: i64 = match self.0 {
+            TermEnd::Released => 1,
+            TermEnd::Suspended => 2,
+            TermEnd::Expired => 3,
+        };
+        Ok(ToSqlOutput::from(code))
+    }
+}
+
+impl FromSql for Sql<TermEnd> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        match i64::column_result(value)? {
+            1 => Ok(Sql(TermEnd::Released)),
+            2 => Ok(Sql(TermEnd::Suspended)),
+            3 => Ok(Sql(TermEnd::Expired)),
+            code => Err(FromSqlError::OutOfRange(code)),
+        }
+    }
+}
+
+/// Tool-call states as stored: 1 running, 2 succeeded, 3 failed, 4 unknown.
+impl ToSql for Sql<&CallState> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        let code: i64 = match self.0 {
+            CallState::Running => 1,
+            CallState::Succeeded => 2,
+            CallState::Failed => 3,
+            CallState::Unknown => 4,
+        };
+        Ok(ToSqlOutput::from(code))
+    }
+}
+
+impl FromSql for Sql<CallState> {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        match i64::column_result(value)? {
+            1 => Ok(Sql(CallState::Running)),
+            2 => Ok(Sql(CallState::Succeeded)),
+            3 => Ok(Sql(CallState::Failed)),
+            4 => Ok(Sql(CallState::Unknown)),
+            code => Err(FromSqlError::OutOfRange(code)),
+        }
+    }
+}
+
+/// Reads column `idx` as the domain value `T`.
+fn col<T>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T>
+where
+    Sql<T>: FromSql,
+{
+    row.get::<_, Sql<T>>(idx).map(|Sql(value)| value)
+}
+
+fn read_call(row: &Row<'_>) -> rusqlite::Result<(Key, ToolCall)> {
     let call = ToolCall {
         call_id: row.get(1)?,
         ordinal: row.get::<_, i64>(2)? as u64,
         name: row.get(3)?,
         input_digest: row.get(4)?,
-        fence: Fence(row.get::<_, i64>(5)? as u64),
-        state,
-        settled_fence: row.get::<_, Option<i64>>(7)?.map(|f| Fence(f as u64)),
+        fence: col(row, 5)?,
+        state: col(row, 6)?,
+        settled_fence: row.get::<_, Option<Sql<Fence>>>(7)?.map(|Sql(fence)| fence),
         result_digest: row.get(8)?,
         result: row.get(9)?,
         begun_at: row.get::<_, i64>(10)? as u64,
         settled_at: row.get::<_, Option<i64>>(11)?.map(|t| t as u64),
     };
-    Ok((row.get(0)?, call))
+    Ok((col(row, 0)?, call))
 }
 
 fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
-    let uuid = |idx: usize| -> rusqlite::Result<LeaseId> {
-        let bytes: Vec<u8> = row.get(idx)?;
-        uuid::Uuid::from_slice(&bytes).map(LeaseId).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Blob, Box::new(e))
-        })
-    };
-    let live = match row.get::<_, Option<i64>>(1)? {
+    let live = match row.get::<_, Option<Sql<Fence>>>(1)? {
         None => None,
-        Some(fence) => Some(Term {
-            fence: Fence(fence as u64),
-            owner: row.get(2)?,
-            lease_id: uuid(3)?,
-            request_id: row.get(4)?,
-            ttl_ms: row.get::<_, i64>(5)? as u64,
+        Some(Sql(fence)) => Some(Term {
+            fence,
+            owner: col(row, 2)?,
+            lease_id: col(row, 3)?,
+            request_id: col(row, 4)?,
+            ttl: col(row, 5)?,
             acquired_at: row.get::<_, i64>(6)? as u64,
             expires_at: row.get::<_, i64>(7)? as u64,
         }),
     };
-    let last_ended = match row.get::<_, Option<i64>>(8)? {
+    let last_ended = match row.get::<_, Option<Sql<Fence>>>(8)? {
         None => None,
-        Some(fence) => Some(EndedTerm {
-            fence: Fence(fence as u64),
-            owner: row.get(9)?,
-            lease_id: uuid(10)?,
-            end: match row.get::<_, i64>(11)? {
-                1 => TermEnd::Released,
-                2 => TermEnd::Suspended,
-                _ => TermEnd::Expired,
-            },
+        Some(Sql(fence)) => Some(EndedTerm {
+            fence,
+            owner: col(row, 9)?,
+            lease_id: col(row, 10)?,
+            end: col(row, 11)?,
             ended_at: row.get::<_, i64>(12)? as u64,
         }),
     };
     Ok(KeyRecord {
-        key: row.get(0)?,
+        key: col(row, 0)?,
         live,
         last_ended,
     })
@@ -439,12 +561,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.db");
         let mut lessor: Lessor<NoWaiter> = Lessor::restore(Vec::new(), Vec::new(), 0, 0, 100);
-        let spec = |key: &str| leasehold_core::lessor::AcquireSpec {
-            key: key.into(),
-            owner: "o".into(),
-            ttl_ms: 1000,
+        let spec = |key: &str| leasehold_core::lessor::Acquire {
+            key: Key::parse(key).unwrap(),
+            owner: Owner::parse("o").unwrap(),
+            ttl: Ttl::from_millis(1000).unwrap(),
+            wait: Default::default(),
             request_id: None,
         };
+        let k = |key: &str| Key::parse(key).unwrap();
         let leasehold_core::lessor::AcquireOutcome::Granted(a) = lessor.acquire(spec("a"), 0, None)
         else {
             panic!("not granted");
@@ -474,10 +598,10 @@ mod tests {
 
         // Release b, the key with the highest fence, and let it be forgotten.
         reopened
-            .release("b", b.term.fence, b.term.lease_id, false, 10)
+            .release(&k("b"), b.term.fence, b.term.lease_id, false, 10)
             .unwrap();
         reopened
-            .release("c", c.term.fence, c.term.lease_id, false, 10)
+            .release(&k("c"), c.term.fence, c.term.lease_id, false, 10)
             .unwrap();
         reopened.expire_due(110);
         let batch = reopened.take_batch();
@@ -487,7 +611,7 @@ mod tests {
         let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
         let snapshot = store.load().unwrap();
         assert_eq!(snapshot.records.len(), 1, "only a is left");
-        assert_eq!(snapshot.records[0].key, "a");
+        assert_eq!(snapshot.records[0].key, k("a"));
         assert!(snapshot.fence_high_water >= c.term.fence.0, "from the mark");
         let mut again: Lessor<NoWaiter> = Lessor::restore(
             snapshot.records,
@@ -501,6 +625,35 @@ mod tests {
             panic!("not granted");
         };
         assert!(d.term.fence > c.term.fence && c.term.fence > a.term.fence);
+    }
+
+    /// What this build cannot read is refused at load, row by row: an
+    /// unknown term end, an unknown tool-call state, a key the rules refuse.
+    #[test]
+    fn unknown_stored_values_are_errors_at_load() {
+        let corruptions = [
+            "INSERT INTO keys (key, ended_fence, ended_owner, ended_lease_id, ended_end, ended_at_ms)
+             VALUES ('k', 1, 'o', zeroblob(16), 7, 0)",
+            "INSERT INTO tool_calls (key, call_id, ordinal, name, input_digest, fence, state,
+                result_digest, result, begun_at_ms)
+             VALUES ('k', 'c', 1, 'tool', '', 1, 9, '', x'', 0)",
+            "INSERT INTO keys (key, ended_fence, ended_owner, ended_lease_id, ended_end, ended_at_ms)
+             VALUES ('', 1, 'o', zeroblob(16), 1, 0)",
+            "INSERT INTO keys (key, live_fence, live_owner, live_lease_id, live_ttl_ms,
+                live_acquired_at_ms, live_expires_at_ms)
+             VALUES ('k', 1, 'o', zeroblob(16), 5, 0, 5)",
+        ];
+        for corruption in corruptions {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("l.db");
+            drop(SqliteStore::open(&path, SyncMode::Full).unwrap());
+            let conn = Connection::open(&path).unwrap();
+            conn.execute(corruption, []).unwrap();
+            drop(conn);
+            let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+            let err = store.load().expect_err(corruption);
+            assert!(matches!(err, StoreError::Io(_)), "{err}");
+        }
     }
 
     #[test]

@@ -100,7 +100,7 @@ async fn a_held_key_is_busy_with_the_holder_named() {
     match &err {
         ClientError::Server(Error::Busy { holder, fence, .. }) => {
             assert_eq!(holder, "graph-a");
-            assert_eq!(*fence, held.fence().0);
+            assert_eq!(*fence, held.fence());
         }
         other => panic!("expected busy, got {other:?}"),
     }
@@ -245,7 +245,7 @@ async fn the_gate_fails_for_good_once_the_term_is_superseded() {
         ClientError::Lost {
             reason: LossReason::Refused(Error::StaleFence { fence, .. }),
             ..
-        } => assert_eq!(*fence, guard.fence().0),
+        } => assert_eq!(*fence, guard.fence()),
         other => panic!("expected lost (stale fence), got {other:?}"),
     }
     assert!(newer > guard.fence().0);

@@ -139,12 +139,12 @@ async fn a_lost_lease_cancels_the_run_and_leaves_the_call_for_recovery() {
     let unsettled = recoverer.unsettled_tool_calls().await.unwrap();
     assert_eq!(unsettled.len(), 1);
     assert_eq!(unsettled[0].call_id, "stuck");
-    assert_eq!(unsettled[0].fence, guard.fence().0);
+    assert_eq!(unsettled[0].fence, guard.fence());
     let settled = recoverer
         .settle_tool_call("stuck", &ToolOutcome::Unknown)
         .await
         .unwrap();
-    assert_eq!(settled.settled_fence, recoverer.fence().0);
+    assert_eq!(settled.settled_fence, Some(recoverer.fence()));
     let late = guard
         .settle_tool_call("stuck", &ToolOutcome::Succeeded(vec![]))
         .await;

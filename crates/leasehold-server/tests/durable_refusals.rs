@@ -11,11 +11,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use leasehold_core::lessor::Acquire;
 use leasehold_core::lessor::ListFilter;
 use leasehold_core::store::Batch;
 use leasehold_core::store::{Snapshot, Store, StoreError};
-use leasehold_core::{Clock, Error, LeaseId, ManualClock, StaleReason};
-use leasehold_server::engine::AcquireRequest;
+use leasehold_core::{
+    Clock, Error, Fence, Key, LeaseId, ManualClock, Owner, StaleReason, Ttl, Wait,
+};
 use leasehold_server::sqlite::{SqliteStore, SyncMode};
 use leasehold_server::{Engine, EngineConfig};
 use leasehold_wire::pb;
@@ -158,13 +160,24 @@ impl Fixture {
     }
 }
 
-fn req(key: &str, owner: &str) -> AcquireRequest {
-    AcquireRequest {
-        key: key.into(),
-        owner: owner.into(),
-        ttl_ms: 10_000,
-        wait_ms: 0,
-        request_id: String::new(),
+fn k(key: &str) -> Key {
+    Key::parse(key).unwrap()
+}
+
+fn req(key: &str, owner: &str) -> Acquire {
+    Acquire {
+        key: k(key),
+        owner: Owner::parse(owner).unwrap(),
+        ttl: Ttl::from_millis(10_000).unwrap(),
+        wait: Wait::default(),
+        request_id: None,
+    }
+}
+
+fn waiting(key: &str, owner: &str, wait_ms: u64) -> Acquire {
+    Acquire {
+        wait: Wait::from_millis(wait_ms).unwrap(),
+        ..req(key, owner)
     }
 }
 
@@ -192,22 +205,22 @@ async fn a_busy_refusal_waits_for_the_grant_it_names() {
     // it out now contradicts no one.
     let (engine, _dir) = f.restart().await;
     let c = engine.acquire(req("k", "c")).await.unwrap();
-    assert_eq!(c.term.fence.0, 1);
+    assert_eq!(c.term.fence, Fence(1));
 }
 
 #[tokio::test]
 async fn stale_and_denied_refusals_wait_for_the_release_they_reveal() {
     let f = start();
     let g = f.engine.acquire(req("k", "a")).await.unwrap();
-    let (fence, id) = (g.term.fence.0, g.term.lease_id.to_string());
+    let (fence, id) = (g.term.fence, g.term.lease_id);
     f.gate.arm();
-    let release = tokio::spawn(f.engine.release("k", fence, &id, false));
+    let release = tokio::spawn(f.engine.release(&k("k"), fence, id, false));
     f.gate.held().await;
 
-    let wrong = LeaseId::random().to_string();
-    let check = f.engine.check("k", fence).boxed();
-    let renew = f.engine.renew("k", fence, &id, 0).boxed();
-    let denied = f.engine.release("k", fence, &wrong, false).boxed();
+    let wrong = LeaseId::random();
+    let check = f.engine.check(&k("k"), fence).boxed();
+    let renew = f.engine.renew(&k("k"), fence, id, None).boxed();
+    let denied = f.engine.release(&k("k"), fence, wrong, false).boxed();
     let mut probes = vec![
         ("check", check.map(|r| r.map(|_| ())).boxed()),
         ("renew", renew.map(|r| r.map(|_| ())).boxed()),
@@ -230,7 +243,7 @@ async fn stale_and_denied_refusals_wait_for_the_release_they_reveal() {
     // After the restart the release never happened: fence 1 is live again,
     // so a "released" answer would have been a lie.
     let (engine, _dir) = f.restart().await;
-    assert_eq!(engine.check("k", fence).await.unwrap().fence.0, fence);
+    assert_eq!(engine.check(&k("k"), fence).await.unwrap().fence, fence);
 }
 
 #[tokio::test]
@@ -239,8 +252,8 @@ async fn permission_denied_waits_for_the_grant_it_reveals() {
     f.gate.arm();
     let a = tokio::spawn(f.engine.acquire(req("k", "a")));
     f.gate.held().await;
-    let wrong = LeaseId::random().to_string();
-    let mut renew = f.engine.renew("k", 1, &wrong, 0).boxed();
+    let wrong = LeaseId::random();
+    let mut renew = f.engine.renew(&k("k"), Fence(1), wrong, None).boxed();
     assert!((&mut renew).now_or_never().is_none());
     f.gate.fail();
     unavailable(a.await.unwrap());
@@ -252,7 +265,7 @@ async fn a_filtered_list_waits_for_the_keys_it_leaves_out() {
     let f = start();
     let g = f.engine.acquire(req("s:1", "a")).await.unwrap();
     f.engine
-        .release("s:1", g.term.fence.0, &g.term.lease_id.to_string(), true)
+        .release(&k("s:1"), g.term.fence, g.term.lease_id, true)
         .await
         .unwrap();
     f.gate.arm();
@@ -392,10 +405,8 @@ async fn abandoned_waits_leave_the_line() {
     for batch in 0..3 {
         let waits: Vec<_> = (0..500)
             .map(|i| {
-                f.engine.acquire(AcquireRequest {
-                    wait_ms: 300_000,
-                    ..req("k", &format!("w{batch}-{i}"))
-                })
+                f.engine
+                    .acquire(waiting("k", &format!("w{batch}-{i}"), 300_000))
             })
             .collect();
         // Applied at call time: they are all in line now.
@@ -404,12 +415,9 @@ async fn abandoned_waits_leave_the_line() {
         assert_eq!(f.engine.waiter_count(), 0, "batch {batch} left waiters");
     }
     // The holder is untouched and the key still goes to a live waiter.
-    let next = f.engine.acquire(AcquireRequest {
-        wait_ms: 60_000,
-        ..req("k", "next")
-    });
+    let next = f.engine.acquire(waiting("k", "next", 60_000));
     f.engine
-        .release("k", g.term.fence.0, &g.term.lease_id.to_string(), false)
+        .release(&k("k"), g.term.fence, g.term.lease_id, false)
         .await
         .unwrap();
     assert_eq!(next.await.unwrap().term.owner, "next");
@@ -483,17 +491,21 @@ async fn wait_until_no_waiters(engine: &Engine) {
 async fn a_superseded_release_over_grpc_is_refused() {
     let f = start();
     let first = f.engine.acquire(req("k", "a")).await.unwrap();
-    let (fence, id) = (first.term.fence.0, first.term.lease_id.to_string());
-    f.engine.release("k", fence, &id, false).await.unwrap();
+    let (fence, id) = (first.term.fence, first.term.lease_id);
+    f.engine.release(&k("k"), fence, id, false).await.unwrap();
     let second = f.engine.acquire(req("k", "b")).await.unwrap();
-    let refused = f.engine.release("k", fence, &id, false).await.unwrap_err();
+    let refused = f
+        .engine
+        .release(&k("k"), fence, id, false)
+        .await
+        .unwrap_err();
     assert_eq!(
         refused,
         Error::StaleFence {
-            key: "k".into(),
+            key: k("k"),
             fence,
             reason: StaleReason::Superseded {
-                by: second.term.fence.0
+                by: second.term.fence
             },
         }
     );

@@ -696,7 +696,12 @@ async fn shutdown_turns_waiters_away_with_unavailable() {
     assert_eq!(status.code(), Code::Unavailable);
     server.stop().await;
     // Once stopped, the engine refuses new work rather than losing it.
-    let err = server.engine.check("k", 1).await.unwrap_err();
+    let key = leasehold_core::Key::parse("k").unwrap();
+    let err = server
+        .engine
+        .check(&key, leasehold_core::Fence(1))
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, leasehold_core::Error::Unavailable(_)),
         "{err:?}"

@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::{TestServer, acquire, lease_of};
 use leasehold_client::{Client, ClientError};
 use leasehold_core::error::StaleReason;
+use leasehold_core::lease::{Fence, Key, Owner};
 use leasehold_wire::pb;
 use leasehold_wire::pb::session_request::Op;
 use leasehold_wire::status::from_refusal;
@@ -157,9 +158,9 @@ async fn refusals_carry_the_unary_details() {
     assert_eq!(
         from_refusal(busy.code, &busy.message, &busy.details),
         Error::Busy {
-            key: "k".into(),
-            holder: "holder-ä".into(),
-            fence: held.fence,
+            key: Key::parse("k").unwrap(),
+            holder: Owner::parse("holder-ä").unwrap(),
+            fence: Fence(held.fence),
             remaining_ms: 60_000,
         }
     );
@@ -169,7 +170,7 @@ async fn refusals_carry_the_unary_details() {
     else {
         panic!("not a stale fence: {stale:?}");
     };
-    assert_eq!((key.as_str(), fence), ("k", held.fence));
+    assert_eq!((key.as_str(), fence), ("k", Fence(held.fence)));
     assert!(matches!(reason, StaleReason::Released { .. }), "{reason:?}");
 
     // The unary status of the same refusal says the same.
@@ -263,7 +264,7 @@ async fn one_client_multiplexes_many_guards() {
     }
     // End the last guard's term behind its back: its fence goes stale.
     let last = guards.pop().unwrap();
-    let (last_key, last_fence) = (last.key().to_owned(), last.fence().0);
+    let (last_key, last_fence) = (last.key().clone(), last.fence());
     last.release().await.unwrap();
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -273,10 +274,10 @@ async fn one_client_multiplexes_many_guards() {
             for _ in 0..50 {
                 guard.verify().await.expect("live guard verifies");
                 let lease = client
-                    .check(guard.key(), guard.fence().0, Duration::from_secs(5))
+                    .check(guard.key(), guard.fence(), Duration::from_secs(5))
                     .await
                     .expect("live fence checks");
-                assert_eq!(lease.fence, guard.fence().0);
+                assert_eq!(lease.fence, guard.fence());
             }
             guard.release().await.expect("release over the stream");
         });

@@ -1,29 +1,43 @@
-//! Conversions between domain values and the generated `pb` types, in one place.
+//! Conversions between domain values and the generated `pb` types, both
+//! ways, in one place.
+//!
+//! - *Replies* (server side): domain values to `pb`.
+//! - *Requests* (server side): `pb` fields to domain values, checked once;
+//!   a malformed field is [`Error::InvalidArgument`].
+//! - *Replies read by a client*: `pb` to domain values. A server's reply that
+//!   does not parse is not the caller's fault: [`Error::Storage`] ("malformed
+//!   reply"), never a silent default.
 
 use crate::pb;
+use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result};
-use leasehold_core::lease::{EndedTerm, Term, TermEnd};
+use leasehold_core::lease::{
+    Ended, EndedTerm, Fence, Key, KeyState, Lease, LeaseId, Owner, RequestId, Term, TermEnd, Ttl,
+    Wait,
+};
 use leasehold_core::ledger::{
     CallFilter, CallSpec, CallState, Settlement, ToolCall, idempotency_key,
 };
-use leasehold_core::lessor::AcquireRequest;
-use leasehold_core::lessor::{Grant, KeyView, ListFilter};
+use leasehold_core::lessor::{Acquire, Grant, KeyView, ListFilter};
+
+// ---- Replies: domain to pb ------------------------------------------------
 
 /// A term as a `pb::Lease`; `with_secret` decides whether the lease id is shown
 /// (only to the holder: Acquire and Renew).
-pub fn lease(key: &str, term: &Term, with_secret: bool) -> pb::Lease {
+pub fn lease(key: &Key, term: &Term, with_secret: bool) -> pb::Lease {
+    lease_to_pb(&Lease::of(key, term, with_secret))
+}
+
+/// A client-side lease view as a `pb::Lease`.
+pub fn lease_to_pb(lease: &Lease) -> pb::Lease {
     pb::Lease {
-        key: key.to_owned(),
-        fence: term.fence.0,
-        owner: term.owner.clone(),
-        lease_id: if with_secret {
-            term.lease_id.to_string()
-        } else {
-            String::new()
-        },
-        ttl_ms: term.ttl_ms,
-        acquired_at_ms: term.acquired_at,
-        expires_at_ms: term.expires_at,
+        key: lease.key.as_str().to_owned(),
+        fence: lease.fence.0,
+        owner: lease.owner.as_str().to_owned(),
+        lease_id: lease.lease_id.map(|id| id.to_string()).unwrap_or_default(),
+        ttl_ms: lease.ttl.as_millis(),
+        acquired_at_ms: lease.acquired_at,
+        expires_at_ms: lease.expires_at,
     }
 }
 
@@ -31,7 +45,7 @@ pub fn lease(key: &str, term: &Term, with_secret: bool) -> pb::Lease {
 pub fn ended(ended: &EndedTerm) -> pb::EndedTerm {
     pb::EndedTerm {
         fence: ended.fence.0,
-        owner: ended.owner.clone(),
+        owner: ended.owner.as_str().to_owned(),
         end: term_end(ended.end) as i32,
         ended_at_ms: ended.ended_at,
     }
@@ -48,34 +62,14 @@ fn term_end(end: TermEnd) -> pb::TermEnd {
 /// A reader's view of a key as a `pb::KeyState`.
 pub fn key_state(view: &KeyView) -> pb::KeyState {
     pb::KeyState {
-        key: view.key.clone(),
+        key: view.key.as_str().to_owned(),
         lease: view.live.as_ref().map(|t| lease(&view.key, t, false)),
         last_ended: view.last_ended.as_ref().map(ended),
         recoverable: view.recoverable,
     }
 }
 
-/// The List filter a client asked for; unspecified (and unknown) mean all.
-pub fn list_filter(value: i32) -> ListFilter {
-    match pb::ListFilter::try_from(value) {
-        Ok(pb::ListFilter::Live) => ListFilter::Live,
-        Ok(pb::ListFilter::Recoverable) => ListFilter::Recoverable,
-        _ => ListFilter::All,
-    }
-}
-
 /// A grant as the holder sees it (with the lease id).
-/// An Acquire as the engine takes it, from the unary or the stream form.
-pub fn acquire_request(r: pb::AcquireRequest) -> AcquireRequest {
-    AcquireRequest {
-        key: r.key,
-        owner: r.owner,
-        ttl_ms: r.ttl_ms,
-        wait_ms: r.wait_ms,
-        request_id: r.request_id,
-    }
-}
-
 pub fn acquire_response(grant: &Grant) -> pb::AcquireResponse {
     pb::AcquireResponse {
         lease: Some(lease(&grant.key, &grant.term, true)),
@@ -86,9 +80,9 @@ pub fn acquire_response(grant: &Grant) -> pb::AcquireResponse {
 }
 
 /// A ledger entry as a `pb::ToolCall`.
-pub fn tool_call(key: &str, call: &ToolCall) -> pb::ToolCall {
+pub fn tool_call(key: &Key, call: &ToolCall) -> pb::ToolCall {
     pb::ToolCall {
-        key: key.to_owned(),
+        key: key.as_str().to_owned(),
         call_id: call.call_id.clone(),
         name: call.name.clone(),
         input_digest: call.input_digest.clone(),
@@ -100,11 +94,12 @@ pub fn tool_call(key: &str, call: &ToolCall) -> pb::ToolCall {
         begun_at_ms: call.begun_at,
         settled_at_ms: call.settled_at.unwrap_or(0),
         ordinal: call.ordinal,
-        idempotency_key: idempotency_key(key, &call.call_id),
+        idempotency_key: idempotency_key(key.as_str(), &call.call_id),
     }
 }
 
-fn call_state(state: CallState) -> pb::ToolCallState {
+/// A tool call's state on the wire.
+pub fn call_state(state: CallState) -> pb::ToolCallState {
     match state {
         CallState::Running => pb::ToolCallState::Running,
         CallState::Succeeded => pb::ToolCallState::Succeeded,
@@ -113,7 +108,65 @@ fn call_state(state: CallState) -> pb::ToolCallState {
     }
 }
 
-/// A call to begin, as the domain sees it.
+// ---- Requests: pb to domain, checked once ----------------------------------
+
+/// An Acquire as the server takes it, from the unary or the stream form.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the first malformed field.
+pub fn acquire(r: pb::AcquireRequest) -> Result<Acquire> {
+    Ok(Acquire {
+        key: Key::parse(r.key)?,
+        owner: Owner::parse(r.owner)?,
+        ttl: Ttl::from_millis(r.ttl_ms)?,
+        wait: Wait::from_millis(r.wait_ms)?,
+        request_id: RequestId::parse_optional(r.request_id)?,
+    })
+}
+
+/// An Acquire as it travels (the client's side of [`acquire`]).
+pub fn acquire_to_pb(acquire: &Acquire) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key: acquire.key.as_str().to_owned(),
+        owner: acquire.owner.as_str().to_owned(),
+        ttl_ms: acquire.ttl.as_millis(),
+        wait_ms: acquire.wait.as_millis(),
+        request_id: acquire
+            .request_id
+            .as_ref()
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default(),
+    }
+}
+
+/// The key and secret of a term a request presents (Renew, Release, the
+/// tool-call operations).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a malformed key or lease id.
+pub fn held(key: String, lease_id: &str) -> Result<(Key, LeaseId)> {
+    Ok((Key::parse(key)?, LeaseId::parse(lease_id)?))
+}
+
+/// The List filter a client asked for; unspecified (and unknown) mean all.
+pub fn list_filter(value: i32) -> ListFilter {
+    match pb::ListFilter::try_from(value) {
+        Ok(pb::ListFilter::Live) => ListFilter::Live,
+        Ok(pb::ListFilter::Recoverable) => ListFilter::Recoverable,
+        _ => ListFilter::All,
+    }
+}
+
+/// The List filter as the wire spells it.
+pub fn list_filter_to_pb(filter: ListFilter) -> pb::ListFilter {
+    match filter {
+        ListFilter::Live => pb::ListFilter::Live,
+        ListFilter::Recoverable => pb::ListFilter::Recoverable,
+        ListFilter::All => pb::ListFilter::All,
+    }
+}
+
+/// A call to begin, as the domain sees it (checked by the ledger's rules).
 pub fn call_spec(spec: pb::ToolCallSpec) -> CallSpec {
     CallSpec {
         call_id: spec.call_id,
@@ -126,23 +179,27 @@ pub fn call_spec(spec: pb::ToolCallSpec) -> CallSpec {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] when the outcome is not SUCCEEDED, FAILED or UNKNOWN.
-pub fn settlement(r: pb::SettleToolCallRequest) -> Result<Settlement> {
-    let outcome = match pb::ToolCallState::try_from(r.outcome) {
+pub fn settlement(
+    call_id: String,
+    outcome: i32,
+    result_digest: String,
+    result: Vec<u8>,
+) -> Result<Settlement> {
+    let outcome = match pb::ToolCallState::try_from(outcome) {
         Ok(pb::ToolCallState::Succeeded) => CallState::Succeeded,
         Ok(pb::ToolCallState::Failed) => CallState::Failed,
         Ok(pb::ToolCallState::Unknown) => CallState::Unknown,
         _ => {
             return Err(Error::InvalidArgument(format!(
-                "outcome {} is not SUCCEEDED, FAILED or UNKNOWN",
-                r.outcome
+                "outcome {outcome} is not SUCCEEDED, FAILED or UNKNOWN"
             )));
         }
     };
     Ok(Settlement {
-        call_id: r.call_id,
+        call_id,
         outcome,
-        result_digest: r.result_digest,
-        result: r.result,
+        result_digest,
+        result,
     })
 }
 
@@ -156,20 +213,135 @@ pub fn call_filter(value: i32) -> CallFilter {
 }
 
 /// Encodes the key to continue after as an opaque page token.
-pub fn page_token(after: &str) -> String {
-    after.bytes().map(|b| format!("{b:02x}")).collect()
+pub fn page_token(after: &Key) -> String {
+    after.as_str().bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Decodes a page token made by [`page_token`]; `None` when it is malformed.
-pub fn parse_page_token(token: &str) -> Option<String> {
+/// Decodes a page token made by [`page_token`]; empty means the first page.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when it is malformed.
+pub fn parse_page_token(token: &str) -> Result<Option<Key>> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let malformed = || Error::InvalidArgument("malformed page_token".into());
     if token.len() % 2 != 0 {
-        return None;
+        return Err(malformed());
     }
     let bytes = (0..token.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
-        .collect::<Option<Vec<u8>>>()?;
-    String::from_utf8(bytes).ok()
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(malformed)?;
+    let text = String::from_utf8(bytes).map_err(|_| malformed())?;
+    Key::parse(text).map(Some).map_err(|_| malformed())
+}
+
+// ---- Replies read by a client: pb to domain --------------------------------
+
+/// A reply field that did not parse: the server (or something between) sent
+/// what no leasehold server sends.
+fn malformed(what: &str, err: &Error) -> Error {
+    Error::Storage(format!("malformed reply: {what}: {err}"))
+}
+
+fn reply_key(key: String) -> Result<Key> {
+    Key::parse(key).map_err(|e| malformed("key", &e))
+}
+
+fn reply_owner(owner: String) -> Result<Owner> {
+    Owner::parse(owner).map_err(|e| malformed("owner", &e))
+}
+
+/// A `pb::Lease` from a reply.
+///
+/// # Errors
+/// [`Error::Storage`] when a field does not parse.
+pub fn lease_from_pb(lease: pb::Lease) -> Result<Lease> {
+    let lease_id = if lease.lease_id.is_empty() {
+        None
+    } else {
+        Some(LeaseId::parse(&lease.lease_id).map_err(|e| malformed("lease_id", &e))?)
+    };
+    Ok(Lease {
+        key: reply_key(lease.key)?,
+        fence: Fence(lease.fence),
+        owner: reply_owner(lease.owner)?,
+        lease_id,
+        ttl: Ttl::from_millis(lease.ttl_ms).map_err(|e| malformed("ttl_ms", &e))?,
+        acquired_at: lease.acquired_at_ms,
+        expires_at: lease.expires_at_ms,
+    })
+}
+
+/// A `pb::EndedTerm` from a reply.
+///
+/// # Errors
+/// [`Error::Storage`] when a field does not parse or the end is unknown.
+pub fn ended_from_pb(ended: pb::EndedTerm) -> Result<Ended> {
+    let end = match pb::TermEnd::try_from(ended.end) {
+        Ok(pb::TermEnd::Released) => TermEnd::Released,
+        Ok(pb::TermEnd::Suspended) => TermEnd::Suspended,
+        Ok(pb::TermEnd::Expired) => TermEnd::Expired,
+        _ => {
+            let err = Error::InvalidArgument(format!("unknown term end {}", ended.end));
+            return Err(malformed("end", &err));
+        }
+    };
+    Ok(Ended {
+        fence: Fence(ended.fence),
+        owner: reply_owner(ended.owner)?,
+        end,
+        ended_at: ended.ended_at_ms,
+    })
+}
+
+/// A `pb::KeyState` from a Get or List reply.
+///
+/// # Errors
+/// [`Error::Storage`] when a field does not parse.
+pub fn key_state_from_pb(state: pb::KeyState) -> Result<KeyState> {
+    Ok(KeyState {
+        key: reply_key(state.key)?,
+        lease: state.lease.map(lease_from_pb).transpose()?,
+        last_ended: state.last_ended.map(ended_from_pb).transpose()?,
+        recoverable: state.recoverable,
+    })
+}
+
+/// A `pb::ToolCall` from a reply, with its key.
+///
+/// # Errors
+/// [`Error::Storage`] when a field does not parse or the state is unknown.
+pub fn tool_call_from_pb(call: pb::ToolCall) -> Result<(Key, ToolCall)> {
+    let state = match pb::ToolCallState::try_from(call.state) {
+        Ok(pb::ToolCallState::Running) => CallState::Running,
+        Ok(pb::ToolCallState::Succeeded) => CallState::Succeeded,
+        Ok(pb::ToolCallState::Failed) => CallState::Failed,
+        Ok(pb::ToolCallState::Unknown) => CallState::Unknown,
+        _ => {
+            let err = Error::InvalidArgument(format!("unknown tool call state {}", call.state));
+            return Err(malformed("state", &err));
+        }
+    };
+    let settled_at: Option<Millis> = state.is_settled().then_some(call.settled_at_ms);
+    Ok((
+        reply_key(call.key)?,
+        ToolCall {
+            call_id: call.call_id,
+            name: call.name,
+            input_digest: call.input_digest,
+            fence: Fence(call.fence),
+            state,
+            settled_fence: (call.settled_fence != 0).then_some(Fence(call.settled_fence)),
+            result_digest: call.result_digest,
+            result: call.result,
+            begun_at: call.begun_at_ms,
+            settled_at,
+            ordinal: call.ordinal,
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -178,10 +350,33 @@ mod tests {
 
     #[test]
     fn page_tokens_round_trip() {
-        for key in ["a", "session/ü/1", ""] {
-            assert_eq!(parse_page_token(&page_token(key)).as_deref(), Some(key));
+        for key in ["a", "session/ü/1"] {
+            let key = Key::parse(key).unwrap();
+            assert_eq!(parse_page_token(&page_token(&key)).unwrap(), Some(key));
         }
-        assert_eq!(parse_page_token("zz"), None);
-        assert_eq!(parse_page_token("abc"), None);
+        assert_eq!(parse_page_token("").unwrap(), None);
+        assert!(parse_page_token("zz").is_err());
+        assert!(parse_page_token("abc").is_err());
+    }
+
+    #[test]
+    fn a_lease_round_trips_and_a_bad_reply_is_an_error() {
+        let term = Term {
+            fence: Fence(u64::MAX - 1),
+            owner: Owner::parse("graph-a").unwrap(),
+            lease_id: LeaseId::random(),
+            request_id: None,
+            ttl: Ttl::from_millis(1500).unwrap(),
+            acquired_at: 10,
+            expires_at: 1510,
+        };
+        let key = Key::parse("session:1").unwrap();
+        let wire = lease(&key, &term, true);
+        assert_eq!(
+            lease_from_pb(wire.clone()).unwrap(),
+            Lease::of(&key, &term, true)
+        );
+        let bad = pb::Lease { ttl_ms: 0, ..wire };
+        assert!(matches!(lease_from_pb(bad), Err(Error::Storage(_))));
     }
 }

@@ -14,6 +14,7 @@ use tonic::metadata::{
 use tonic::{Code, Status};
 
 use leasehold_core::error::{Error, StaleReason};
+use leasehold_core::lease::{Fence, Key, Owner};
 
 const KEY: &str = "leasehold-key-bin";
 const HOLDER: &str = "leasehold-holder-bin";
@@ -22,6 +23,7 @@ const REMAINING: &str = "leasehold-remaining-ms";
 /// The metadata key naming why a fence is stale.
 pub const REASON: &str = "leasehold-reason";
 const AT: &str = "leasehold-at-ms";
+const CALL_ID: &str = "leasehold-call-id-bin";
 const BY: &str = "leasehold-superseded-by";
 
 /// Turns a domain error into the gRPC status a client sees.
@@ -36,32 +38,37 @@ pub fn to_status(err: Error) -> Status {
             fence,
             remaining_ms,
         } => {
-            put_bin(&mut meta, KEY, key);
-            put_bin(&mut meta, HOLDER, holder);
-            put(&mut meta, FENCE, *fence);
+            put_bin(&mut meta, KEY, key.as_str());
+            put_bin(&mut meta, HOLDER, holder.as_str());
+            put(&mut meta, FENCE, fence.0);
             put(&mut meta, REMAINING, *remaining_ms);
             Code::Aborted
         }
         Error::StaleFence { key, fence, reason } => {
-            put_bin(&mut meta, KEY, key);
-            put(&mut meta, FENCE, *fence);
+            put_bin(&mut meta, KEY, key.as_str());
+            put(&mut meta, FENCE, fence.0);
             meta.insert(REASON, MetadataValue::from_static(reason.name()));
             match reason {
                 StaleReason::Expired { at }
                 | StaleReason::Released { at }
                 | StaleReason::Suspended { at } => put(&mut meta, AT, *at),
-                StaleReason::Superseded { by } => put(&mut meta, BY, *by),
+                StaleReason::Superseded { by } => put(&mut meta, BY, by.0),
                 StaleReason::Unknown => {}
             }
             Code::FailedPrecondition
         }
         Error::PermissionDenied { key, fence } => {
-            put_bin(&mut meta, KEY, key);
-            put(&mut meta, FENCE, *fence);
+            put_bin(&mut meta, KEY, key.as_str());
+            put(&mut meta, FENCE, fence.0);
             Code::PermissionDenied
         }
         Error::NotFound(key) => {
-            put_bin(&mut meta, KEY, key);
+            put_bin(&mut meta, KEY, key.as_str());
+            Code::NotFound
+        }
+        Error::ToolCallNotFound { key, call_id } => {
+            put_bin(&mut meta, KEY, key.as_str());
+            put_bin(&mut meta, CALL_ID, call_id);
             Code::NotFound
         }
         Error::Unavailable(_) => Code::Unavailable,
@@ -74,25 +81,26 @@ pub fn to_status(err: Error) -> Status {
 ///
 /// Statuses without leasehold metadata (from a proxy, a deadline, a broken
 /// connection) map by code: transport trouble becomes
-/// [`Error::Unavailable`], anything unrecognised [`Error::Storage`] with the
-/// original message.
+/// [`Error::Unavailable`], anything unrecognised (including a refusal code
+/// without the key it refers to) [`Error::Storage`] with the original
+/// message.
 pub fn from_status(status: &Status) -> Error {
     let meta = status.metadata();
     let message = status.message().to_owned();
-    let key = || get_bin(meta, KEY).unwrap_or_default();
-    let fence = || get(meta, FENCE).unwrap_or(0);
+    let key = get_bin(meta, KEY).and_then(|k| Key::parse(k).ok());
+    let Some(key) = key.filter(|_| refers_to_a_key(status.code())) else {
+        return by_code(status.code(), message);
+    };
+    let fence = || Fence(get(meta, FENCE).unwrap_or(0));
     match status.code() {
-        Code::InvalidArgument => Error::InvalidArgument(
-            message
-                .strip_prefix("invalid argument: ")
-                .unwrap_or(&message)
-                .to_owned(),
-        ),
-        Code::Aborted => Error::Busy {
-            key: key(),
-            holder: get_bin(meta, HOLDER).unwrap_or_default(),
-            fence: fence(),
-            remaining_ms: get(meta, REMAINING).unwrap_or(0),
+        Code::Aborted => match get_bin(meta, HOLDER).and_then(|h| Owner::parse(h).ok()) {
+            Some(holder) => Error::Busy {
+                key,
+                holder,
+                fence: fence(),
+                remaining_ms: get(meta, REMAINING).unwrap_or(0),
+            },
+            None => by_code(Code::Aborted, message),
         },
         Code::FailedPrecondition => {
             let at = || get(meta, AT).unwrap_or(0);
@@ -101,21 +109,45 @@ pub fn from_status(status: &Status) -> Error {
                 Some("released") => StaleReason::Released { at: at() },
                 Some("suspended") => StaleReason::Suspended { at: at() },
                 Some("superseded") => StaleReason::Superseded {
-                    by: get(meta, BY).unwrap_or(0),
+                    by: Fence(get(meta, BY).unwrap_or(0)),
                 },
                 _ => StaleReason::Unknown,
             };
             Error::StaleFence {
-                key: key(),
+                key,
                 fence: fence(),
                 reason,
             }
         }
         Code::PermissionDenied => Error::PermissionDenied {
-            key: key(),
+            key,
             fence: fence(),
         },
-        Code::NotFound => Error::NotFound(key()),
+        Code::NotFound => match get_bin(meta, CALL_ID) {
+            Some(call_id) => Error::ToolCallNotFound { key, call_id },
+            None => Error::NotFound(key),
+        },
+        code => by_code(code, message),
+    }
+}
+
+/// Whether a leasehold refusal with this code names a key.
+fn refers_to_a_key(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Aborted | Code::FailedPrecondition | Code::PermissionDenied | Code::NotFound
+    )
+}
+
+/// A status mapped by its code alone.
+fn by_code(code: Code, message: String) -> Error {
+    match code {
+        Code::InvalidArgument => Error::InvalidArgument(
+            message
+                .strip_prefix("invalid argument: ")
+                .unwrap_or(&message)
+                .to_owned(),
+        ),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => Error::Unavailable(
             message
                 .strip_prefix("unavailable: ")
@@ -214,47 +246,55 @@ fn get_bin(meta: &MetadataMap, name: &str) -> Option<String> {
 mod tests {
     use super::*;
 
+    fn key(k: &str) -> Key {
+        Key::parse(k).unwrap()
+    }
+
     /// Every error survives the trip through a status and back unchanged.
     #[test]
     fn every_error_round_trips_through_a_status() {
         let errors = vec![
             Error::InvalidArgument("key must not be empty".into()),
             Error::Busy {
-                key: "sessión/1".into(),
-                holder: "graph-ä".into(),
-                fence: 7,
+                key: key("sessión/1"),
+                holder: Owner::parse("graph-ä").unwrap(),
+                fence: Fence(7),
                 remaining_ms: 1234,
             },
             Error::StaleFence {
-                key: "k".into(),
-                fence: 3,
+                key: key("k"),
+                fence: Fence(3),
                 reason: StaleReason::Expired { at: 99 },
             },
             Error::StaleFence {
-                key: "k".into(),
-                fence: 3,
+                key: key("k"),
+                fence: Fence(3),
                 reason: StaleReason::Released { at: 98 },
             },
             Error::StaleFence {
-                key: "k".into(),
-                fence: 3,
+                key: key("k"),
+                fence: Fence(3),
                 reason: StaleReason::Suspended { at: 97 },
             },
             Error::StaleFence {
-                key: "k".into(),
-                fence: 3,
-                reason: StaleReason::Superseded { by: 9 },
+                key: key("k"),
+                fence: Fence(3),
+                reason: StaleReason::Superseded { by: Fence(9) },
             },
             Error::StaleFence {
-                key: "k".into(),
-                fence: 3,
+                key: key("k"),
+                fence: Fence(3),
                 reason: StaleReason::Unknown,
             },
             Error::PermissionDenied {
-                key: "k".into(),
-                fence: 4,
+                key: key("k"),
+                fence: Fence(4),
             },
-            Error::NotFound("nope".into()),
+            Error::NotFound(key("nope")),
+            Error::ToolCallNotFound {
+                key: key("k"),
+                call_id: "call_1".into(),
+            },
             Error::Unavailable("the server is shutting down".into()),
             Error::Storage("disk I/O error".into()),
         ];
@@ -280,11 +320,22 @@ mod tests {
         );
         assert_eq!(
             code(Error::PermissionDenied {
-                key: "k".into(),
-                fence: 1
+                key: key("k"),
+                fence: Fence(1)
             }),
             Code::PermissionDenied
         );
-        assert_eq!(code(Error::NotFound("k".into())), Code::NotFound);
+        assert_eq!(code(Error::NotFound(key("k"))), Code::NotFound);
+    }
+
+    #[test]
+    fn a_refusal_code_without_leasehold_details_maps_by_code() {
+        let from_proxy = Status::new(Code::Aborted, "upstream aborted");
+        assert_eq!(
+            from_status(&from_proxy),
+            Error::Storage("upstream aborted".into())
+        );
+        let deadline = Status::new(Code::DeadlineExceeded, "deadline");
+        assert!(matches!(from_status(&deadline), Error::Unavailable(_)));
     }
 }

@@ -1,4 +1,5 @@
-//! The gRPC face of the engine: translates requests and replies, nothing else.
+//! The gRPC face of a [`Backend`]: parses requests into domain values once,
+//! shapes replies, nothing else.
 
 pub mod transcripts;
 
@@ -11,23 +12,32 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::engine::Engine;
+use std::sync::Arc;
+
+use crate::backend::Backend;
 use leasehold_core::error::Error;
+use leasehold_core::lease::{Fence, Key, Ttl};
 use leasehold_core::ledger::BeginOutcome;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_server::Leasehold;
 use leasehold_wire::{convert, status};
 
 /// The `leasehold.v1.Leasehold` service.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LeaseholdService {
-    engine: Engine,
+    backend: Arc<dyn Backend>,
+}
+
+impl std::fmt::Debug for LeaseholdService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseholdService").finish_non_exhaustive()
+    }
 }
 
 impl LeaseholdService {
-    /// Serves leases from `engine`.
-    pub fn new(engine: Engine) -> Self {
-        LeaseholdService { engine }
+    /// Serves leases from `backend`.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        LeaseholdService { backend }
     }
 }
 
@@ -37,30 +47,39 @@ fn reply<T>(result: Result<T, Error>) -> Reply<T> {
     result.map(Response::new).map_err(status::to_status)
 }
 
+/// Parses a request field; a malformed one is refused before the backend
+/// sees anything.
+fn parsed<T>(value: Result<T, Error>) -> Result<T, Status> {
+    value.map_err(status::to_status)
+}
+
 #[tonic::async_trait]
 impl Leasehold for LeaseholdService {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
-        let r = request.into_inner();
-        let grant = self.engine.acquire(convert::acquire_request(r)).await;
+        let acquire = parsed(convert::acquire(request.into_inner()))?;
+        let grant = self.backend.acquire(acquire).await;
         reply(grant.map(|g| convert::acquire_response(&g)))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
         let r = request.into_inner();
+        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
+        let ttl = parsed(Ttl::parse_optional(r.ttl_ms))?;
         let term = self
-            .engine
-            .renew(&r.key, r.fence, &r.lease_id, r.ttl_ms)
+            .backend
+            .renew(&key, Fence(r.fence), lease_id, ttl)
             .await;
         reply(term.map(|t| pb::RenewResponse {
-            lease: Some(convert::lease(&r.key, &t, true)),
+            lease: Some(convert::lease(&key, &t, true)),
         }))
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
         let r = request.into_inner();
+        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
         let ended = self
-            .engine
-            .release(&r.key, r.fence, &r.lease_id, r.suspend)
+            .backend
+            .release(&key, Fence(r.fence), lease_id, r.suspend)
             .await;
         reply(ended.map(|e| pb::ReleaseResponse {
             ended: Some(convert::ended(&e)),
@@ -69,15 +88,16 @@ impl Leasehold for LeaseholdService {
 
     async fn check(&self, request: Request<pb::CheckRequest>) -> Reply<pb::CheckResponse> {
         let r = request.into_inner();
-        let term = self.engine.check(&r.key, r.fence).await;
+        let key = parsed(Key::parse(r.key))?;
+        let term = self.backend.check(&key, Fence(r.fence)).await;
         reply(term.map(|t| pb::CheckResponse {
-            lease: Some(convert::lease(&r.key, &t, false)),
+            lease: Some(convert::lease(&key, &t, false)),
         }))
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
-        let r = request.into_inner();
-        let view = self.engine.get(&r.key).await;
+        let key = parsed(Key::parse(request.into_inner().key))?;
+        let view = self.backend.get(&key).await;
         reply(view.map(|v| {
             let state = convert::key_state(&v);
             pb::GetResponse {
@@ -90,19 +110,13 @@ impl Leasehold for LeaseholdService {
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
         let r = request.into_inner();
-        let after = if r.page_token.is_empty() {
-            None
-        } else {
-            Some(convert::parse_page_token(&r.page_token).ok_or_else(|| {
-                status::to_status(Error::InvalidArgument("malformed page_token".into()))
-            })?)
-        };
+        let after = parsed(convert::parse_page_token(&r.page_token))?;
         let page = self
-            .engine
+            .backend
             .list(
                 &r.prefix,
                 convert::list_filter(r.filter),
-                after.as_deref(),
+                after.as_ref(),
                 r.page_size as usize,
             )
             .await;
@@ -111,7 +125,7 @@ impl Leasehold for LeaseholdService {
                 keys: p.keys.iter().map(convert::key_state).collect(),
                 next_page_token: p
                     .next_after
-                    .as_deref()
+                    .as_ref()
                     .map(convert::page_token)
                     .unwrap_or_default(),
             }
@@ -123,14 +137,15 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::BeginToolCallRequest>,
     ) -> Reply<pb::BeginToolCallResponse> {
         let r = request.into_inner();
-        let spec = pb::ToolCallSpec {
+        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
+        let spec = convert::call_spec(pb::ToolCallSpec {
             call_id: r.call_id,
             name: r.name,
             input_digest: r.input_digest,
-        };
+        });
         let outcome = self
-            .engine
-            .begin_tool_calls(&r.key, r.fence, &r.lease_id, vec![convert::call_spec(spec)])
+            .backend
+            .begin_tool_calls(&key, Fence(r.fence), lease_id, vec![spec])
             .await;
         reply(outcome.map(|outcome| {
             let (calls, duplicate) = match outcome {
@@ -138,7 +153,7 @@ impl Leasehold for LeaseholdService {
                 BeginOutcome::Duplicate { existing, .. } => (existing, true),
             };
             pb::BeginToolCallResponse {
-                call: calls.first().map(|c| convert::tool_call(&r.key, c)),
+                call: calls.first().map(|c| convert::tool_call(&key, c)),
                 duplicate,
             }
         }))
@@ -149,25 +164,23 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::BeginToolCallsRequest>,
     ) -> Reply<pb::BeginToolCallsResponse> {
         let r = request.into_inner();
+        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
         let specs = r.calls.into_iter().map(convert::call_spec).collect();
         let outcome = self
-            .engine
-            .begin_tool_calls(&r.key, r.fence, &r.lease_id, specs)
+            .backend
+            .begin_tool_calls(&key, Fence(r.fence), lease_id, specs)
             .await;
         reply(outcome.map(|outcome| {
             match outcome {
                 BeginOutcome::Recorded(calls) => pb::BeginToolCallsResponse {
-                    calls: calls
-                        .iter()
-                        .map(|c| convert::tool_call(&r.key, c))
-                        .collect(),
+                    calls: calls.iter().map(|c| convert::tool_call(&key, c)).collect(),
                     duplicate: false,
                     duplicate_call_ids: Vec::new(),
                 },
                 BeginOutcome::Duplicate { ids, existing } => pb::BeginToolCallsResponse {
                     calls: existing
                         .iter()
-                        .map(|c| convert::tool_call(&r.key, c))
+                        .map(|c| convert::tool_call(&key, c))
                         .collect(),
                     duplicate: true,
                     duplicate_call_ids: ids,
@@ -181,12 +194,16 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::SettleToolCallRequest>,
     ) -> Reply<pb::SettleToolCallResponse> {
         let r = request.into_inner();
-        let key = r.key.clone();
-        let (fence, lease_id) = (r.fence, r.lease_id.clone());
-        let settlement = convert::settlement(r).map_err(status::to_status)?;
+        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
+        let settlement = parsed(convert::settlement(
+            r.call_id,
+            r.outcome,
+            r.result_digest,
+            r.result,
+        ))?;
         let settled = self
-            .engine
-            .settle_tool_call(&key, fence, &lease_id, settlement)
+            .backend
+            .settle_tool_call(&key, Fence(r.fence), lease_id, settlement)
             .await;
         reply(settled.map(|(call, already)| pb::SettleToolCallResponse {
             call: Some(convert::tool_call(&key, &call)),
@@ -199,17 +216,13 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::ListToolCallsRequest>,
     ) -> Reply<pb::ListToolCallsResponse> {
         let r = request.into_inner();
+        let key = parsed(Key::parse(r.key))?;
         let calls = self
-            .engine
-            .list_tool_calls(&r.key, convert::call_filter(r.filter))
+            .backend
+            .list_tool_calls(&key, convert::call_filter(r.filter))
             .await;
-        reply(calls.map(|calls| {
-            pb::ListToolCallsResponse {
-                calls: calls
-                    .iter()
-                    .map(|c| convert::tool_call(&r.key, c))
-                    .collect(),
-            }
+        reply(calls.map(|calls| pb::ListToolCallsResponse {
+            calls: calls.iter().map(|c| convert::tool_call(&key, c)).collect(),
         }))
     }
 
@@ -220,7 +233,7 @@ impl Leasehold for LeaseholdService {
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Reply<Self::SessionStream> {
         Ok(Response::new(SessionPipe {
-            engine: self.engine.clone(),
+            backend: self.backend.clone(),
             inbound: Some(request.into_inner()),
             pending: FuturesUnordered::new(),
         }))
@@ -239,7 +252,7 @@ pub const SESSION_WINDOW: usize = 1024;
 /// responses are ready and sends them in one write: under load, one read and
 /// one write carry many operations.
 pub struct SessionPipe {
-    engine: Engine,
+    backend: Arc<dyn Backend>,
     /// `None` once the client half-closed (or its stream failed).
     inbound: Option<Streaming<pb::SessionRequest>>,
     pending: FuturesUnordered<BoxFuture<'static, pb::SessionResponse>>,
@@ -256,7 +269,8 @@ impl Stream for SessionPipe {
             };
             match Pin::new(inbound).poll_next(cx) {
                 Poll::Ready(Some(Ok(message))) => {
-                    this.pending.push(session_step(&this.engine, message));
+                    this.pending
+                        .push(session_step(this.backend.as_ref(), message));
                 }
                 Poll::Ready(Some(Err(status))) => {
                     this.inbound = None;
@@ -275,30 +289,47 @@ impl Stream for SessionPipe {
 }
 
 /// One operation of a Session stream, applied now; the future yields its
-/// response (a refusal travels in the response).
+/// response (a refusal, malformed input included, travels in the response).
 fn session_step(
-    engine: &Engine,
+    backend: &dyn Backend,
     message: pb::SessionRequest,
 ) -> BoxFuture<'static, pb::SessionResponse> {
     use pb::session_request::Op;
     let id = message.id;
+    let refused = |err: Error| -> BoxFuture<'static, pb::SessionResponse> {
+        Box::pin(std::future::ready(answer(id, Err(err))))
+    };
     match message.op {
         Some(Op::Renew(r)) => {
-            let renewed = engine.renew(&r.key, r.fence, &r.lease_id, r.ttl_ms);
+            let parsed = convert::held(r.key, &r.lease_id)
+                .and_then(|held| Ok((held, Ttl::parse_optional(r.ttl_ms)?)));
+            let ((key, lease_id), ttl) = match parsed {
+                Ok(parsed) => parsed,
+                Err(err) => return refused(err),
+            };
+            let renewed = backend.renew(&key, Fence(r.fence), lease_id, ttl);
             respond(id, renewed, move |t| pb::SessionResponse {
-                lease: Some(convert::lease(&r.key, &t, true)),
+                lease: Some(convert::lease(&key, &t, true)),
                 ..Default::default()
             })
         }
         Some(Op::Check(r)) => {
-            let checked = engine.check(&r.key, r.fence);
+            let key = match Key::parse(r.key) {
+                Ok(key) => key,
+                Err(err) => return refused(err),
+            };
+            let checked = backend.check(&key, Fence(r.fence));
             respond(id, checked, move |t| pb::SessionResponse {
-                lease: Some(convert::lease(&r.key, &t, false)),
+                lease: Some(convert::lease(&key, &t, false)),
                 ..Default::default()
             })
         }
         Some(Op::Acquire(r)) => {
-            let granted = engine.acquire(convert::acquire_request(r));
+            let acquire = match convert::acquire(r) {
+                Ok(acquire) => acquire,
+                Err(err) => return refused(err),
+            };
+            let granted = backend.acquire(acquire);
             respond(id, granted, |g| {
                 let acquired = convert::acquire_response(&g);
                 pb::SessionResponse {
@@ -311,16 +342,17 @@ fn session_step(
             })
         }
         Some(Op::Release(r)) => {
-            let released = engine.release(&r.key, r.fence, &r.lease_id, r.suspend);
+            let (key, lease_id) = match convert::held(r.key, &r.lease_id) {
+                Ok(held) => held,
+                Err(err) => return refused(err),
+            };
+            let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend);
             respond(id, released, |e| pb::SessionResponse {
                 ended: Some(convert::ended(&e)),
                 ..Default::default()
             })
         }
-        None => {
-            let refused = Err(Error::InvalidArgument("empty Session request".into()));
-            Box::pin(std::future::ready(answer(id, refused)))
-        }
+        None => refused(Error::InvalidArgument("empty Session request".into())),
     }
 }
 

@@ -21,30 +21,37 @@
 //! If a commit fails, the engine stops taking requests (UNAVAILABLE) rather
 //! than retrying: after a failed fsync the state of the file is unknown
 //! (PostgreSQL's "fsyncgate"). Restart the server to recover from the file.
+//!
+//! # Parts
+//! - this module: the shared state and the operations ([`Engine`]);
+//! - `writer`: the writer thread (group commit);
+//! - `timer`: the expiry timer.
+
+mod timer;
+mod writer;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot, watch};
 
 use leasehold_core::clock::{Clock, Millis};
 use leasehold_core::error::{Error, Result};
-use leasehold_core::lease::{
-    EndedTerm, Fence, LeaseId, Term, validate_key, validate_owner, validate_request_id,
-    validate_ttl, validate_wait,
-};
+use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Term, Ttl};
 use leasehold_core::ledger::{
     BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
 };
-pub use leasehold_core::lessor::AcquireRequest;
 use leasehold_core::lessor::{
-    AcquireOutcome, AcquireSpec, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter,
-    ListPage, WaiterHandle, WaiterId,
+    Acquire, AcquireOutcome, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter, ListPage,
+    WaiterHandle, WaiterId,
 };
 use leasehold_core::store::{Store, StoreError};
+
+use crate::backend::{Backend, Pending};
+use futures_util::future::BoxFuture;
 
 /// At most this many lazily changed keys (expiries, renewals) go into one
 /// commit, so a mass expiry is written in chunks that urgent changes ride
@@ -54,6 +61,10 @@ const LAZY_CHUNK: usize = 500;
 /// At most this many deadlines are looked at per hold of the lessor lock, so a
 /// mass expiry does not stall requests.
 const EXPIRY_CHUNK: usize = 2_000;
+
+/// The largest List page, and the one given when a request names none.
+const MAX_PAGE_SIZE: usize = 1000;
+const DEFAULT_PAGE_SIZE: usize = 100;
 
 /// Tuning knobs of the engine. The defaults suit production.
 #[derive(Debug, Clone)]
@@ -119,7 +130,7 @@ enum Started {
     Granted(Grant),
     /// In line for the key until `until`.
     Queued {
-        spec: AcquireSpec,
+        request: Acquire,
         place: PlaceInLine,
         granted: oneshot::Receiver<Grant>,
         until: Millis,
@@ -132,7 +143,7 @@ enum Started {
 /// once, so abandoned waits cannot pile up while the key stays held.
 struct PlaceInLine {
     shared: Arc<Shared>,
-    key: String,
+    key: Key,
     id: WaiterId,
     /// False once the waiter has left the line some other way.
     armed: bool,
@@ -273,30 +284,27 @@ impl Engine {
         })
     }
 
-    /// Grants `req.key`, waiting up to `req.wait_ms` in line if it is held.
+    /// Grants `request.key`, waiting up to `request.wait` in line if it is held.
     ///
     /// Like every operation here, the request is applied to the lease table
     /// when this is called, not when the returned future is first polled; the
     /// future only waits (in line, and for durability). So operations take
     /// effect in the order they are called, which the Session stream relies on
-    /// to pipeline them.
+    /// to pipeline them. Dropping the future takes a waiting request out of
+    /// line.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for malformed input; [`Error::Busy`] when the
-    /// key is still held after the wait; [`Error::Unavailable`] when the
-    /// server is closing or storage failed.
-    pub fn acquire(
-        &self,
-        req: AcquireRequest,
-    ) -> impl Future<Output = Result<Grant>> + Send + use<> {
+    /// [`Error::Busy`] when the key is still held after the wait;
+    /// [`Error::Unavailable`] when the server is closing or storage failed.
+    pub fn acquire(&self, request: Acquire) -> impl Future<Output = Result<Grant>> + Send + use<> {
         let shared = self.shared.clone();
-        let started = self.shared.start_acquire(req);
+        let started = self.shared.start_acquire(request);
         async move {
             let outcome = match started {
                 Err(refusal) => Err(refusal),
                 Ok(Started::Granted(grant)) => Ok(grant),
                 Ok(Started::Queued {
-                    spec,
+                    request,
                     mut place,
                     mut granted,
                     until,
@@ -308,7 +316,7 @@ impl Engine {
                             Ok(grant.map_err(|_| closed())?)
                         }
                         _ = shared.clock.sleep_until(until) => {
-                            shared.give_up_waiting(spec, &mut place, &mut granted).await
+                            shared.give_up_waiting(request, &mut place, &mut granted).await
                         }
                         _ = async { closing.wait_for(|closing| *closing).await.map(|_| ()) } => {
                             if place.leave() {
@@ -327,32 +335,20 @@ impl Engine {
         }
     }
 
-    /// Extends the live term `fence` of `key`; `ttl_ms = 0` keeps its TTL.
+    /// Extends the live term `fence` of `key`; `ttl = None` keeps its TTL.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
-    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    /// [`Error::StaleFence`], [`Error::PermissionDenied`], [`Error::Unavailable`].
     pub fn renew(
         &self,
-        key: &str,
-        fence: u64,
-        lease_id: &str,
-        ttl_ms: u64,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        ttl: Option<Ttl>,
     ) -> impl Future<Output = Result<Term>> + Send + use<> {
-        let input = (|| {
-            validate_key(key)?;
-            let lease_id = LeaseId::parse(lease_id)?;
-            let ttl = if ttl_ms == 0 {
-                None
-            } else {
-                validate_ttl(ttl_ms)?;
-                Some(ttl_ms)
-            };
-            Ok((lease_id, ttl))
-        })();
         self.shared
-            .apply(key, input, |l, now, (lease_id, ttl)| {
-                l.renew(key, Fence(fence), lease_id, ttl, now)
+            .apply(key, Ok(()), |l, now, ()| {
+                l.renew(key, fence, lease_id, ttl, now)
             })
             .durable()
     }
@@ -360,19 +356,17 @@ impl Engine {
     /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], [`Error::StaleFence`],
-    /// [`Error::PermissionDenied`], [`Error::Unavailable`].
+    /// [`Error::StaleFence`], [`Error::PermissionDenied`], [`Error::Unavailable`].
     pub fn release(
         &self,
-        key: &str,
-        fence: u64,
-        lease_id: &str,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
         suspend: bool,
     ) -> impl Future<Output = Result<EndedTerm>> + Send + use<> {
-        let input = validate_key(key).and_then(|()| LeaseId::parse(lease_id));
         self.shared
-            .apply(key, input, |l, now, lease_id| {
-                l.release(key, Fence(fence), lease_id, suspend, now)
+            .apply(key, Ok(()), |l, now, ()| {
+                l.release(key, fence, lease_id, suspend, now)
             })
             .durable()
     }
@@ -380,26 +374,24 @@ impl Engine {
     /// The live term of `key` if `fence` is it (Chubby's CheckSequencer).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], [`Error::StaleFence`], [`Error::Unavailable`].
+    /// [`Error::StaleFence`], [`Error::Unavailable`].
     pub fn check(
         &self,
-        key: &str,
-        fence: u64,
+        key: &Key,
+        fence: Fence,
     ) -> impl Future<Output = Result<Term>> + Send + use<> {
         self.shared
-            .apply(key, validate_key(key), |l, now, ()| {
-                l.check(key, Fence(fence), now)
-            })
+            .apply(key, Ok(()), |l, now, ()| l.check(key, fence, now))
             .durable()
     }
 
     /// The state of `key`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
-    pub fn get(&self, key: &str) -> impl Future<Output = Result<KeyView>> + Send + use<> {
+    /// [`Error::NotFound`], [`Error::Unavailable`].
+    pub fn get(&self, key: &Key) -> impl Future<Output = Result<KeyView>> + Send + use<> {
         self.shared
-            .apply(key, validate_key(key), |l, now, ()| {
+            .apply(key, Ok(()), |l, now, ()| {
                 let view = l.get(key, now)?;
                 let seq = view.visible_seq;
                 Ok((view, seq))
@@ -415,19 +407,25 @@ impl Engine {
         &self,
         prefix: &str,
         filter: ListFilter,
-        after: Option<&str>,
+        after: Option<&Key>,
         page_size: usize,
     ) -> impl Future<Output = Result<Page>> + Send + use<> {
-        let input = if page_size > 1000 {
+        let input = if page_size > MAX_PAGE_SIZE {
             Err(Error::InvalidArgument(format!(
-                "page_size {page_size} is over the limit of 1000"
+                "page_size {page_size} is over the limit of {MAX_PAGE_SIZE}"
             )))
         } else {
-            Ok(if page_size == 0 { 100 } else { page_size })
+            Ok(if page_size == 0 {
+                DEFAULT_PAGE_SIZE
+            } else {
+                page_size
+            })
         };
         let budget = self.shared.config.list_scan_budget;
+        // A List refuses nothing that reveals state, so no key's sequence
+        // is needed for its refusals.
         self.shared
-            .apply(prefix, input, |l, now, limit| {
+            .apply_unkeyed(input, |l, now, limit| {
                 let page = l.list(prefix, filter, after, limit, budget, now);
                 let seq = page.visible_seq;
                 Ok((page, seq))
@@ -442,20 +440,15 @@ impl Engine {
     /// [`Error::PermissionDenied`], [`Error::Unavailable`].
     pub fn begin_tool_calls(
         &self,
-        key: &str,
-        fence: u64,
-        lease_id: &str,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
         specs: Vec<CallSpec>,
     ) -> impl Future<Output = Result<BeginOutcome>> + Send + use<> {
-        let input = (|| {
-            validate_key(key)?;
-            let lease_id = LeaseId::parse(lease_id)?;
-            validate_specs(&specs)?;
-            Ok((lease_id, specs))
-        })();
+        let input = validate_specs(&specs).map(|()| specs);
         self.shared
-            .apply(key, input, |l, now, (lease_id, specs)| {
-                l.begin_tool_calls(key, Fence(fence), lease_id, specs, now)
+            .apply(key, input, |l, now, specs| {
+                l.begin_tool_calls(key, fence, lease_id, specs, now)
             })
             .durable()
     }
@@ -465,24 +458,20 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::StaleFence`],
-    /// [`Error::PermissionDenied`], [`Error::NotFound`], [`Error::Unavailable`].
+    /// [`Error::PermissionDenied`], [`Error::ToolCallNotFound`],
+    /// [`Error::Unavailable`].
     pub fn settle_tool_call(
         &self,
-        key: &str,
-        fence: u64,
-        lease_id: &str,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
         settlement: Settlement,
     ) -> impl Future<Output = Result<(ToolCall, bool)>> + Send + use<> {
-        let input = (|| {
-            validate_key(key)?;
-            let lease_id = LeaseId::parse(lease_id)?;
-            validate_settlement(&settlement)?;
-            Ok((lease_id, settlement))
-        })();
+        let input = validate_settlement(&settlement).map(|()| settlement);
         self.shared
-            .apply(key, input, |l, now, (lease_id, settlement)| {
+            .apply(key, input, |l, now, settlement| {
                 let (call, already, seq) =
-                    l.settle_tool_call(key, Fence(fence), lease_id, settlement, now)?;
+                    l.settle_tool_call(key, fence, lease_id, settlement, now)?;
                 Ok(((call, already), seq))
             })
             .durable()
@@ -491,14 +480,14 @@ impl Engine {
     /// The tool calls of `key` in registration order.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], [`Error::NotFound`], [`Error::Unavailable`].
+    /// [`Error::NotFound`], [`Error::Unavailable`].
     pub fn list_tool_calls(
         &self,
-        key: &str,
+        key: &Key,
         filter: CallFilter,
     ) -> impl Future<Output = Result<Vec<ToolCall>>> + Send + use<> {
         self.shared
-            .apply(key, validate_key(key), |l, now, ()| {
+            .apply(key, Ok(()), |l, now, ()| {
                 l.list_tool_calls(key, filter, now)
             })
             .durable()
@@ -601,9 +590,27 @@ impl Shared {
     /// sequence, since it describes the key's state.
     fn apply<A, T>(
         self: &Arc<Self>,
-        key: &str,
+        key: &Key,
         input: Result<A>,
         op: impl FnOnce(&mut Lessor<Waiter>, Millis, A) -> Result<(T, u64)>,
+    ) -> Applied<T> {
+        self.apply_with(input, op, |l| l.visible_seq(key))
+    }
+
+    /// As [`Shared::apply`], for an operation whose refusals reveal no state.
+    fn apply_unkeyed<A, T>(
+        self: &Arc<Self>,
+        input: Result<A>,
+        op: impl FnOnce(&mut Lessor<Waiter>, Millis, A) -> Result<(T, u64)>,
+    ) -> Applied<T> {
+        self.apply_with(input, op, |_| 0)
+    }
+
+    fn apply_with<A, T>(
+        self: &Arc<Self>,
+        input: Result<A>,
+        op: impl FnOnce(&mut Lessor<Waiter>, Millis, A) -> Result<(T, u64)>,
+        refusal_seq: impl FnOnce(&Lessor<Waiter>) -> u64,
     ) -> Applied<T> {
         let result = input
             .and_then(|input| {
@@ -613,7 +620,7 @@ impl Shared {
             .map_err(at_once)
             .and_then(|input| {
                 let now = self.clock.now();
-                self.with_lessor(|l| op(l, now, input).map_err(|e| (e, l.visible_seq(key))))
+                self.with_lessor(|l| op(l, now, input).map_err(|e| (e, refusal_seq(l))))
             });
         Applied {
             shared: self.clone(),
@@ -641,34 +648,20 @@ impl Shared {
     /// or a place in line.
     fn start_acquire(
         self: &Arc<Self>,
-        req: AcquireRequest,
+        request: Acquire,
     ) -> std::result::Result<Started, (Error, u64)> {
-        (|| {
-            validate_key(&req.key)?;
-            validate_owner(&req.owner)?;
-            validate_ttl(req.ttl_ms)?;
-            validate_wait(req.wait_ms)?;
-            validate_request_id(&req.request_id)?;
-            self.ensure_open()
-        })()
-        .map_err(at_once)?;
-        let spec = AcquireSpec {
-            key: req.key,
-            owner: req.owner,
-            ttl_ms: req.ttl_ms,
-            request_id: (!req.request_id.is_empty()).then_some(req.request_id),
-        };
+        self.ensure_open().map_err(at_once)?;
         let now = self.clock.now();
-        if req.wait_ms == 0 {
-            return match self.with_lessor(|l| acquire_now(l, spec, now)) {
-                Ok(grant) => Ok(Started::Granted(grant)),
-                Err(refusal) => Err(refusal),
-            };
+        let wait = request.wait.as_millis();
+        if wait == 0 {
+            return self
+                .with_lessor(|l| acquire_now(l, request, now))
+                .map(Started::Granted);
         }
         let (tx, granted) = oneshot::channel();
-        // Only a waiting request needs its spec again (to give up or retry).
-        let retry = spec.clone();
-        match self.with_lessor(|l| l.acquire(spec, now, Some(Waiter(tx)))) {
+        // Only a waiting request needs itself again (to give up, or retry).
+        let retry = request.clone();
+        match self.with_lessor(|l| l.acquire(request, now, Some(Waiter(tx)))) {
             AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
             AcquireOutcome::Busy(_) => unreachable!("a waiter was given"),
             AcquireOutcome::Queued(id) => Ok(Started::Queued {
@@ -678,9 +671,9 @@ impl Shared {
                     id,
                     armed: true,
                 },
-                spec: retry,
+                request: retry,
                 granted,
-                until: now + req.wait_ms,
+                until: now + wait,
             }),
         }
     }
@@ -688,16 +681,16 @@ impl Shared {
     /// Leaves the line after the wait ran out: busy, unless the grant raced in.
     async fn give_up_waiting(
         &self,
-        spec: AcquireSpec,
+        request: Acquire,
         place: &mut PlaceInLine,
         granted: &mut oneshot::Receiver<Grant>,
     ) -> std::result::Result<Grant, (Error, u64)> {
         let now = self.clock.now();
         place.armed = false;
         let outcome = self.with_lessor(|l| {
-            if l.cancel_waiter(&spec.key, place.id) {
+            if l.cancel_waiter(&request.key, place.id) {
                 // One last look: the key may have freed with nobody ahead of us.
-                Some(acquire_now(l, spec, now))
+                Some(acquire_now(l, request, now))
             } else {
                 None
             }
@@ -743,88 +736,6 @@ impl Shared {
         self.writer_wake.notify_all();
         self.timer_wake.notify_one();
     }
-
-    /// The writer thread: commits urgent changes at once, lazy ones within
-    /// `lazy_flush`, everything at shutdown.
-    fn write_loop(&self, mut store: Box<dyn Store>) {
-        let lazy_flush = self.config.lazy_flush;
-        let mut last_flush = Instant::now();
-        // Set when a lazy flush left keys for the next commit.
-        let mut backlog = false;
-        let mut lessor = self.lessor.lock().expect("lessor lock");
-        loop {
-            let stopping = self.stopping.load(Ordering::Acquire);
-            let lazy_due = stopping || backlog || last_flush.elapsed() >= lazy_flush;
-            let due = lessor.has_urgent() || (lessor.has_dirty() && lazy_due);
-            if due {
-                let batch = lessor.take_batch_up_to(LAZY_CHUNK);
-                backlog = lessor.has_lazy_backlog();
-                drop(lessor);
-                let result = store.commit(&batch);
-                last_flush = Instant::now();
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "commit failed; refusing further requests");
-                    self.durable.send_modify(|d| {
-                        d.failure = Some(format!("storage failed: {e}"));
-                        d.storage_failed = true;
-                    });
-                    // Keep the store, and with it the exclusive lock on its
-                    // file, until the process exits: the file's state is
-                    // unknown after a failed commit, and no second server may
-                    // take it over while this one still answers (with
-                    // UNAVAILABLE). Restarting the process reads it afresh.
-                    std::mem::forget(store);
-                    return;
-                }
-                self.commits.store(store.commits(), Ordering::Relaxed);
-                self.durable.send_modify(|d| d.seq = d.seq.max(batch.seq));
-                lessor = self.lessor.lock().expect("lessor lock");
-                continue;
-            }
-            if stopping {
-                tracing::info!(commits = store.commits(), "writer stopped");
-                // A request that slipped in after the last commit would
-                // otherwise wait forever for a writer that is gone.
-                self.durable
-                    .send_modify(|d| d.failure = Some("the server has stopped".into()));
-                return;
-            }
-            let wait = if lessor.has_dirty() {
-                lazy_flush.saturating_sub(last_flush.elapsed())
-            } else {
-                lazy_flush
-            };
-            self.writer_idle.store(true, Ordering::Relaxed);
-            lessor = self
-                .writer_wake
-                .wait_timeout(lessor, wait.max(Duration::from_millis(1)))
-                .expect("lessor lock")
-                .0;
-            self.writer_idle.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// Ends terms at their deadlines and hands freed keys to waiters.
-    async fn expiry_loop(self: Arc<Self>) {
-        while !self.stopping.load(Ordering::Acquire) {
-            let (more, next) = self.with_lessor(|l| {
-                let more = l.expire_due_up_to(self.clock.now(), EXPIRY_CHUNK);
-                (more, l.next_deadline())
-            });
-            if more {
-                tokio::task::yield_now().await;
-                continue;
-            }
-            let sleep = match next {
-                Some(at) => self.clock.sleep_until(at),
-                None => Box::pin(std::future::pending()),
-            };
-            tokio::select! {
-                _ = sleep => {}
-                _ = self.timer_wake.notified() => {}
-            }
-        }
-    }
 }
 
 /// An Acquire that does not wait: the grant, or the busy refusal with the
@@ -832,11 +743,11 @@ impl Shared {
 /// durable before the refusal is sent).
 fn acquire_now(
     lessor: &mut Lessor<Waiter>,
-    spec: AcquireSpec,
+    request: Acquire,
     now: Millis,
 ) -> std::result::Result<Grant, (Error, u64)> {
-    let key = spec.key.clone();
-    match lessor.acquire(spec, now, None) {
+    let key = request.key.clone();
+    match lessor.acquire(request, now, None) {
         AcquireOutcome::Granted(grant) => Ok(grant),
         AcquireOutcome::Busy(err) => Err((err, lessor.visible_seq(&key))),
         AcquireOutcome::Queued(_) => unreachable!("no waiter was given"),
@@ -845,4 +756,83 @@ fn acquire_now(
 
 fn closed() -> Error {
     Error::Unavailable("the server is shutting down".into())
+}
+
+/// The engine is the SQLite-backed [`Backend`]: each call applies to the
+/// lease table at once, so call order is apply order.
+impl Backend for Engine {
+    fn acquire(&self, request: Acquire) -> Pending<Grant> {
+        Box::pin(Engine::acquire(self, request))
+    }
+
+    fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term> {
+        Box::pin(Engine::renew(self, key, fence, lease_id, ttl))
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        suspend: bool,
+    ) -> Pending<EndedTerm> {
+        Box::pin(Engine::release(self, key, fence, lease_id, suspend))
+    }
+
+    fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {
+        Box::pin(Engine::check(self, key, fence))
+    }
+
+    fn get(&self, key: &Key) -> Pending<KeyView> {
+        Box::pin(Engine::get(self, key))
+    }
+
+    fn list(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        after: Option<&Key>,
+        page_size: usize,
+    ) -> Pending<ListPage> {
+        Box::pin(Engine::list(self, prefix, filter, after, page_size))
+    }
+
+    fn begin_tool_calls(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        specs: Vec<CallSpec>,
+    ) -> Pending<BeginOutcome> {
+        Box::pin(Engine::begin_tool_calls(self, key, fence, lease_id, specs))
+    }
+
+    fn settle_tool_call(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        settlement: Settlement,
+    ) -> Pending<(ToolCall, bool)> {
+        Box::pin(Engine::settle_tool_call(
+            self, key, fence, lease_id, settlement,
+        ))
+    }
+
+    fn list_tool_calls(&self, key: &Key, filter: CallFilter) -> Pending<Vec<ToolCall>> {
+        Box::pin(Engine::list_tool_calls(self, key, filter))
+    }
+
+    fn begin_shutdown(&self) {
+        Engine::begin_shutdown(self);
+    }
+
+    fn shutdown(&self) -> BoxFuture<'static, ()> {
+        let engine = self.clone();
+        Box::pin(async move { Engine::shutdown(&engine).await })
+    }
+
+    fn failed(&self) -> BoxFuture<'static, String> {
+        Box::pin(Engine::failed(self))
+    }
 }

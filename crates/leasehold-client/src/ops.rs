@@ -1,0 +1,183 @@
+//! One-shot calls with no guard behind them: for operators, dashboards and
+//! recoverers that read the table or act on a term they were handed (the
+//! `leasehold` CLI's operator commands use these). Applications that hold
+//! a session use [`Client::acquire`] and its [`SessionGuard`](crate::SessionGuard),
+//! which renews, fences and releases for them.
+//!
+//! Every call takes and returns domain values; a refusal is the server's
+//! [`Error`] inside [`ClientError::Server`].
+
+use std::time::Duration;
+
+use leasehold_core::Error;
+use leasehold_core::lease::{Ended, Fence, Key, KeyState, Lease, LeaseId, Ttl};
+use leasehold_core::lessor::{Acquire, ListFilter};
+use leasehold_wire::{convert, pb};
+
+use crate::error::ClientError;
+use crate::guard::missing;
+use crate::{Client, call, request};
+
+/// How long a one-shot call waits for its reply (an Acquire adds its wait).
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The reply to a one-shot [`Client::grant`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The term, with its lease id: whoever holds it may renew and release.
+    pub lease: Lease,
+    /// How the key's previous term ended, if it had one.
+    pub previous: Option<Ended>,
+    /// True when this repeated an earlier grant for the same request id.
+    pub replayed: bool,
+    /// Tool calls earlier terms began and never settled.
+    pub unsettled_tool_calls: u32,
+}
+
+/// One page of [`Client::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPage {
+    pub keys: Vec<KeyState>,
+    /// Pass to the next call for the following page; `None` at the end.
+    pub next_page_token: Option<String>,
+}
+
+impl Client {
+    /// Acquires a term once, with no guard: nothing renews it, and it lapses
+    /// at its TTL unless whoever holds its lease id renews or releases it.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] when the key is still held after the wait, and the
+    /// other refusals of Acquire.
+    pub async fn grant(&self, acquire: &Acquire) -> Result<Granted, ClientError> {
+        let timeout = Duration::from_millis(acquire.wait.as_millis()) + OP_TIMEOUT;
+        let message = convert::acquire_to_pb(acquire);
+        let reply = call(
+            "Acquire",
+            timeout,
+            self.rpc().acquire(request(message, timeout)),
+        )
+        .await?;
+        Ok(Granted {
+            lease: convert::lease_from_pb(reply.lease.ok_or_else(|| missing("Acquire"))?)?,
+            previous: reply.previous.map(convert::ended_from_pb).transpose()?,
+            replayed: reply.replayed,
+            unsettled_tool_calls: reply.unsettled_tool_calls,
+        })
+    }
+
+    /// Renews the live term `fence` of `key` (`ttl = None` keeps its TTL).
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`], [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub async fn renew_term(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        ttl: Option<Ttl>,
+    ) -> Result<Lease, ClientError> {
+        let message = pb::RenewRequest {
+            key: key.as_str().to_owned(),
+            fence: fence.0,
+            lease_id: lease_id.to_string(),
+            ttl_ms: ttl.map_or(0, Ttl::as_millis),
+        };
+        let reply = call(
+            "Renew",
+            OP_TIMEOUT,
+            self.rpc().renew(request(message, OP_TIMEOUT)),
+        )
+        .await?;
+        Ok(convert::lease_from_pb(
+            reply.lease.ok_or_else(|| missing("Renew"))?,
+        )?)
+    }
+
+    /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
+    ///
+    /// # Errors
+    /// [`Error::StaleFence`], [`Error::PermissionDenied`], [`Error::Unavailable`].
+    pub async fn release_term(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        suspend: bool,
+    ) -> Result<Ended, ClientError> {
+        let message = pb::ReleaseRequest {
+            key: key.as_str().to_owned(),
+            fence: fence.0,
+            lease_id: lease_id.to_string(),
+            suspend,
+        };
+        let reply = call(
+            "Release",
+            OP_TIMEOUT,
+            self.rpc().release(request(message, OP_TIMEOUT)),
+        )
+        .await?;
+        Ok(convert::ended_from_pb(
+            reply.ended.ok_or_else(|| missing("Release"))?,
+        )?)
+    }
+
+    /// The state of `key`: its live term (without lease id), its last ended
+    /// term, and whether it is recoverable.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a key never acquired (or forgotten).
+    pub async fn get(&self, key: &Key) -> Result<KeyState, ClientError> {
+        let message = pb::GetRequest {
+            key: key.as_str().to_owned(),
+        };
+        let reply = call(
+            "Get",
+            OP_TIMEOUT,
+            self.rpc().get(request(message, OP_TIMEOUT)),
+        )
+        .await?;
+        Ok(convert::key_state_from_pb(pb::KeyState {
+            key: key.as_str().to_owned(),
+            lease: reply.lease,
+            last_ended: reply.last_ended,
+            recoverable: reply.recoverable,
+        })?)
+    }
+
+    /// One page of keys starting with `prefix`, in key order. `page_token`
+    /// is `None` for the first page, then the previous page's token.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a page size over 1000 or a malformed
+    /// token.
+    pub async fn list(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        page_size: u32,
+        page_token: Option<&str>,
+    ) -> Result<KeyPage, ClientError> {
+        let message = pb::ListRequest {
+            prefix: prefix.to_owned(),
+            filter: convert::list_filter_to_pb(filter) as i32,
+            page_size,
+            page_token: page_token.unwrap_or_default().to_owned(),
+        };
+        let reply = call(
+            "List",
+            OP_TIMEOUT,
+            self.rpc().list(request(message, OP_TIMEOUT)),
+        )
+        .await?;
+        let keys = reply
+            .keys
+            .into_iter()
+            .map(convert::key_state_from_pb)
+            .collect::<Result<_, Error>>()?;
+        Ok(KeyPage {
+            keys,
+            next_page_token: (!reply.next_page_token.is_empty()).then_some(reply.next_page_token),
+        })
+    }
+}

@@ -1,0 +1,124 @@
+//! Change tracking: which keys and tool calls changed since the last batch,
+//! and the sequence numbers that make replies wait for durability.
+//!
+//! Every change that must be durable before anyone may observe it (a grant,
+//! a release, a longer TTL, a tool call begun or settled) gets a new sequence
+//! number, recorded as its key's visible sequence. The writer takes
+//! everything changed so far as one [`crate::store::Batch`]; once storage commits it, every
+//! change up to the batch's `seq` is durable.
+
+use std::collections::{BTreeSet, HashSet};
+
+use crate::lease::Key;
+
+/// What changed since the last batch.
+#[derive(Debug, Default)]
+pub(super) struct Changes {
+    /// Keys changed by a change that must be durable before a reply.
+    dirty: HashSet<Key>,
+    /// Keys changed by changes that need not be durable before any reply
+    /// (expiries, renewals keeping the TTL). Kept apart so a mass expiry can
+    /// be written in chunks without holding up urgent changes; in key order,
+    /// so a chunk touches few table pages.
+    lazy_dirty: BTreeSet<Key>,
+    /// Whether some change must be durable before a reply.
+    urgent: bool,
+    /// The last sequence number given to a change that must be durable.
+    seq: u64,
+    /// Tool calls changed: (key, call id).
+    calls: HashSet<(Key, String)>,
+    /// Tool calls pruned from ledgers.
+    pruned_calls: Vec<(Key, Vec<String>)>,
+    /// Keys forgotten.
+    forgotten: Vec<Key>,
+}
+
+/// The keys and calls a batch must write, before their rows are read.
+pub(super) struct Taken {
+    pub keys: Vec<Key>,
+    pub calls: Vec<(Key, String)>,
+    pub pruned_calls: Vec<(Key, Vec<String>)>,
+    pub forgotten: Vec<Key>,
+    pub seq: u64,
+}
+
+impl Changes {
+    /// A new sequence number for a change that must be durable before it is
+    /// revealed; the caller records it as the key's visible sequence.
+    pub fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.urgent = true;
+        self.seq
+    }
+
+    /// Records that `key`'s row changed: among the urgent keys when the
+    /// change must be durable before a reply, otherwise among the lazy ones
+    /// (unless it is already urgent, which writes its whole row anyway).
+    pub fn key(&mut self, key: &Key, urgent: bool) {
+        if urgent {
+            self.lazy_dirty.remove(key);
+            self.dirty.insert(key.clone());
+        } else if !self.dirty.contains(key) {
+            self.lazy_dirty.insert(key.clone());
+        }
+    }
+
+    /// Records that a tool call of `key` changed.
+    pub fn call(&mut self, key: &Key, call_id: String) {
+        self.calls.insert((key.clone(), call_id));
+        self.urgent = true;
+    }
+
+    /// Records calls pruned from `key`'s ledger.
+    pub fn pruned(&mut self, key: &Key, call_ids: Vec<String>) {
+        self.pruned_calls.push((key.clone(), call_ids));
+    }
+
+    /// Records that `key` was forgotten: its row goes, pending writes of it
+    /// are dropped.
+    pub fn forgotten(&mut self, key: Key) {
+        self.dirty.remove(&key);
+        self.lazy_dirty.remove(&key);
+        if !self.calls.is_empty() {
+            self.calls.retain(|(k, _)| *k != key);
+        }
+        self.forgotten.push(key);
+    }
+
+    pub fn has_urgent(&self) -> bool {
+        self.urgent
+    }
+
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+            || !self.lazy_dirty.is_empty()
+            || !self.calls.is_empty()
+            || !self.pruned_calls.is_empty()
+            || !self.forgotten.is_empty()
+    }
+
+    pub fn has_lazy_backlog(&self) -> bool {
+        !self.lazy_dirty.is_empty()
+    }
+
+    /// Takes every urgent change and at most `lazy_limit` lazily changed
+    /// keys (the rest stay for the next batch), keys in order.
+    pub fn take(&mut self, lazy_limit: usize) -> Taken {
+        let mut keys: Vec<Key> = self.dirty.drain().collect();
+        if self.lazy_dirty.len() <= lazy_limit {
+            keys.extend(std::mem::take(&mut self.lazy_dirty));
+        } else {
+            keys.extend(std::iter::from_fn(|| self.lazy_dirty.pop_first()).take(lazy_limit));
+        }
+        // Rows written in key order share B-tree pages.
+        keys.sort_unstable();
+        self.urgent = false;
+        Taken {
+            keys,
+            calls: self.calls.drain().collect(),
+            pruned_calls: std::mem::take(&mut self.pruned_calls),
+            forgotten: std::mem::take(&mut self.forgotten),
+            seq: self.seq,
+        }
+    }
+}

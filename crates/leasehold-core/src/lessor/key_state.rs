@@ -1,0 +1,149 @@
+//! What the lessor knows about one key, and the refusals it derives from it.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::clock::Millis;
+use crate::error::{Error, Result, StaleReason};
+use crate::lease::{EndedTerm, Fence, Key, LeaseId, Term, TermEnd};
+use crate::ledger::Ledger;
+
+use super::KeyView;
+use super::waiters::Queued;
+
+/// Everything the lessor knows about one key.
+#[derive(Debug)]
+pub(super) struct KeyState<W> {
+    /// The term holding the key, if any. It may have expired and not yet been
+    /// ended: `Lessor::catch_up` ends it on the next touch or timer tick.
+    pub live: Option<Term>,
+    /// The last ended term, for `previous`, recoverability and retried releases.
+    pub last_ended: Option<EndedTerm>,
+    /// Acquires waiting for this key, first come first served.
+    pub waiters: VecDeque<Queued<W>>,
+    /// Sequence of the last change to this key that must be durable before it
+    /// is revealed (by a reply or by a refusal).
+    pub visible_seq: u64,
+    /// The key's tool calls; boxed and optional so keys without calls stay small.
+    pub ledger: Option<Box<Ledger>>,
+    /// Whether the retention timer holds an entry for this key (at most one).
+    pub prune_scheduled: bool,
+    /// The deadline under which the expiry timer holds this key, if it does
+    /// (at most one entry per key).
+    pub deadline_entry: Option<Millis>,
+}
+
+impl<W> KeyState<W> {
+    pub fn new() -> Self {
+        KeyState {
+            live: None,
+            last_ended: None,
+            waiters: VecDeque::new(),
+            visible_seq: 0,
+            ledger: None,
+            prune_scheduled: false,
+            deadline_entry: None,
+        }
+    }
+
+    pub fn unsettled_tool_calls(&self) -> usize {
+        self.ledger.as_ref().map_or(0, |l| l.unsettled())
+    }
+
+    /// Why `fence` is not this key's live term.
+    pub fn stale_reason(&self, fence: Fence) -> StaleReason {
+        // A newer live term decides first: the last ended term may be
+        // `fence` itself, but a retry is told the truth, that it was
+        // superseded, not how it ended.
+        if let Some(live) = &self.live {
+            if fence < live.fence {
+                return StaleReason::Superseded { by: live.fence };
+            }
+        }
+        if let Some(ended) = &self.last_ended {
+            if ended.fence == fence {
+                return match ended.end {
+                    TermEnd::Expired => StaleReason::Expired { at: ended.ended_at },
+                    TermEnd::Released => StaleReason::Released { at: ended.ended_at },
+                    TermEnd::Suspended => StaleReason::Suspended { at: ended.ended_at },
+                };
+            }
+        }
+        let latest = self
+            .live
+            .as_ref()
+            .map(|t| t.fence)
+            .or(self.last_ended.as_ref().map(|e| e.fence));
+        match latest {
+            Some(latest) if fence < latest => StaleReason::Superseded { by: latest },
+            _ => StaleReason::Unknown,
+        }
+    }
+
+    /// The reader's view at `now`: an expired but not yet ended term shows as
+    /// ended, so readers never see a dead term as live.
+    pub fn view(&self, key: &Key, now: Millis) -> KeyView {
+        let (live, last_ended) = match &self.live {
+            Some(term) if !term.is_live_at(now) => (None, Some(expired(term))),
+            live => (live.clone(), self.last_ended.clone()),
+        };
+        let recoverable =
+            live.is_none() && last_ended.as_ref().is_some_and(|e| e.end.is_recoverable());
+        KeyView {
+            key: key.clone(),
+            live,
+            last_ended,
+            recoverable,
+            visible_seq: self.visible_seq,
+        }
+    }
+}
+
+/// The ended record of a term whose TTL ran out.
+pub(super) fn expired(term: &Term) -> EndedTerm {
+    EndedTerm {
+        fence: term.fence,
+        owner: term.owner.clone(),
+        lease_id: term.lease_id,
+        end: TermEnd::Expired,
+        ended_at: term.expires_at,
+    }
+}
+
+/// The state of `key` if `fence` is its live term and `lease_id` its secret.
+/// Call after `Lessor::catch_up`, so an expired term is not taken for live.
+pub(super) fn holder<'a, W>(
+    keys: &'a mut BTreeMap<Key, KeyState<W>>,
+    key: &Key,
+    fence: Fence,
+    lease_id: LeaseId,
+) -> Result<&'a mut KeyState<W>> {
+    let state = keys.get_mut(key).ok_or_else(|| unknown(key, fence))?;
+    match &state.live {
+        Some(term) if term.fence == fence => {
+            if term.lease_id != lease_id {
+                return Err(denied(key, fence));
+            }
+            Ok(state)
+        }
+        _ => Err(stale(key, fence, state.stale_reason(fence))),
+    }
+}
+
+pub(super) fn stale(key: &Key, fence: Fence, reason: StaleReason) -> Error {
+    Error::StaleFence {
+        key: key.clone(),
+        fence,
+        reason,
+    }
+}
+
+pub(super) fn unknown(key: &Key, fence: Fence) -> Error {
+    stale(key, fence, StaleReason::Unknown)
+}
+
+pub(super) fn denied(key: &Key, fence: Fence) -> Error {
+    Error::PermissionDenied {
+        key: key.clone(),
+        fence,
+    }
+}

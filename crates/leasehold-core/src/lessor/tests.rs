@@ -1,0 +1,422 @@
+//! The lessor's rules, tested on the table itself (no engine, no storage).
+
+use super::*;
+use crate::error::StaleReason;
+use crate::ledger::CallSpec;
+
+/// A waiter that is always waiting, tagged for assertions.
+#[derive(Debug, PartialEq)]
+struct Tag(&'static str);
+impl WaiterHandle for Tag {
+    fn is_waiting(&self) -> bool {
+        true
+    }
+}
+
+fn k(key: &str) -> Key {
+    Key::parse(key).unwrap()
+}
+
+fn ttl(ms: u64) -> Ttl {
+    Ttl::from_millis(ms).unwrap()
+}
+
+fn spec(key: &str, owner: &str) -> Acquire {
+    Acquire {
+        key: k(key),
+        owner: Owner::parse(owner).unwrap(),
+        ttl: ttl(1000),
+        wait: Wait::default(),
+        request_id: None,
+    }
+}
+
+fn granted(outcome: AcquireOutcome) -> Grant {
+    match outcome {
+        AcquireOutcome::Granted(grant) => grant,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn fences_rise_across_keys() {
+    let mut lessor = Lessor::<Tag>::new();
+    let a = granted(lessor.acquire(spec("a", "o"), 0, None));
+    let b = granted(lessor.acquire(spec("b", "o"), 0, None));
+    assert!(b.term.fence > a.term.fence);
+}
+
+#[test]
+fn a_held_key_is_busy_until_it_expires() {
+    let mut lessor = Lessor::<Tag>::new();
+    let first = granted(lessor.acquire(spec("k", "a"), 0, None));
+    assert!(matches!(
+        lessor.acquire(spec("k", "b"), 999, None),
+        AcquireOutcome::Busy(Error::Busy {
+            remaining_ms: 1,
+            ..
+        })
+    ));
+    let second = granted(lessor.acquire(spec("k", "b"), 1000, None));
+    assert!(second.term.fence > first.term.fence);
+    let previous = second.previous.expect("previous term");
+    assert_eq!(previous.end, TermEnd::Expired);
+    assert_eq!(previous.ended_at, 1000);
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order() {
+    let mut lessor = Lessor::<Tag>::new();
+    let held = granted(lessor.acquire(spec("k", "a"), 0, None));
+    assert!(matches!(
+        lessor.acquire(spec("k", "b"), 1, Some(Tag("b"))),
+        AcquireOutcome::Queued(_)
+    ));
+    assert!(matches!(
+        lessor.acquire(spec("k", "c"), 2, Some(Tag("c"))),
+        AcquireOutcome::Queued(_)
+    ));
+    lessor
+        .release(&k("k"), held.term.fence, held.term.lease_id, false, 3)
+        .unwrap();
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0].0, Tag("b"));
+    // A newcomer arriving now queues behind c.
+    assert!(matches!(
+        lessor.acquire(spec("k", "d"), 4, None),
+        AcquireOutcome::Busy(_)
+    ));
+    lessor.expire_due(2000);
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(handoffs[0].0, Tag("c"));
+}
+
+#[test]
+fn renew_never_shortens_a_term() {
+    let mut lessor = Lessor::<Tag>::new();
+    let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+    let (term, _) = lessor
+        .renew(&k("k"), g.term.fence, g.term.lease_id, Some(ttl(100)), 10)
+        .unwrap();
+    assert_eq!(term.expires_at, 1000);
+    assert_eq!(term.ttl, ttl(100));
+}
+
+#[test]
+fn urgent_changes_never_wait_behind_a_lazy_backlog() {
+    let mut lessor = Lessor::<Tag>::new();
+    for i in 0..5 {
+        granted(lessor.acquire(spec(&format!("e{i}"), "a"), 0, None));
+    }
+    lessor.take_batch();
+    // Five expiries (lazy), then a grant (urgent).
+    assert!(lessor.expire_due_up_to(1000, 3));
+    assert!(!lessor.expire_due_up_to(1000, 3));
+    let g = granted(lessor.acquire(spec("k", "b"), 1000, None));
+    let batch = lessor.take_batch_up_to(2);
+    assert_eq!(batch.records.len(), 3);
+    assert!(batch.records.iter().any(|r| r.key == k("k")));
+    assert_eq!(batch.seq, g.visible_seq);
+    assert!(lessor.has_lazy_backlog());
+    assert_eq!(lessor.take_batch_up_to(2).records.len(), 2);
+    assert_eq!(lessor.take_batch_up_to(2).records.len(), 1);
+    assert!(!lessor.has_dirty());
+}
+
+#[test]
+fn restore_gives_unended_terms_their_full_ttl_again() {
+    let mut lessor = Lessor::<Tag>::new();
+    let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+    let batch = lessor.take_batch();
+    let restored = Lessor::<Tag>::restore(
+        batch.records,
+        batch.calls,
+        batch.fence_high_water,
+        5000,
+        DEFAULT_RETENTION_MS,
+    );
+    let mut restored = restored;
+    let (term, _) = restored.check(&k("k"), g.term.fence, 5999).unwrap();
+    assert_eq!(term.expires_at, 6000);
+    let next = granted(restored.acquire(spec("other", "a"), 5999, None));
+    assert!(next.term.fence > g.term.fence);
+}
+
+/// A lessor with a 100 ms retention, so tests can step past it.
+fn short_retention() -> Lessor<Tag> {
+    Lessor::restore(Vec::new(), Vec::new(), 0, 0, 100)
+}
+
+#[test]
+fn a_cleanly_released_key_is_forgotten_after_the_retention() {
+    let mut lessor = short_retention();
+    let g = granted(lessor.acquire(spec("done", "a"), 0, None));
+    let s = granted(lessor.acquire(spec("paused", "a"), 0, None));
+    lessor
+        .release(&k("done"), g.term.fence, g.term.lease_id, false, 10)
+        .unwrap();
+    lessor
+        .release(&k("paused"), s.term.fence, s.term.lease_id, true, 10)
+        .unwrap();
+    lessor.take_batch();
+
+    lessor.expire_due(109);
+    assert_eq!(lessor.key_count(), 2, "kept until the retention ends");
+    assert_eq!(lessor.next_deadline(), Some(110));
+    lessor.expire_due(110);
+    assert_eq!(lessor.key_count(), 1, "the suspended key stays");
+    assert!(lessor.has_dirty());
+    let batch = lessor.take_batch();
+    assert_eq!(batch.forgotten, vec![k("done")]);
+    assert!(batch.records.is_empty());
+    assert!(matches!(
+        lessor.get(&k("done"), 110),
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        lessor.check(&k("done"), g.term.fence, 110),
+        Err(Error::StaleFence {
+            reason: StaleReason::Unknown,
+            ..
+        })
+    ));
+    // Fences still rise for the forgotten key, in memory and after a restart.
+    let again = granted(lessor.acquire(spec("done", "b"), 111, None));
+    assert!(again.term.fence > s.term.fence);
+    assert!(again.previous.is_none());
+    let restored = Lessor::<Tag>::restore(Vec::new(), Vec::new(), batch.fence_high_water, 0, 100);
+    let mut restored = restored;
+    let after = granted(restored.acquire(spec("x", "c"), 0, None));
+    assert!(after.term.fence > s.term.fence);
+}
+
+#[test]
+fn a_key_taken_again_or_released_again_is_not_forgotten_early() {
+    let mut lessor = short_retention();
+    let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+    lessor
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, 10)
+        .unwrap();
+    // Taken again before the retention ends: kept while held.
+    let h = granted(lessor.acquire(spec("k", "b"), 50, None));
+    lessor.expire_due(200);
+    assert_eq!(lessor.key_count(), 1);
+    lessor
+        .renew(
+            &k("k"),
+            h.term.fence,
+            h.term.lease_id,
+            Some(ttl(10_000)),
+            200,
+        )
+        .unwrap();
+    lessor
+        .release(&k("k"), h.term.fence, h.term.lease_id, false, 300)
+        .unwrap();
+    lessor.expire_due(399);
+    assert_eq!(
+        lessor.key_count(),
+        1,
+        "retention counts from the last release"
+    );
+    lessor.expire_due(400);
+    assert_eq!(lessor.key_count(), 0);
+    assert_eq!(lessor.prune_entries(), 0, "no entries left behind");
+}
+
+#[test]
+fn a_forgotten_key_created_again_in_the_same_batch_is_written_back() {
+    let mut lessor = short_retention();
+    let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+    lessor
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, 0)
+        .unwrap();
+    lessor.take_batch();
+    lessor.expire_due(100);
+    let again = granted(lessor.acquire(spec("k", "b"), 100, None));
+    let batch = lessor.take_batch();
+    // The store deletes first, then writes the new row.
+    assert_eq!(batch.forgotten, vec![k("k")]);
+    assert_eq!(batch.records.len(), 1);
+    assert_eq!(
+        batch.records[0].live.as_ref().unwrap().fence,
+        again.term.fence
+    );
+}
+
+#[test]
+fn a_key_handed_over_again_and_again_keeps_one_timer_entry() {
+    let mut lessor = Lessor::<Tag>::new();
+    let mut held = granted(lessor.acquire(spec("hot", "a"), 0, None));
+    for now in 0..10_000u64 {
+        // A waiter queues; the holder renews, then releases: the key
+        // goes to the waiter at once.
+        assert!(matches!(
+            lessor.acquire(spec("hot", "w"), now, Some(Tag("w"))),
+            AcquireOutcome::Queued(_)
+        ));
+        lessor
+            .renew(&k("hot"), held.term.fence, held.term.lease_id, None, now)
+            .unwrap();
+        lessor
+            .release(
+                &k("hot"),
+                held.term.fence,
+                held.term.lease_id,
+                now % 2 == 0,
+                now,
+            )
+            .unwrap();
+        let mut handoffs = lessor.take_handoffs();
+        assert_eq!(handoffs.len(), 1);
+        held = handoffs.pop().unwrap().1;
+    }
+    assert_eq!(
+        lessor.deadline_entries(),
+        1,
+        "one entry per key, whatever its history"
+    );
+    // The one entry still expires the live term, at its deadline.
+    lessor.expire_due(held.term.expires_at);
+    assert!(
+        lessor
+            .get(&k("hot"), held.term.expires_at)
+            .unwrap()
+            .live
+            .is_none()
+    );
+    assert_eq!(lessor.deadline_entries(), 0);
+}
+
+#[test]
+fn a_renewed_term_expires_at_its_new_deadline_not_the_first() {
+    let mut lessor = Lessor::<Tag>::new();
+    let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+    lessor
+        .renew(&k("k"), g.term.fence, g.term.lease_id, None, 900)
+        .unwrap();
+    lessor.expire_due(1000);
+    assert!(lessor.check(&k("k"), g.term.fence, 1000).is_ok());
+    assert_eq!(lessor.deadline_entries(), 1);
+    lessor.expire_due(1900);
+    assert!(lessor.check(&k("k"), g.term.fence, 1900).is_err());
+    assert_eq!(lessor.deadline_entries(), 0);
+}
+
+#[test]
+fn a_short_term_after_a_long_one_expires_on_time() {
+    let mut lessor = Lessor::<Tag>::new();
+    let long = Acquire {
+        ttl: Ttl::from_millis(100_000).unwrap(),
+        ..spec("k", "a")
+    };
+    let g = granted(lessor.acquire(long, 0, None));
+    lessor
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, 1)
+        .unwrap();
+    let short = granted(lessor.acquire(spec("k", "b"), 1, None));
+    assert_eq!(lessor.next_deadline(), Some(short.term.expires_at));
+    lessor.expire_due(short.term.expires_at);
+    assert!(
+        lessor
+            .get(&k("k"), short.term.expires_at)
+            .unwrap()
+            .live
+            .is_none()
+    );
+}
+
+#[test]
+fn a_retried_release_of_a_superseded_fence_is_refused_as_superseded() {
+    let mut lessor = Lessor::<Tag>::new();
+    let first = granted(lessor.acquire(spec("k", "a"), 0, None));
+    lessor
+        .release(&k("k"), first.term.fence, first.term.lease_id, false, 1)
+        .unwrap();
+    // The retry before anyone took the key: the same answer again.
+    assert!(
+        lessor
+            .release(&k("k"), first.term.fence, first.term.lease_id, false, 2)
+            .is_ok()
+    );
+    let second = granted(lessor.acquire(spec("k", "b"), 3, None));
+    let superseded = StaleReason::Superseded {
+        by: second.term.fence,
+    };
+    assert_eq!(
+        lessor.release(&k("k"), first.term.fence, first.term.lease_id, false, 4),
+        Err(stale(&k("k"), first.term.fence, superseded))
+    );
+    assert_eq!(
+        lessor.check(&k("k"), first.term.fence, 4),
+        Err(stale(&k("k"), first.term.fence, superseded))
+    );
+    // The newer holder is untouched.
+    assert!(lessor.check(&k("k"), second.term.fence, 4).is_ok());
+}
+
+#[test]
+fn a_retry_waiting_behind_its_original_gets_the_replay_with_it() {
+    let mut lessor = Lessor::<Tag>::new();
+    let held = granted(lessor.acquire(spec("k", "a"), 0, None));
+    let with_id = Acquire {
+        request_id: RequestId::parse_optional("r1").unwrap(),
+        ..spec("k", "b")
+    };
+    for tag in ["original", "retry"] {
+        assert!(matches!(
+            lessor.acquire(with_id.clone(), 1, Some(Tag(tag))),
+            AcquireOutcome::Queued(_)
+        ));
+    }
+    assert!(matches!(
+        lessor.acquire(spec("k", "c"), 1, Some(Tag("c"))),
+        AcquireOutcome::Queued(_)
+    ));
+    lessor
+        .release(&k("k"), held.term.fence, held.term.lease_id, false, 2)
+        .unwrap();
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(handoffs.len(), 2);
+    assert_eq!(handoffs[0].0, Tag("original"));
+    assert!(!handoffs[0].1.replayed);
+    assert_eq!(handoffs[1].0, Tag("retry"));
+    assert!(handoffs[1].1.replayed);
+    assert_eq!(handoffs[0].1.term, handoffs[1].1.term);
+    assert_eq!(lessor.waiter_count(), 1, "c still waits");
+}
+
+#[test]
+fn list_reports_the_sequence_of_keys_its_filter_left_out() {
+    let mut lessor = Lessor::<Tag>::new();
+    let g = granted(lessor.acquire(spec("s:1", "a"), 0, None));
+    lessor
+        .release(&k("s:1"), g.term.fence, g.term.lease_id, true, 1)
+        .unwrap();
+    lessor.take_batch();
+    let taken = granted(lessor.acquire(spec("s:1", "b"), 2, None));
+    let page = lessor.list("s:", ListFilter::Recoverable, None, 10, 100, 2);
+    assert!(page.keys.is_empty());
+    assert_eq!(page.visible_seq, taken.visible_seq);
+}
+
+#[test]
+fn a_key_with_running_tool_calls_is_not_forgotten() {
+    let mut lessor = short_retention();
+    let g = granted(lessor.acquire(spec("k", "a"), 0, None));
+    let calls = vec![CallSpec {
+        call_id: "c1".into(),
+        name: "tool".into(),
+        input_digest: String::new(),
+    }];
+    lessor
+        .begin_tool_calls(&k("k"), g.term.fence, g.term.lease_id, calls, 0)
+        .unwrap();
+    lessor
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, 0)
+        .unwrap();
+    lessor.expire_due(1_000);
+    assert_eq!(lessor.key_count(), 1);
+    assert!(lessor.take_batch().forgotten.is_empty());
+}

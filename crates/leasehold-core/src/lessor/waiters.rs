@@ -1,0 +1,111 @@
+//! FIFO waiters: Acquires in line for a held key.
+
+use std::collections::VecDeque;
+
+use crate::clock::Millis;
+use crate::lease::Key;
+
+use super::{Acquire, Grant, Lessor};
+
+/// The waiting side of a queued Acquire, owned by whoever delivers grants.
+pub trait WaiterHandle {
+    /// False once the waiter has given up (its request was cancelled), so the
+    /// key is not handed to nobody.
+    fn is_waiting(&self) -> bool;
+}
+
+/// Identifies a queued Acquire, to take it out of line.
+pub type WaiterId = u64;
+
+/// One waiting Acquire.
+#[derive(Debug)]
+pub(super) struct Queued<W> {
+    pub id: WaiterId,
+    pub request: Acquire,
+    pub handle: W,
+}
+
+impl<W: WaiterHandle> Lessor<W> {
+    /// Removes a queued Acquire (its wait ran out, or its request was
+    /// dropped). Returns false when it is no longer queued (it was granted
+    /// meanwhile; the grant is in its handoff).
+    pub fn cancel_waiter(&mut self, key: &Key, id: WaiterId) -> bool {
+        let Some(state) = self.keys.get_mut(key) else {
+            return false;
+        };
+        let before = state.waiters.len();
+        state.waiters.retain(|q| q.id != id);
+        state.waiters.len() != before
+    }
+
+    /// How many Acquires wait in line, over all keys.
+    pub fn waiter_count(&self) -> usize {
+        self.keys.values().map(|s| s.waiters.len()).sum()
+    }
+
+    /// Grants made to queued waiters since the last call, to deliver.
+    pub fn take_handoffs(&mut self) -> Vec<(W, Grant)> {
+        std::mem::take(&mut self.handoffs)
+    }
+
+    /// Puts `request` in line for `key`.
+    pub(super) fn enqueue(&mut self, request: Acquire, handle: W) -> WaiterId {
+        let id = self.next_waiter_id;
+        self.next_waiter_id += 1;
+        let state = self.keys.get_mut(&request.key).expect("a held key");
+        state.waiters.push_back(Queued {
+            id,
+            request,
+            handle,
+        });
+        id
+    }
+
+    /// While `key` is free, grants it to the first waiter still waiting.
+    pub(super) fn serve_waiters(&mut self, key: &Key, now: Millis) {
+        loop {
+            let Some(state) = self.keys.get_mut(key) else {
+                return;
+            };
+            if state.live.is_some() {
+                return;
+            }
+            let Some(queued) = state.waiters.pop_front() else {
+                return;
+            };
+            if !queued.handle.is_waiting() {
+                continue;
+            }
+            let grant = self.grant(queued.request, now);
+            if grant.term.request_id.is_some() {
+                self.handoffs.push((queued.handle, grant.clone()));
+                self.hand_replays(key, &grant);
+            } else {
+                self.handoffs.push((queued.handle, grant));
+            }
+        }
+    }
+
+    /// Hands `grant` as a replay to retries of the same request (same owner
+    /// and request id) still waiting further back in the key's line, so a
+    /// retry sent while the original still waited gets the term at once
+    /// instead of waiting out its own wait behind it.
+    fn hand_replays(&mut self, key: &Key, grant: &Grant) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        let (retries, others): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut state.waiters)
+            .into_iter()
+            .partition(|q: &Queued<W>| {
+                q.request.owner == grant.term.owner && q.request.request_id == grant.term.request_id
+            });
+        state.waiters = others;
+        for retry in retries {
+            let replay = Grant {
+                replayed: true,
+                ..grant.clone()
+            };
+            self.handoffs.push((retry.handle, replay));
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The seam between the gRPC services and the lease state.
+//!
+//! The services parse each request into domain values and call a
+//! [`Backend`]; they know nothing of where the state lives. Today's backend is
+//! the in-memory [`Engine`](crate::engine::Engine) over SQLite (group commit,
+//! one process). A backend whose state lives in another database (PostgreSQL,
+//! several stateless servers) implements the same trait and the services,
+//! the Session stream and the server wiring stay as they are.
+//!
+//! # Contract
+//! Every implementation keeps the invariants the services promise clients:
+//! - at most one live term per key; fences strictly increase and never repeat;
+//! - a reply, success *or refusal*, reveals only state that is durable;
+//! - operations take effect in the order they are **called**, not the order
+//!   their futures are polled: the Session stream calls them as messages
+//!   arrive and relies on this to pipeline (a Check sent right after a
+//!   Release sees the release). An implementation that cannot apply at call
+//!   time must order the work itself (for example per stream);
+//! - dropping an `acquire` future that waits in line takes it out of line.
+
+use futures_util::future::BoxFuture;
+
+use leasehold_core::error::Result;
+use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Term, Ttl};
+use leasehold_core::ledger::{BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall};
+use leasehold_core::lessor::{Acquire, Grant, KeyView, ListFilter, ListPage};
+
+/// A reply still on its way (waiting in line, or for durability).
+pub type Pending<T> = BoxFuture<'static, Result<T>>;
+
+/// The lease state behind the gRPC services. See the [module docs](self) for
+/// the contract every implementation keeps.
+pub trait Backend: Send + Sync + 'static {
+    /// Grants `request.key`, waiting up to `request.wait` in line.
+    fn acquire(&self, request: Acquire) -> Pending<Grant>;
+
+    /// Extends the live term `fence` of `key`; `ttl = None` keeps its TTL.
+    fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term>;
+
+    /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
+    fn release(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        suspend: bool,
+    ) -> Pending<EndedTerm>;
+
+    /// The live term of `key` if `fence` is it.
+    fn check(&self, key: &Key, fence: Fence) -> Pending<Term>;
+
+    /// The state of `key`.
+    fn get(&self, key: &Key) -> Pending<KeyView>;
+
+    /// One page of keys starting with `prefix`, after `after`.
+    fn list(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        after: Option<&Key>,
+        page_size: usize,
+    ) -> Pending<ListPage>;
+
+    /// Records tool calls as running under the live term, all or none.
+    fn begin_tool_calls(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        specs: Vec<CallSpec>,
+    ) -> Pending<BeginOutcome>;
+
+    /// Records a tool call's terminal outcome; the first one wins.
+    fn settle_tool_call(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        settlement: Settlement,
+    ) -> Pending<(ToolCall, bool)>;
+
+    /// The tool calls of `key` in registration order.
+    fn list_tool_calls(&self, key: &Key, filter: CallFilter) -> Pending<Vec<ToolCall>>;
+
+    /// Makes waiting Acquires give up (UNAVAILABLE): the server is draining.
+    fn begin_shutdown(&self);
+
+    /// Finishes what is pending and stops; later calls get UNAVAILABLE.
+    fn shutdown(&self) -> BoxFuture<'static, ()>;
+
+    /// Resolves (with a description) once the backend can no longer serve
+    /// and the process should exit so a supervisor restarts it; never on a
+    /// clean stop.
+    fn failed(&self) -> BoxFuture<'static, String>;
+}

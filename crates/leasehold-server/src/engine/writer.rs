@@ -1,0 +1,76 @@
+//! The writer thread: group commit.
+//!
+//! It owns the store. While one commit syncs the disk, new changes pile up in
+//! the lessor, so the next commit takes them all: one fsync serves many
+//! requests. Urgent changes (a reply waits for them) are committed at once;
+//! lazy ones (renewals keeping the TTL, expiries) within `lazy_flush`, in
+//! chunks, so a mass expiry never holds urgent changes up.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use leasehold_core::store::Store;
+
+use super::{LAZY_CHUNK, Shared};
+
+impl Shared {
+    /// The writer thread: commits urgent changes at once, lazy ones within
+    /// `lazy_flush`, everything at shutdown.
+    pub(super) fn write_loop(&self, mut store: Box<dyn Store>) {
+        let lazy_flush = self.config.lazy_flush;
+        let mut last_flush = Instant::now();
+        // Set when a lazy flush left keys for the next commit.
+        let mut backlog = false;
+        let mut lessor = self.lessor.lock().expect("lessor lock");
+        loop {
+            let stopping = self.stopping.load(Ordering::Acquire);
+            let lazy_due = stopping || backlog || last_flush.elapsed() >= lazy_flush;
+            let due = lessor.has_urgent() || (lessor.has_dirty() && lazy_due);
+            if due {
+                let batch = lessor.take_batch_up_to(LAZY_CHUNK);
+                backlog = lessor.has_lazy_backlog();
+                drop(lessor);
+                let result = store.commit(&batch);
+                last_flush = Instant::now();
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "commit failed; refusing further requests");
+                    self.durable.send_modify(|d| {
+                        d.failure = Some(format!("storage failed: {e}"));
+                        d.storage_failed = true;
+                    });
+                    // Keep the store, and with it the exclusive lock on its
+                    // file, until the process exits: the file's state is
+                    // unknown after a failed commit, and no second server may
+                    // take it over while this one still answers (with
+                    // UNAVAILABLE). Restarting the process reads it afresh.
+                    std::mem::forget(store);
+                    return;
+                }
+                self.commits.store(store.commits(), Ordering::Relaxed);
+                self.durable.send_modify(|d| d.seq = d.seq.max(batch.seq));
+                lessor = self.lessor.lock().expect("lessor lock");
+                continue;
+            }
+            if stopping {
+                tracing::info!(commits = store.commits(), "writer stopped");
+                // A request that slipped in after the last commit would
+                // otherwise wait forever for a writer that is gone.
+                self.durable
+                    .send_modify(|d| d.failure = Some("the server has stopped".into()));
+                return;
+            }
+            let wait = if lessor.has_dirty() {
+                lazy_flush.saturating_sub(last_flush.elapsed())
+            } else {
+                lazy_flush
+            };
+            self.writer_idle.store(true, Ordering::Relaxed);
+            lessor = self
+                .writer_wake
+                .wait_timeout(lessor, wait.max(Duration::from_millis(1)))
+                .expect("lessor lock")
+                .0;
+            self.writer_idle.store(false, Ordering::Relaxed);
+        }
+    }
+}
