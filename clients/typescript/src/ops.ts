@@ -88,46 +88,41 @@ export class UnaryOps implements LeaseOps {
 
 /** A push-fed async iterable: the request side of a Session stream. */
 class RequestQueue<T> implements AsyncIterable<T> {
-  private items: T[] = [];
-  private waiter: ((r: IteratorResult<T>) => void) | undefined;
+  private readonly items: T[] = [];
+  private wake: (() => void) | undefined;
   private closed = false;
 
   push(item: T): boolean {
     if (this.closed) return false;
-    const waiter = this.waiter;
-    if (waiter !== undefined) {
-      this.waiter = undefined;
-      waiter({ value: item, done: false });
-    } else {
-      this.items.push(item);
-    }
+    this.items.push(item);
+    this.wakeUp();
     return true;
   }
 
   close(): void {
     this.closed = true;
-    const waiter = this.waiter;
-    if (waiter !== undefined && this.items.length === 0) {
-      this.waiter = undefined;
-      waiter({ value: undefined, done: true });
-    }
+    this.wakeUp();
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<T> {
-    return {
-      next: () => {
-        const item = this.items.shift();
-        if (item !== undefined) return Promise.resolve({ value: item, done: false });
-        if (this.closed) return Promise.resolve({ value: undefined, done: true });
-        return new Promise((resolve) => {
-          this.waiter = resolve;
-        });
-      },
-      return: () => {
-        this.closed = true;
-        return Promise.resolve({ value: undefined, done: true });
-      },
-    };
+  private wakeUp(): void {
+    const wake = this.wake;
+    this.wake = undefined;
+    wake?.();
+  }
+
+  // An async generator, because connect drives the iterator's return/throw.
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    for (;;) {
+      const item = this.items.shift();
+      if (item !== undefined) {
+        yield item;
+        continue;
+      }
+      if (this.closed) return;
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+      });
+    }
   }
 }
 
