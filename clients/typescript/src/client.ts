@@ -3,7 +3,7 @@
 
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
-import { createClient as createRpcClient, type Transport } from "@connectrpc/connect";
+import { createClient as createRpcClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
 import { Leasehold, Transcripts } from "./gen/leasehold/v1/leasehold_pb.js";
@@ -34,6 +34,8 @@ export interface ClientOptions {
   transport?: "grpc" | "grpc-web";
   /** The default owner name, shown to others in busy errors. Default: `hostname:pid`. */
   owner?: string;
+  /** connect interceptors applied to every call (auth headers, logging). */
+  interceptors?: Interceptor[];
 }
 
 /** Options of {@link LeaseholdClient.acquire}. */
@@ -91,9 +93,10 @@ export class LeaseholdClient implements AsyncDisposable {
         baseUrl: options.baseUrl,
         pingIntervalMs: PING_INTERVAL_MS,
         pingTimeoutMs: PING_TIMEOUT_MS,
+        interceptors: options.interceptors ?? [],
       });
     } else if (this.transport === "grpc-web") {
-      transport = createGrpcWebTransport({ baseUrl: options.baseUrl });
+      transport = createGrpcWebTransport({ baseUrl: options.baseUrl, interceptors: options.interceptors ?? [] });
     } else {
       throw new InvalidArgumentError(`transport must be "grpc" or "grpc-web", not ${String(this.transport)}`);
     }

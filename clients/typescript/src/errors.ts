@@ -185,10 +185,48 @@ export function fromRefusal(code: number, message: string, details: RefusalDetai
   }
 }
 
+const NETWORK_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ECONNABORTED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "ERR_HTTP2_STREAM_ERROR",
+  "ERR_HTTP2_SESSION_ERROR",
+  "ERR_HTTP2_GOAWAY_SESSION",
+  "ERR_HTTP2_INVALID_SESSION",
+  "ERR_HTTP2_PING_CANCEL",
+]);
+
+/**
+ * Whether `err` (or an error in its cause chain) is a failure to reach the
+ * server: a socket error, or fetch's "fetch failed" (undici), which connect
+ * reports with code Unknown rather than Unavailable.
+ */
+function isNetworkError(err: unknown): boolean {
+  let e: unknown = err;
+  for (let depth = 0; depth < 6 && e !== undefined && e !== null; depth++) {
+    if (typeof e === "object") {
+      const code = (e as { code?: unknown }).code;
+      if (typeof code === "string" && (NETWORK_CODES.has(code) || code.startsWith("UND_ERR"))) return true;
+      if (e instanceof TypeError && /fetch failed|network/i.test(e.message)) return true;
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
 /** Turns whatever a connect call threw into an error of this package. */
 export function fromCallError(err: unknown, call: string): LeaseholdError {
   if (err instanceof LeaseholdError) return err;
   const ce = ConnectError.from(err);
+  if (ce.code === Code.Unknown && isNetworkError(err)) {
+    return new UnavailableError(`${call}: cannot reach the server: ${ce.rawMessage}`, { cause: err });
+  }
   const mapped = fromRefusal(ce.code, ce.rawMessage, detailsFromHeaders(ce.metadata));
   if (mapped instanceof UnavailableError || mapped.code === "internal") {
     // Keep the transport's story (connection refused, timeout) for debugging.
