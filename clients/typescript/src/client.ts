@@ -216,7 +216,12 @@ export class LeaseholdClient implements AsyncDisposable {
     };
   }
 
-  /** Closes the Session stream (if any). Leases still held stop being renewed over it. */
+  /**
+   * Closes the Session stream now, failing operations in flight on it with
+   * UnavailableError. Release leases first: a lease still held opens a new
+   * stream at its next renewal. (The stream also closes by itself whenever no
+   * lease is held and nothing is in flight.)
+   */
   close(): void {
     this.#ops.close();
   }
