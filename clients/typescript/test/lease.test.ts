@@ -69,6 +69,22 @@ for (const transport of TRANSPORTS) {
       await second.release();
     });
 
+    it("a grant that came after a long wait is renewed at once, so it is valid on return", async () => {
+      const k = key("late-grant");
+      const first = await a.acquire(k, { ttlMs: 5_000 });
+      const waiting = b.acquire(k, { ttlMs: 300, waitMs: 3_000 });
+      // The wait (400 ms) outlasts the waiter's whole TTL less its margin
+      // (270 ms): a deadline resting on the acquire's send time would
+      // already have passed.
+      await new Promise((r) => setTimeout(r, 400));
+      await first.release();
+      const second = await waiting;
+      assert.ok(second.isValid(), `lost: ${second.lossReason}`);
+      assert.equal(second.signal.aborted, false);
+      assert.equal(await second.gate(), second.fence);
+      await second.release();
+    });
+
     it("release ends the lease: signal aborted, gate refuses, key free, second release refused", async () => {
       const k = key("release");
       const lease = await a.acquire(k, { ttlMs: 5_000 });
