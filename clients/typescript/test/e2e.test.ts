@@ -52,20 +52,20 @@ describe("fences above 2^53 from a real server", { skip: haveSqlite3() ? false :
       const a = createClient({ baseUrl: server.baseUrl, transport, owner: "a" });
       const b = createClient({ baseUrl: server.baseUrl, transport, owner: "b" });
       const k = `high:${transport}`;
-      const lease = await a.acquire(k, { ttlMs: 450 });
+      const lease = await a.acquire(k, { ttlMs: 600 });
       assert.equal(typeof lease.fence, "bigint");
       assert.ok(lease.fence > HIGH_WATER, `${lease.fence} > ${HIGH_WATER}`);
       // Renewals and checks present the fence back: a fence rounded through
       // number would be refused as stale.
-      await new Promise((r) => setTimeout(r, 700));
+      await new Promise((r) => setTimeout(r, 900));
       assert.ok(lease.isValid(), `lost: ${lease.lossReason}`);
       assert.equal(await lease.gate(), lease.fence);
-      const busy = await b.acquire(k, { ttlMs: 450 }).catch((e: unknown) => e);
+      const busy = await b.acquire(k, { ttlMs: 600 }).catch((e: unknown) => e);
       assert.ok(busy instanceof BusyError, String(busy));
       assert.equal(busy.fence, lease.fence);
       const ended = await lease.release();
       assert.equal(ended.fence, lease.fence);
-      const next = await b.acquire(k, { ttlMs: 450 });
+      const next = await b.acquire(k, { ttlMs: 600 });
       assert.equal(next.previous?.fence, lease.fence);
       assert.ok(next.fence > lease.fence);
       await next.release();
@@ -92,9 +92,9 @@ describe("which calls each transport makes", () => {
         return next(req);
       };
       const lh = createClient({ baseUrl: server.baseUrl, transport, interceptors: [count] });
-      const one = await lh.acquire(`calls:${transport}:1`, { ttlMs: 300 });
-      const two = await lh.acquire(`calls:${transport}:2`, { ttlMs: 300 });
-      await new Promise((r) => setTimeout(r, 500));
+      const one = await lh.acquire(`calls:${transport}:1`, { ttlMs: 600 });
+      const two = await lh.acquire(`calls:${transport}:2`, { ttlMs: 600 });
+      await new Promise((r) => setTimeout(r, 700));
       await one.gate();
       await two.gate();
       assert.ok(one.isValid() && two.isValid());

@@ -72,11 +72,11 @@ for (const transport of TRANSPORTS) {
     it("a grant that came after a long wait is renewed at once, so it is valid on return", async () => {
       const k = key("late-grant");
       const first = await a.acquire(k, { ttlMs: 5_000 });
-      const waiting = b.acquire(k, { ttlMs: 300, waitMs: 3_000 });
-      // The wait (400 ms) outlasts the waiter's whole TTL less its margin
-      // (270 ms): a deadline resting on the acquire's send time would
+      const waiting = b.acquire(k, { ttlMs: 600, waitMs: 3_000 });
+      // The wait (700 ms) outlasts the waiter's whole TTL less its margin
+      // (540 ms): a deadline resting on the acquire's send time would
       // already have passed.
-      await new Promise((r) => setTimeout(r, 400));
+      await new Promise((r) => setTimeout(r, 700));
       await first.release();
       const second = await waiting;
       assert.ok(second.isValid(), `lost: ${second.lossReason}`);
@@ -154,14 +154,14 @@ for (const transport of TRANSPORTS) {
 
     it("renews in the background, so a lease outlives its TTL", async () => {
       const k = key("renew");
-      const lease = await a.acquire(k, { ttlMs: 400 });
+      const lease = await a.acquire(k, { ttlMs: 600 });
       const firstExpiry = lease.serverExpiresAtMs;
-      await new Promise((r) => setTimeout(r, 1_300));
+      await new Promise((r) => setTimeout(r, 1_500));
       assert.ok(lease.isValid(), `lost: ${lease.lossReason}`);
       assert.equal(lease.signal.aborted, false);
       assert.ok(lease.serverExpiresAtMs > firstExpiry, "the server's expiry moved forward");
       assert.equal(await lease.gate(), lease.fence);
-      await assert.rejects(b.acquire(k, { ttlMs: 400 }), BusyError);
+      await assert.rejects(b.acquire(k, { ttlMs: 600 }), BusyError);
       await lease.release();
     });
 
@@ -192,7 +192,7 @@ for (const transport of TRANSPORTS) {
 
     it("loses the lease when the server freezes past the TTL; the old release is refused after", async () => {
       const k = key("freeze");
-      const lease = await a.acquire(k, { ttlMs: 500 });
+      const lease = await a.acquire(k, { ttlMs: 600 });
       assert.ok(lease.isValid());
       const abortedAt: number[] = [];
       lease.signal.addEventListener("abort", () => abortedAt.push(Date.now()));
@@ -201,7 +201,7 @@ for (const transport of TRANSPORTS) {
       try {
         await waitFor(() => lease.signal.aborted, 3_000, "the lease's signal to abort");
         const after = (abortedAt[0] ?? 0) - frozenAt;
-        assert.ok(after <= 500, `aborted ${after} ms after the freeze, later than the TTL`);
+        assert.ok(after <= 600, `aborted ${after} ms after the freeze, later than the TTL`);
         assert.equal(lease.isValid(), false);
         assert.equal(lease.lossReason, "deadline");
         // No round trip is needed to refuse: the gate fails locally, at once.
