@@ -167,3 +167,38 @@ describe("a process using the client", () => {
     });
   }
 });
+
+describe("a server restart", () => {
+  for (const transport of ["grpc", "grpc-web"] as const) {
+    it(`keeps a held lease over ${transport}: renewals reconnect (a new Session stream on grpc)`, async () => {
+      let server = await startServer();
+      const dir = join(server.dbPath, "..");
+      const addr = server.baseUrl.replace("http://", "");
+      const seen: string[] = [];
+      const count: Interceptor = (next) => async (req) => {
+        seen.push(req.method.name);
+        return next(req);
+      };
+      const lh = createClient({ baseUrl: server.baseUrl, transport, interceptors: [count] });
+      try {
+        const lease = await lh.acquire(`restart:${transport}`, { ttlMs: 3_000 });
+        await lease.gate();
+        await server.stop();
+        server = await startServer(dir, addr);
+        // A restart gives live terms their full TTL again; renewals retry
+        // until one gets through on a new connection.
+        await new Promise((r) => setTimeout(r, 1_500));
+        assert.ok(lease.isValid(), `lost: ${lease.lossReason}`);
+        assert.equal(await lease.gate(), lease.fence);
+        const ended = await lease.release();
+        assert.equal(ended.end, "released");
+        if (transport === "grpc") {
+          assert.ok(seen.filter((m) => m === "Session").length >= 2, `a new stream was opened: ${seen.join(",")}`);
+        }
+      } finally {
+        lh.close();
+        await server.close();
+      }
+    });
+  }
+});
