@@ -188,7 +188,8 @@ export class Lease implements AsyncDisposable {
    *   UnavailableError when the server cannot be reached in time.
    */
   async verify(): Promise<void> {
-    if (this.#loss !== undefined) throw this.#lostError();
+    // A passed deadline is final here (see the README), so it is checked too.
+    this.#ensureValid();
     try {
       await this.#ops.check(this.key, this.fence, this.#timing.rpcTimeoutMs);
     } catch (err) {
