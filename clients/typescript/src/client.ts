@@ -1,0 +1,245 @@
+// createClient: a connection to a leasehold server, and the acquire that
+// hands out leases.
+
+import { randomUUID } from "node:crypto";
+import { hostname } from "node:os";
+import { createClient as createRpcClient, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createGrpcWebTransport } from "@connectrpc/connect-web";
+import { Leasehold, Transcripts } from "./gen/leasehold/v1/leasehold_pb.js";
+import { fromCallError, InvalidArgumentError, LeaseholdError, UnavailableError } from "./errors.js";
+import { Lease } from "./lease.js";
+import { type LeaseholdRpc, type LeaseOps, StreamOps, UnaryOps } from "./ops.js";
+import { now, retryPause, sleep, timing } from "./timing.js";
+import {
+  toFinding,
+  type Transcript,
+  type TranscriptFormat,
+  type TranscriptRepair,
+  type TranscriptReport,
+  transcriptText,
+} from "./transcripts.js";
+
+/** Options of {@link createClient}. */
+export interface ClientOptions {
+  /** The server, e.g. `http://127.0.0.1:7420`. */
+  baseUrl: string;
+  /**
+   * `"grpc"`: gRPC over HTTP/2 (Node's http2), with one pipelined Session
+   * stream for every lease's renewals, checks and releases. `"grpc-web"`:
+   * gRPC-Web over `fetch` (HTTP/1.1 or whatever fetch speaks), with unary
+   * Renew/Check/Release; for Bun and other runtimes whose HTTP/2 clients
+   * misbehave. Default: "grpc" on Node, "grpc-web" on Bun.
+   */
+  transport?: "grpc" | "grpc-web";
+  /** The default owner name, shown to others in busy errors. Default: `hostname:pid`. */
+  owner?: string;
+  /** connect interceptors applied to every call (auth headers, logging). */
+  interceptors?: Interceptor[];
+}
+
+/** Options of {@link LeaseholdClient.acquire}. */
+export interface AcquireOptions {
+  /** Lease duration; the server accepts 100 ms to 24 h. Default 10 s. */
+  ttlMs?: number;
+  /** Wait (FIFO) for a held key this long; 0 (the default) fails at once with BusyError. At most 5 min. */
+  waitMs?: number;
+  /** Overrides the client's owner name for this lease. */
+  owner?: string;
+  /**
+   * Retry token: the same owner and request id while that term is live gets
+   * the same term back instead of a conflict. Default: a fresh UUID (resent
+   * on retries of this acquire).
+   */
+  requestId?: string;
+  /** Renewal interval; default ttl/3 (jittered). */
+  renewEveryMs?: number;
+  /** Subtracted from the TTL for the local deadline; default ttl/10, at most 2 s. */
+  safetyMarginMs?: number;
+  /** How long one renew, check or release may take; default the renewal interval, at most 5 s. */
+  rpcTimeoutMs?: number;
+}
+
+/** How many times an acquire is sent, at most, when the server is unreachable. */
+const ACQUIRE_ATTEMPTS = 3;
+const DEFAULT_TTL_MS = 10_000;
+/** HTTP/2 pings find a silently dead connection (no FIN or RST) in seconds. */
+const PING_INTERVAL_MS = 5_000;
+const PING_TIMEOUT_MS = 5_000;
+
+function isBun(): boolean {
+  return typeof (globalThis as { Bun?: unknown }).Bun !== "undefined";
+}
+
+/** A connection to a leasehold server. */
+export class LeaseholdClient implements AsyncDisposable {
+  /** The transport in use. */
+  readonly transport: "grpc" | "grpc-web";
+  /** The default owner name. */
+  readonly owner: string;
+  readonly #rpc: LeaseholdRpc;
+  readonly #transcripts;
+  readonly #ops: LeaseOps;
+
+  constructor(options: ClientOptions) {
+    if (typeof options.baseUrl !== "string" || !/^https?:\/\//.test(options.baseUrl)) {
+      throw new InvalidArgumentError(`baseUrl must be an http:// or https:// URL, not ${String(options.baseUrl)}`);
+    }
+    this.transport = options.transport ?? (isBun() ? "grpc-web" : "grpc");
+    this.owner = options.owner ?? `${hostname()}:${process.pid}`;
+    let transport: Transport;
+    if (this.transport === "grpc") {
+      transport = createGrpcTransport({
+        baseUrl: options.baseUrl,
+        pingIntervalMs: PING_INTERVAL_MS,
+        pingTimeoutMs: PING_TIMEOUT_MS,
+        interceptors: options.interceptors ?? [],
+      });
+    } else if (this.transport === "grpc-web") {
+      transport = createGrpcWebTransport({ baseUrl: options.baseUrl, interceptors: options.interceptors ?? [] });
+    } else {
+      throw new InvalidArgumentError(`transport must be "grpc" or "grpc-web", not ${String(this.transport)}`);
+    }
+    this.#rpc = createRpcClient(Leasehold, transport);
+    this.#transcripts = createRpcClient(Transcripts, transport);
+    this.#ops = this.transport === "grpc" ? new StreamOps(this.#rpc) : new UnaryOps(this.#rpc);
+  }
+
+  /**
+   * Acquires `key`: a {@link Lease} that renews itself until released.
+   * Transient failures are retried with the same request id, so a lost reply
+   * cannot leave an orphaned second term.
+   * @throws BusyError when the key is held (after waiting `waitMs`);
+   *   InvalidArgumentError; UnavailableError.
+   */
+  async acquire(key: string, options: AcquireOptions = {}): Promise<Lease> {
+    const t = timing({
+      ttlMs: options.ttlMs ?? DEFAULT_TTL_MS,
+      renewEveryMs: options.renewEveryMs,
+      safetyMarginMs: options.safetyMarginMs,
+      rpcTimeoutMs: options.rpcTimeoutMs,
+    });
+    const waitMs = options.waitMs ?? 0;
+    if (!Number.isSafeInteger(waitMs) || waitMs < 0) {
+      throw new InvalidArgumentError(`waitMs must be a non-negative integer, not ${waitMs}`);
+    }
+    const request = {
+      key,
+      owner: options.owner ?? this.owner,
+      ttlMs: BigInt(t.ttlMs),
+      waitMs: BigInt(waitMs),
+      requestId: options.requestId ?? randomUUID(),
+    };
+    for (let attempt = 1; ; attempt++) {
+      const sentAt = now();
+      try {
+        const reply = await this.#rpc.acquire(request, { timeoutMs: waitMs + t.rpcTimeoutMs });
+        return await Lease.start({ rpc: this.#rpc, ops: this.#ops, timing: t, reply, sentAt });
+      } catch (err) {
+        const mapped = fromCallError(err, "Acquire");
+        if (mapped instanceof UnavailableError && attempt < ACQUIRE_ATTEMPTS) {
+          await sleep(retryPause(t, attempt + 1));
+          continue;
+        }
+        throw mapped;
+      }
+    }
+  }
+
+  /**
+   * Runs `fn` while holding `key`: released when `fn` returns, suspended
+   * (released as unfinished, so recoverable) when it throws.
+   * @throws what acquire throws; what `fn` throws; LeaseLostError when the
+   *   release after a successful `fn` is refused (the lease was lost meanwhile:
+   *   do not trust writes that were not fenced).
+   */
+  async withLease<T>(key: string, options: AcquireOptions, fn: (lease: Lease) => Promise<T>): Promise<T> {
+    const lease = await this.acquire(key, options);
+    let result: T;
+    try {
+      result = await fn(lease);
+    } catch (err) {
+      try {
+        await lease.suspend();
+      } catch {
+        // Already lost or unreachable: the term ends at its TTL. The work's
+        // own error is the one to report.
+      }
+      throw err;
+    }
+    await lease.release();
+    return result;
+  }
+
+  /** Checks that every tool call in `messages` is paired the way the provider requires. */
+  async checkTranscript(messages: Transcript, options: { format?: TranscriptFormat } = {}): Promise<TranscriptReport> {
+    try {
+      const reply = await this.#transcripts.check({ transcript: transcriptText(messages), format: options.format ?? "" });
+      return {
+        healthy: reply.healthy,
+        format: reply.format,
+        messages: Number(reply.messages),
+        findings: reply.findings.map(toFinding),
+        report: reply.reportJson === "" ? undefined : (JSON.parse(reply.reportJson) as unknown),
+      };
+    } catch (err) {
+      throw fromCallError(err, "Transcripts.Check");
+    }
+  }
+
+  /**
+   * Repairs tool-call pairing in `messages` (moves, drops, inserts results).
+   * The repaired transcript comes back in the input's shape: text for text,
+   * an array for an array.
+   */
+  async repairTranscript<T extends Transcript>(
+    messages: T,
+    options: { format?: TranscriptFormat; placeholderMarkers?: string[] } = {},
+  ): Promise<TranscriptRepair<T>> {
+    let reply;
+    try {
+      reply = await this.#transcripts.repair({
+        transcript: transcriptText(messages),
+        format: options.format ?? "",
+        placeholderMarkers: options.placeholderMarkers ?? [],
+      });
+    } catch (err) {
+      throw fromCallError(err, "Transcripts.Repair");
+    }
+    const transcript = (typeof messages === "string" ? reply.transcript : parseArray(reply.transcript)) as
+      TranscriptRepair<T>["transcript"];
+    return {
+      transcript,
+      healthy: reply.healthy,
+      actions: reply.actionsJson === "" ? [] : (JSON.parse(reply.actionsJson) as unknown[]),
+      unrecoverable: reply.unrecoverable.map(toFinding),
+    };
+  }
+
+  /**
+   * Closes the Session stream now, failing operations in flight on it with
+   * UnavailableError. Release leases first: a lease still held opens a new
+   * stream at its next renewal. (The stream also closes by itself whenever no
+   * lease is held and nothing is in flight.)
+   */
+  close(): void {
+    this.#ops.close();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    this.close();
+  }
+}
+
+function parseArray(text: string): unknown[] {
+  const parsed = JSON.parse(text) as unknown;
+  if (!Array.isArray(parsed)) {
+    throw new LeaseholdError("internal", "the repaired transcript is not a JSON array");
+  }
+  return parsed;
+}
+
+/** Creates a client for the leasehold server at `options.baseUrl`. */
+export function createClient(options: ClientOptions): LeaseholdClient {
+  return new LeaseholdClient(options);
+}

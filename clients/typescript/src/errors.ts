@@ -1,0 +1,251 @@
+// The client's error classes, and the one place a server refusal (a gRPC
+// status with its metadata, or a refusal inside a Session stream response)
+// becomes one of them. Details a program needs (holder, fence, remaining
+// time, why a fence is stale) are read from metadata, never parsed from
+// messages.
+
+import { Code, ConnectError, decodeBinaryHeader } from "@connectrpc/connect";
+
+/** Why a fence is not the key's live term, as the server says it. */
+export type StaleReason = "expired" | "released" | "suspended" | "superseded" | "unknown";
+
+/**
+ * Why a lease is lost:
+ * - a {@link StaleReason}: the server refused the term (final);
+ * - `"deadline"`: no renewal succeeded before the local deadline, so the
+ *   server may have expired the term (final for this client: see the README);
+ * - `"permission_denied"`: the server refused the lease id (final);
+ * - `"ended"`: this lease was released or suspended.
+ */
+export type LossReason = StaleReason | "deadline" | "permission_denied" | "ended";
+
+/** Every error this package throws. `code` names the kind without `instanceof`. */
+export class LeaseholdError extends Error {
+  readonly code: string;
+  constructor(code: string, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "LeaseholdError";
+    this.code = code;
+  }
+}
+
+/** The key is held by someone else (gRPC `ABORTED`). */
+export class BusyError extends LeaseholdError {
+  readonly key: string;
+  /** The holder's owner name. */
+  readonly holder: string;
+  /** The holder's fence. */
+  readonly fence: bigint;
+  /** How long the holder's term has left, by the server's clock. */
+  readonly remainingMs: number;
+  constructor(message: string, f: { key: string; holder: string; fence: bigint; remainingMs: number }) {
+    super("busy", message);
+    this.name = "BusyError";
+    this.key = f.key;
+    this.holder = f.holder;
+    this.fence = f.fence;
+    this.remainingMs = f.remainingMs;
+  }
+}
+
+/**
+ * The lease is lost, or a fence is not the key's live term (gRPC
+ * `FAILED_PRECONDITION`). Stop acting: acquire again if the work must go on.
+ */
+export class LeaseLostError extends LeaseholdError {
+  readonly key: string;
+  readonly fence: bigint;
+  readonly reason: LossReason;
+  constructor(message: string, f: { key: string; fence: bigint; reason: LossReason }, options?: { cause?: unknown }) {
+    super("lost", message, options);
+    this.name = "LeaseLostError";
+    this.key = f.key;
+    this.fence = f.fence;
+    this.reason = f.reason;
+  }
+}
+
+/** Right fence, wrong lease id (gRPC `PERMISSION_DENIED`). */
+export class PermissionDeniedError extends LeaseholdError {
+  readonly key: string;
+  readonly fence: bigint;
+  constructor(message: string, f: { key: string; fence: bigint }) {
+    super("permission_denied", message);
+    this.name = "PermissionDeniedError";
+    this.key = f.key;
+    this.fence = f.fence;
+  }
+}
+
+/** Malformed input: key, owner, TTL, wait, transcript (gRPC `INVALID_ARGUMENT`). */
+export class InvalidArgumentError extends LeaseholdError {
+  constructor(message: string) {
+    super("invalid_argument", message);
+    this.name = "InvalidArgumentError";
+  }
+}
+
+/**
+ * The server could not be reached, did not answer in time, is shutting down,
+ * or its storage failed. Retrying later may succeed.
+ */
+export class UnavailableError extends LeaseholdError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super("unavailable", message, options);
+    this.name = "UnavailableError";
+  }
+}
+
+/** A refusal's details by metadata name: ASCII values as text, `-bin` values as bytes. */
+export interface RefusalDetails {
+  text(name: string): string | undefined;
+  bytes(name: string): Uint8Array | undefined;
+}
+
+const decoder = new TextDecoder();
+
+/** Parses an unsigned decimal exactly into a bigint; never through `number`. */
+export function parseU64(text: string | undefined): bigint | undefined {
+  if (text === undefined || !/^[0-9]{1,20}$/.test(text.trim())) return undefined;
+  const value = BigInt(text.trim());
+  return value <= 0xffff_ffff_ffff_ffffn ? value : undefined;
+}
+
+/** Converts a server-side millisecond count (uint64) to a number, saturating. */
+export function msToNumber(ms: bigint): number {
+  return ms > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(ms);
+}
+
+/** Details carried in a Session stream response (`map<string, bytes>`). */
+export function detailsFromMap(map: Readonly<Record<string, Uint8Array>>): RefusalDetails {
+  return {
+    text: (name) => {
+      const v = map[name];
+      return v === undefined ? undefined : decoder.decode(v);
+    },
+    bytes: (name) => map[name],
+  };
+}
+
+/** Details carried as response metadata (headers or trailers) of a unary call. */
+export function detailsFromHeaders(headers: Headers): RefusalDetails {
+  return {
+    text: (name) => headers.get(name) ?? undefined,
+    bytes: (name) => {
+      const v = headers.get(name);
+      if (v === null) return undefined;
+      try {
+        return decodeBinaryHeader(v);
+      } catch {
+        return undefined;
+      }
+    },
+  };
+}
+
+function binText(details: RefusalDetails, name: string): string {
+  const v = details.bytes(name);
+  return v === undefined ? "" : decoder.decode(v);
+}
+
+/**
+ * The one table from a server refusal (gRPC code, message, details) to an
+ * error of this package. Statuses without leasehold details (a proxy, a
+ * deadline, a broken connection) map by code alone.
+ */
+export function fromRefusal(code: number, message: string, details: RefusalDetails): LeaseholdError {
+  const key = binText(details, "leasehold-key-bin");
+  const fence = parseU64(details.text("leasehold-fence")) ?? 0n;
+  switch (code) {
+    case Code.InvalidArgument:
+      return new InvalidArgumentError(message);
+    case Code.Aborted:
+      return new BusyError(message, {
+        key,
+        holder: binText(details, "leasehold-holder-bin"),
+        fence,
+        remainingMs: msToNumber(parseU64(details.text("leasehold-remaining-ms")) ?? 0n),
+      });
+    case Code.FailedPrecondition: {
+      const raw = details.text("leasehold-reason");
+      const reason: StaleReason =
+        raw === "expired" || raw === "released" || raw === "suspended" || raw === "superseded" ? raw : "unknown";
+      return new LeaseLostError(message, { key, fence, reason });
+    }
+    case Code.PermissionDenied:
+      return new PermissionDeniedError(message, { key, fence });
+    case Code.NotFound:
+      return new LeaseholdError("not_found", message);
+    case Code.Unavailable:
+    case Code.DeadlineExceeded:
+    case Code.Canceled:
+      return new UnavailableError(message);
+    default:
+      return new LeaseholdError("internal", message);
+  }
+}
+
+const NETWORK_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ECONNABORTED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "ERR_HTTP2_STREAM_ERROR",
+  "ERR_HTTP2_SESSION_ERROR",
+  "ERR_HTTP2_GOAWAY_SESSION",
+  "ERR_HTTP2_INVALID_SESSION",
+  "ERR_HTTP2_PING_CANCEL",
+]);
+
+/**
+ * Whether `err` (or an error in its cause chain) is a failure to reach the
+ * server: a socket error, or fetch's "fetch failed" (undici), which connect
+ * reports with code Unknown rather than Unavailable.
+ */
+function isNetworkError(err: unknown): boolean {
+  let e: unknown = err;
+  for (let depth = 0; depth < 6 && e !== undefined && e !== null; depth++) {
+    if (typeof e === "object") {
+      const code = (e as { code?: unknown }).code;
+      if (typeof code === "string" && (NETWORK_CODES.has(code) || code.startsWith("UND_ERR"))) return true;
+      if (e instanceof TypeError && /fetch failed|network/i.test(e.message)) return true;
+    }
+    e = (e as { cause?: unknown }).cause;
+  }
+  return false;
+}
+
+/** Turns whatever a connect call threw into an error of this package. */
+export function fromCallError(err: unknown, call: string): LeaseholdError {
+  if (err instanceof LeaseholdError) return err;
+  const ce = ConnectError.from(err);
+  if (ce.code === Code.Unknown && isNetworkError(err)) {
+    return new UnavailableError(`${call}: cannot reach the server: ${ce.rawMessage}`, { cause: err });
+  }
+  const mapped = fromRefusal(ce.code, ce.rawMessage, detailsFromHeaders(ce.metadata));
+  if (mapped instanceof UnavailableError || mapped.code === "internal") {
+    // Keep the transport's story (connection refused, timeout) for debugging.
+    return mapped instanceof UnavailableError
+      ? new UnavailableError(`${call}: ${ce.rawMessage || Code[ce.code]}`, { cause: err })
+      : new LeaseholdError("internal", `${call}: ${ce.rawMessage || Code[ce.code]}`, { cause: err });
+  }
+  return mapped;
+}
+
+/**
+ * Whether an answer to a Renew, Check or Release of a term means the term is
+ * over for good (retrying cannot help).
+ */
+export function endsTheTerm(err: LeaseholdError): boolean {
+  return (
+    err instanceof LeaseLostError ||
+    err instanceof PermissionDeniedError ||
+    err instanceof InvalidArgumentError ||
+    err.code === "not_found"
+  );
+}

@@ -1,0 +1,92 @@
+// Storage-side fencing: the application's own database refuses a write from
+// a holder whose lease is over, however late the write arrives. One table
+// keeps the highest fence that has written each key; every write transaction
+// first advances it, and a write whose fence is lower changes nothing and is
+// rolled back. (The same SQL as the Rust `leasehold::fence::sqlite`.)
+
+import { LeaseholdError } from "./errors.js";
+
+/** SQLite (better-sqlite3, node:sqlite): the table, created once. */
+export const SQLITE_CREATE_TABLE = `CREATE TABLE IF NOT EXISTS leasehold_fence (
+    key   TEXT PRIMARY KEY NOT NULL,
+    fence INTEGER NOT NULL
+)`;
+
+/**
+ * SQLite: run inside the write's transaction (`BEGIN IMMEDIATE`) with
+ * `{ key, fence }`; one changed row means the fence is current, zero that a
+ * higher fence has written (roll back). Bind the fence as a bigint
+ * (better-sqlite3 accepts bigint parameters).
+ */
+export const SQLITE_ADVANCE = `INSERT INTO leasehold_fence (key, fence) VALUES (:key, :fence)
+ON CONFLICT (key) DO UPDATE SET fence = excluded.fence
+WHERE excluded.fence >= leasehold_fence.fence`;
+
+/** PostgreSQL: the table, created once (BIGINT holds every fence leasehold grants). */
+export const PG_CREATE_TABLE = `CREATE TABLE IF NOT EXISTS leasehold_fence (
+    key   TEXT PRIMARY KEY,
+    fence BIGINT NOT NULL
+)`;
+
+/**
+ * PostgreSQL: run inside the write's transaction with `[key, fence.toString()]`;
+ * `rowCount === 1` means the fence is current, 0 that a higher one has written.
+ * The upsert locks the row, so concurrent writers are ordered (READ COMMITTED
+ * is enough: it is a single-row conditional write).
+ */
+export const PG_ADVANCE = `INSERT INTO leasehold_fence (key, fence) VALUES ($1, $2)
+ON CONFLICT (key) DO UPDATE SET fence = excluded.fence
+WHERE excluded.fence >= leasehold_fence.fence`;
+
+/** PostgreSQL: the highest fence that has written `$1`. */
+export const PG_HIGHEST = "SELECT fence::text AS fence FROM leasehold_fence WHERE key = $1";
+
+/** A fenced write refused: a higher fence has already written the key. */
+export class StaleFenceError extends LeaseholdError {
+  readonly key: string;
+  readonly fence: bigint;
+  readonly highest: bigint | undefined;
+  constructor(key: string, fence: bigint, highest: bigint | undefined) {
+    super(
+      "stale_fence",
+      `fence ${fence} for key ${JSON.stringify(key)} is stale: fence ${highest ?? "?"} has already written`,
+    );
+    this.name = "StaleFenceError";
+    this.key = key;
+    this.fence = fence;
+    this.highest = highest;
+  }
+}
+
+/** The part of a `pg` client (`Client` or a checked-out `PoolClient`) this needs. */
+export interface PgQueryable {
+  query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; rows: unknown[] }>;
+}
+
+/**
+ * Runs `work` in a transaction on `client` that first advances the fence of
+ * `key`, and commits only if both succeed. Use one connection (not a pool's
+ * `query`, which may use a different connection per statement).
+ * @throws StaleFenceError when a higher fence has written `key` (nothing is committed).
+ */
+export async function pgFencedWrite<T>(
+  client: PgQueryable,
+  key: string,
+  fence: bigint,
+  work: (client: PgQueryable) => Promise<T>,
+): Promise<T> {
+  await client.query("BEGIN");
+  try {
+    const advanced = await client.query(PG_ADVANCE, [key, fence.toString()]);
+    if (advanced.rowCount !== 1) {
+      const row = (await client.query(PG_HIGHEST, [key])).rows[0] as { fence?: string } | undefined;
+      throw new StaleFenceError(key, fence, row?.fence === undefined ? undefined : BigInt(row.fence));
+    }
+    const out = await work(client);
+    await client.query("COMMIT");
+    return out;
+  } catch (err) {
+    await client.query("ROLLBACK");
+    throw err;
+  }
+}

@@ -1,0 +1,44 @@
+// @leasehold/client: session leases with fencing tokens for Node and Bun.
+//
+// createClient() connects; lh.acquire() / lh.withLease() hand out a Lease
+// that renews itself, aborts its `signal` when lost, and carries its fence
+// (a bigint) for storage-side checks (see ./fence.js).
+
+export { createClient, LeaseholdClient, type AcquireOptions, type ClientOptions } from "./client.js";
+export { Lease, type Ended } from "./lease.js";
+export {
+  BusyError,
+  InvalidArgumentError,
+  LeaseholdError,
+  LeaseLostError,
+  PermissionDeniedError,
+  UnavailableError,
+  type LossReason,
+  type StaleReason,
+} from "./errors.js";
+export type {
+  ToolCallRecord,
+  ToolCallRequest,
+  ToolInvocation,
+  ToolOutcome,
+  ToolResult,
+  ToolRunner,
+  ToolRunResult,
+} from "./tools.js";
+export type {
+  Transcript,
+  TranscriptFinding,
+  TranscriptFormat,
+  TranscriptRepair,
+  TranscriptReport,
+} from "./transcripts.js";
+export {
+  PG_ADVANCE,
+  PG_CREATE_TABLE,
+  PG_HIGHEST,
+  pgFencedWrite,
+  SQLITE_ADVANCE,
+  SQLITE_CREATE_TABLE,
+  StaleFenceError,
+  type PgQueryable,
+} from "./fence.js";

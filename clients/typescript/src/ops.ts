@@ -1,0 +1,287 @@
+// How a lease's renewals, checks and releases reach the server.
+//
+// Over "grpc" (HTTP/2) they travel on one pipelined Session stream per
+// client, shared by every lease, each operation tagged with an id and matched
+// to its response (as the Rust client does). gRPC-Web cannot carry a
+// bidirectional stream, so over "grpc-web" they are unary Renew, Check and
+// Release calls. Both give the same answers and the same errors.
+
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import type { Client } from "@connectrpc/connect";
+import {
+  type EndedTerm,
+  type Lease as PbLease,
+  Leasehold,
+  SessionRequestSchema,
+  type SessionResponse,
+} from "./gen/leasehold/v1/leasehold_pb.js";
+import { detailsFromMap, fromCallError, fromRefusal, LeaseholdError, UnavailableError } from "./errors.js";
+
+export type LeaseholdRpc = Client<typeof Leasehold>;
+
+/** A term as the lease presents it: key, fence and the secret lease id. */
+export interface Term {
+  readonly key: string;
+  readonly fence: bigint;
+  readonly leaseId: string;
+}
+
+/** The three operations a held lease needs. */
+export interface LeaseOps {
+  renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease>;
+  check(key: string, fence: bigint, timeoutMs: number): Promise<PbLease | undefined>;
+  release(term: Term, suspend: boolean, timeoutMs: number): Promise<EndedTerm>;
+  /** A lease starts using these ops (keeps a stream open while any does). */
+  hold(): void;
+  /** A lease stopped using them. */
+  unhold(): void;
+  /** Ends any stream; later calls open a new one. */
+  close(): void;
+}
+
+function missing(call: string): LeaseholdError {
+  return new LeaseholdError("internal", `the server's ${call} reply carried no lease`);
+}
+
+/** Renew, Check and Release as unary calls (the gRPC-Web transport). */
+export class UnaryOps implements LeaseOps {
+  constructor(private readonly rpc: LeaseholdRpc) {}
+
+  async renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease> {
+    try {
+      const reply = await this.rpc.renew(
+        { key: term.key, fence: term.fence, leaseId: term.leaseId, ttlMs: BigInt(ttlMs) },
+        { timeoutMs },
+      );
+      if (reply.lease === undefined) throw missing("Renew");
+      return reply.lease;
+    } catch (err) {
+      throw fromCallError(err, "Renew");
+    }
+  }
+
+  async check(key: string, fence: bigint, timeoutMs: number): Promise<PbLease | undefined> {
+    try {
+      return (await this.rpc.check({ key, fence }, { timeoutMs })).lease;
+    } catch (err) {
+      throw fromCallError(err, "Check");
+    }
+  }
+
+  async release(term: Term, suspend: boolean, timeoutMs: number): Promise<EndedTerm> {
+    try {
+      const reply = await this.rpc.release(
+        { key: term.key, fence: term.fence, leaseId: term.leaseId, suspend },
+        { timeoutMs },
+      );
+      if (reply.ended === undefined) throw missing("Release");
+      return reply.ended;
+    } catch (err) {
+      throw fromCallError(err, "Release");
+    }
+  }
+
+  hold(): void {}
+  unhold(): void {}
+  close(): void {}
+}
+
+/** A push-fed async iterable: the request side of a Session stream. */
+class RequestQueue<T> implements AsyncIterable<T> {
+  private readonly items: T[] = [];
+  private wake: (() => void) | undefined;
+  private closed = false;
+
+  push(item: T): boolean {
+    if (this.closed) return false;
+    this.items.push(item);
+    this.wakeUp();
+    return true;
+  }
+
+  close(): void {
+    this.closed = true;
+    this.wakeUp();
+  }
+
+  private wakeUp(): void {
+    const wake = this.wake;
+    this.wake = undefined;
+    wake?.();
+  }
+
+  // An async generator, because connect drives the iterator's return/throw.
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    for (;;) {
+      const item = this.items.shift();
+      if (item !== undefined) {
+        yield item;
+        continue;
+      }
+      if (this.closed) return;
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+      });
+    }
+  }
+}
+
+interface Waiter {
+  resolve(r: SessionResponse): void;
+  reject(e: LeaseholdError): void;
+}
+
+/** One open Session stream: where requests go and who waits for what. */
+class OpenStream {
+  readonly requests = new RequestQueue<MessageInitShape<typeof SessionRequestSchema>>();
+  readonly waiting = new Map<bigint, Waiter>();
+  readonly abort = new AbortController();
+  broken: LeaseholdError | undefined;
+
+  constructor(rpc: LeaseholdRpc) {
+    const responses = rpc.session(this.requests, { signal: this.abort.signal });
+    void (async () => {
+      let why: LeaseholdError;
+      try {
+        for await (const response of responses) this.deliver(response);
+        why = new UnavailableError("the Session stream ended");
+      } catch (err) {
+        const mapped = fromCallError(err, "Session");
+        why =
+          mapped instanceof UnavailableError
+            ? mapped
+            : new UnavailableError(`the Session stream failed: ${mapped.message}`, { cause: mapped });
+      }
+      this.breakWith(why);
+    })();
+  }
+
+  private deliver(response: SessionResponse): void {
+    const waiter = this.waiting.get(response.id);
+    if (waiter === undefined) return; // timed out earlier; nobody waits now
+    this.waiting.delete(response.id);
+    if (response.code === 0) waiter.resolve(response);
+    else waiter.reject(fromRefusal(response.code, response.message, detailsFromMap(response.details)));
+  }
+
+  breakWith(why: LeaseholdError): void {
+    if (this.broken !== undefined) return;
+    this.broken = why;
+    this.requests.close();
+    const waiters = [...this.waiting.values()];
+    this.waiting.clear();
+    for (const w of waiters) w.reject(why);
+  }
+
+  /** Half-closes the request side: the server ends the stream when done. */
+  finish(): void {
+    this.requests.close();
+  }
+}
+
+/**
+ * One pipelined Session stream per client, opened on first use and again
+ * after it breaks. Operations in flight when it breaks fail with
+ * {@link UnavailableError}, as unary calls would; the lease's retries then go
+ * over a new stream. The stream is half-closed when no lease holds it and no
+ * operation is in flight, so an idle process can exit.
+ */
+export class StreamOps implements LeaseOps {
+  private current: OpenStream | undefined;
+  private nextId = 1n;
+  private holders = 0;
+
+  constructor(private readonly rpc: LeaseholdRpc) {}
+
+  private stream(): OpenStream {
+    const current = this.current;
+    if (current !== undefined && current.broken === undefined) return current;
+    const fresh = new OpenStream(this.rpc);
+    this.current = fresh;
+    return fresh;
+  }
+
+  private call(
+    name: string,
+    op: MessageInitShape<typeof SessionRequestSchema>["op"],
+    timeoutMs: number,
+  ): Promise<SessionResponse> {
+    const id = this.nextId++;
+    const stream = this.stream();
+    return new Promise<SessionResponse>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        stream.waiting.delete(id);
+        reject(new UnavailableError(`${name} got no reply within ${timeoutMs} ms`));
+        this.closeIfIdle();
+      }, timeoutMs);
+      timer.unref();
+      stream.waiting.set(id, {
+        resolve: (r) => {
+          clearTimeout(timer);
+          resolve(r);
+          this.closeIfIdle();
+        },
+        reject: (e) => {
+          clearTimeout(timer);
+          reject(e);
+          this.closeIfIdle();
+        },
+      });
+      if (!stream.requests.push(create(SessionRequestSchema, { id, op }))) {
+        stream.waiting.delete(id);
+        clearTimeout(timer);
+        reject(stream.broken ?? new UnavailableError("the Session stream closed"));
+      }
+    });
+  }
+
+  private closeIfIdle(): void {
+    const current = this.current;
+    if (this.holders === 0 && current !== undefined && current.waiting.size === 0) {
+      this.current = undefined;
+      current.finish();
+    }
+  }
+
+  async renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease> {
+    const reply = await this.call(
+      "Renew",
+      { case: "renew", value: { key: term.key, fence: term.fence, leaseId: term.leaseId, ttlMs: BigInt(ttlMs) } },
+      timeoutMs,
+    );
+    if (reply.lease === undefined) throw missing("Renew");
+    return reply.lease;
+  }
+
+  async check(key: string, fence: bigint, timeoutMs: number): Promise<PbLease | undefined> {
+    return (await this.call("Check", { case: "check", value: { key, fence } }, timeoutMs)).lease;
+  }
+
+  async release(term: Term, suspend: boolean, timeoutMs: number): Promise<EndedTerm> {
+    const reply = await this.call(
+      "Release",
+      { case: "release", value: { key: term.key, fence: term.fence, leaseId: term.leaseId, suspend } },
+      timeoutMs,
+    );
+    if (reply.ended === undefined) throw missing("Release");
+    return reply.ended;
+  }
+
+  hold(): void {
+    this.holders += 1;
+  }
+
+  unhold(): void {
+    this.holders = Math.max(0, this.holders - 1);
+    this.closeIfIdle();
+  }
+
+  close(): void {
+    const current = this.current;
+    this.current = undefined;
+    if (current !== undefined) {
+      current.breakWith(new UnavailableError("the client was closed"));
+      current.abort.abort();
+    }
+  }
+}

@@ -1,0 +1,118 @@
+// The conversion layer: refusals to errors, and 64-bit values kept as bigint
+// end to end (never through number, which loses precision above 2^53).
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { Code, ConnectError, encodeBinaryHeader } from "@connectrpc/connect";
+import {
+  AcquireResponseSchema,
+  SessionResponseSchema,
+  TermEnd,
+} from "../src/gen/leasehold/v1/leasehold_pb.js";
+import {
+  detailsFromHeaders,
+  detailsFromMap,
+  fromCallError,
+  fromRefusal,
+  parseU64,
+} from "../src/errors.js";
+import {
+  BusyError,
+  InvalidArgumentError,
+  LeaseholdError,
+  LeaseLostError,
+  PermissionDeniedError,
+  UnavailableError,
+} from "../src/index.js";
+import { toEnded } from "../src/lease.js";
+
+const enc = new TextEncoder();
+const ABOVE_2_53 = 2n ** 53n + 1n; // 9007199254740993: not representable as a number
+const MAX_U64 = 2n ** 64n - 1n;
+
+describe("64-bit fences", () => {
+  it("are bigint in generated messages and survive the wire format exactly", () => {
+    const reply = create(AcquireResponseSchema, {
+      lease: { key: "k", fence: ABOVE_2_53, leaseId: "id", ttlMs: 1000n },
+      previous: { fence: MAX_U64, owner: "o", end: TermEnd.SUSPENDED, endedAtMs: 1n },
+    });
+    const back = fromBinary(AcquireResponseSchema, toBinary(AcquireResponseSchema, reply));
+    assert.equal(back.lease?.fence, ABOVE_2_53);
+    assert.equal(back.previous?.fence, MAX_U64);
+    assert.notEqual(Number(ABOVE_2_53), Number(ABOVE_2_53 - 1n) + 2, "sanity: number would lose it");
+    const ended = toEnded(back.previous!);
+    assert.equal(ended.fence, MAX_U64);
+    assert.equal(ended.end, "suspended");
+  });
+
+  it("parse exactly from refusal details, and reject what is not a u64", () => {
+    assert.equal(parseU64("9007199254740993"), ABOVE_2_53);
+    assert.equal(parseU64("18446744073709551615"), MAX_U64);
+    assert.equal(parseU64("18446744073709551616"), undefined);
+    assert.equal(parseU64("-1"), undefined);
+    assert.equal(parseU64("1e3"), undefined);
+    assert.equal(parseU64(undefined), undefined);
+  });
+});
+
+describe("refusals become the package's errors", () => {
+  it("a busy refusal on the Session stream keeps holder, fence and time left", () => {
+    const response = create(SessionResponseSchema, {
+      code: Code.Aborted,
+      message: "key held",
+      details: {
+        "leasehold-key-bin": enc.encode("sessión:1"),
+        "leasehold-holder-bin": enc.encode("graph-ä"),
+        "leasehold-fence": enc.encode(ABOVE_2_53.toString()),
+        "leasehold-remaining-ms": enc.encode("1234"),
+      },
+    });
+    const back = fromBinary(SessionResponseSchema, toBinary(SessionResponseSchema, response));
+    const err = fromRefusal(back.code, back.message, detailsFromMap(back.details));
+    assert.ok(err instanceof BusyError);
+    assert.ok(err instanceof LeaseholdError);
+    assert.equal(err.key, "sessión:1");
+    assert.equal(err.holder, "graph-ä");
+    assert.equal(err.fence, ABOVE_2_53);
+    assert.equal(err.remainingMs, 1234);
+  });
+
+  it("a busy status from a unary call reads the same details from metadata", () => {
+    const meta = new Headers({
+      "leasehold-key-bin": encodeBinaryHeader(enc.encode("k")),
+      "leasehold-holder-bin": encodeBinaryHeader(enc.encode("graph-ä")),
+      "leasehold-fence": MAX_U64.toString(),
+      "leasehold-remaining-ms": "77",
+    });
+    const err = fromCallError(new ConnectError("held", Code.Aborted, meta), "Acquire");
+    assert.ok(err instanceof BusyError);
+    assert.equal(err.holder, "graph-ä");
+    assert.equal(err.fence, MAX_U64);
+    assert.equal(err.remainingMs, 77);
+  });
+
+  it("each code maps to its class", () => {
+    const none = detailsFromHeaders(new Headers());
+    const stale = fromRefusal(
+      Code.FailedPrecondition,
+      "stale",
+      detailsFromHeaders(new Headers({ "leasehold-reason": "superseded", "leasehold-fence": "3" })),
+    );
+    assert.ok(stale instanceof LeaseLostError);
+    assert.equal(stale.reason, "superseded");
+    assert.equal(stale.fence, 3n);
+    const odd = fromRefusal(Code.FailedPrecondition, "stale", detailsFromHeaders(new Headers({ "leasehold-reason": "??" })));
+    assert.ok(odd instanceof LeaseLostError && odd.reason === "unknown");
+    assert.ok(fromRefusal(Code.PermissionDenied, "no", none) instanceof PermissionDeniedError);
+    assert.ok(fromRefusal(Code.InvalidArgument, "bad", none) instanceof InvalidArgumentError);
+    for (const code of [Code.Unavailable, Code.DeadlineExceeded, Code.Canceled]) {
+      assert.ok(fromRefusal(code, "down", none) instanceof UnavailableError, Code[code]);
+    }
+    const nf = fromRefusal(Code.NotFound, "never", none);
+    assert.equal(nf.code, "not_found");
+    const internal = fromRefusal(Code.Internal, "disk", none);
+    assert.equal(internal.code, "internal");
+    assert.ok(!(internal instanceof UnavailableError));
+  });
+});

@@ -1,0 +1,151 @@
+// The tool-call loop, recovery of calls left running, and transcripts,
+// against a real server over both transports.
+
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import { createClient, LeaseholdClient, LeaseLostError, type ToolInvocation } from "../src/index.js";
+import { startServer, type TestServer } from "./server.js";
+
+const text = (b: Uint8Array): string => new TextDecoder().decode(b);
+
+for (const transport of ["grpc", "grpc-web"] as const) {
+  describe(`tool calls and transcripts over ${transport}`, () => {
+    let server: TestServer;
+    let lh: LeaseholdClient;
+    before(async () => {
+      server = await startServer();
+      lh = createClient({ baseUrl: server.baseUrl, transport, owner: "agent" });
+    });
+    after(async () => {
+      lh.close();
+      await server.close();
+    });
+
+    it("runs a duplicate call id once and returns results in the provider's order", async () => {
+      const key = `session:1`;
+      const ran: string[] = [];
+      const invocations: ToolInvocation[] = [];
+      await lh.withLease(key, { ttlMs: 5_000 }, async (lease) => {
+        const runner = async (inv: ToolInvocation): Promise<string> => {
+          ran.push(inv.call.callId);
+          invocations.push(inv);
+          await new Promise((r) => setTimeout(r, inv.call.callId === "call_1" ? 60 : 5));
+          if (inv.call.name === "fail") throw new Error("tool exploded");
+          return `out:${inv.call.callId}`;
+        };
+        const first = await lease.runToolCalls(
+          [
+            { callId: "call_1", name: "shell" },
+            { callId: "call_2", name: "fail" },
+            { callId: "call_1", name: "shell" },
+          ],
+          runner,
+        );
+        assert.deepEqual(
+          first.map((r) => r.callId),
+          ["call_1", "call_2", "call_1"],
+        );
+        assert.deepEqual(ran.sort(), ["call_1", "call_2"], "call_1 ran once although listed twice");
+        const [r1, r2, r3] = first;
+        assert.ok(r1 !== undefined && r2 !== undefined && r3 !== undefined);
+        assert.equal(r1.outcome.state, "succeeded");
+        assert.equal(r1.outcome.state === "succeeded" && text(r1.outcome.result), "out:call_1");
+        assert.equal(r2.outcome.state, "failed");
+        assert.equal(r2.outcome.state === "failed" && text(r2.outcome.result), "tool exploded");
+        assert.deepEqual(r3.outcome, r1.outcome);
+        // The invocation carries the fence and the documented idempotency key
+        // (UUIDv5 of key NUL call id; the Rust client's test vector).
+        const inv1 = invocations.find((i) => i.call.callId === "call_1");
+        assert.equal(inv1?.fence, lease.fence);
+        assert.equal(inv1?.idempotencyKey, "a2d46a7a-2e77-5d22-b2cb-c49159a0b511");
+
+        // A later turn repeating call_1 reuses its stored outcome.
+        const second = await lease.runToolCalls(
+          [
+            { callId: "call_3", name: "shell" },
+            { callId: "call_1", name: "shell" },
+          ],
+          runner,
+        );
+        assert.deepEqual(ran.sort(), ["call_1", "call_2", "call_3"], "call_1 did not run a second time");
+        assert.equal(second[0]?.reused, false);
+        assert.equal(second[1]?.reused, true);
+        assert.equal(second[1]?.outcome.state === "succeeded" && text(second[1].outcome.result), "out:call_1");
+        const all = await lease.listToolCalls();
+        assert.deepEqual(
+          all.map((c) => [c.callId, c.state]),
+          [
+            ["call_1", "succeeded"],
+            ["call_2", "failed"],
+            ["call_3", "succeeded"],
+          ],
+        );
+      });
+    });
+
+    it("a call cut off by losing the lease stays running for the recoverer, who settles it", async () => {
+      const key = `recover:${transport}`;
+      const first = await lh.acquire(key, { ttlMs: 5_000 });
+      let started!: () => void;
+      const isStarted = new Promise<void>((r) => (started = r));
+      const running = first.runToolCalls([{ callId: "call_x", name: "slow" }], async (inv) => {
+        started();
+        await new Promise((_, reject) => inv.signal.addEventListener("abort", () => reject(inv.signal.reason)));
+        return "never";
+      });
+      const refused = assert.rejects(running, LeaseLostError);
+      await isStarted;
+      await first.suspend(); // as if the holder gave up mid-call
+      await refused;
+
+      const second = await lh.acquire(key, { ttlMs: 5_000 });
+      assert.equal(second.recovered, true);
+      assert.equal(second.unsettledToolCalls, 1);
+      const left = await second.listToolCalls({ unsettled: true });
+      assert.deepEqual(
+        left.map((c) => [c.callId, c.state, c.fence]),
+        [["call_x", "running", first.fence]],
+      );
+      const settled = await second.settleToolCall("call_x", { state: "unknown" });
+      assert.equal(settled.state, "unknown");
+      assert.equal(settled.settledFence, second.fence);
+      let reran = false;
+      const results = await second.runToolCalls([{ callId: "call_x", name: "slow" }], async () => {
+        reran = true;
+        return "again";
+      });
+      assert.equal(reran, false);
+      assert.deepEqual(results, [{ callId: "call_x", outcome: { state: "unknown" }, reused: true }]);
+      await second.release();
+    });
+
+    it("checks and repairs a transcript with a tool call left without its result", async () => {
+      const broken = [
+        { role: "user", content: "list files" },
+        {
+          role: "assistant",
+          content: null,
+          tool_calls: [{ id: "call_9", type: "function", function: { name: "shell", arguments: "{}" } }],
+        },
+        { role: "user", content: "and?" },
+      ];
+      const report = await lh.checkTranscript(broken);
+      assert.equal(report.healthy, false);
+      assert.equal(report.format, "openai-chat");
+      assert.equal(report.messages, 3);
+      assert.ok(
+        report.findings.some((f) => f.kind === "missing" && f.callId === "call_9"),
+        JSON.stringify(report.findings),
+      );
+      const repaired = await lh.repairTranscript(broken);
+      assert.equal(repaired.healthy, true);
+      assert.ok(Array.isArray(repaired.transcript));
+      assert.ok(repaired.actions.length > 0);
+      const again = await lh.checkTranscript(repaired.transcript);
+      assert.equal(again.healthy, true);
+      // Text in, text out.
+      const asText = await lh.repairTranscript(JSON.stringify(broken));
+      assert.equal(typeof asText.transcript, "string");
+    });
+  });
+}
