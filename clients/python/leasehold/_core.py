@@ -97,7 +97,7 @@ class Timing:
         failure): doubling from an eighth of the renewal interval (at least
         10 ms), never longer than the interval. The caller adds jitter."""
         base = max(self.renew_every / 8, 0.01)
-        return min(base * (2 ** min(max(failures - 1, 0), 16)), self.renew_every)
+        return min(base * float(1 << min(max(failures - 1, 0), 16)), self.renew_every)
 
 
 def ends_the_term(err: Error) -> bool:
@@ -335,7 +335,9 @@ def assemble(
         else:
             record, reused = known[call.call_id], True
         results.append(
-            ToolResult(call_id=call.call_id, state=record.state, result=record.result, reused=reused)
+            ToolResult(
+                call_id=call.call_id, state=record.state, result=record.result, reused=reused
+            )
         )
     return results
 

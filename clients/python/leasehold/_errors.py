@@ -9,6 +9,7 @@ parse messages.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import grpc
 
@@ -217,7 +218,7 @@ def from_rpc_error(err: grpc.RpcError) -> Error:
 
 def from_aio_error(err: grpc.aio.AioRpcError) -> Error:
     """As :func:`from_rpc_error`, for grpc.aio's error type."""
-    trailing = err.trailing_metadata() or ()
+    trailing: Any = err.trailing_metadata() or ()
     details: dict[str, str | bytes] = {}
     for name, value in trailing:
         if isinstance(name, str) and name.startswith("leasehold-"):

@@ -178,8 +178,9 @@ class _Connection:
             self.channel = grpc.insecure_channel(target, options=opts)
         else:
             self.channel = grpc.secure_channel(target, credentials, options=opts)
-        self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)
-        self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)
+        # The generated stubs are untyped; every call through them is wrapped.
+        self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
+        self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
         self.mux = _Mux(self.rpc)
 
     def close(self) -> None:
@@ -645,7 +646,9 @@ class Lease:
                 continue
             self._core.ensure_valid()
             invocation = ToolInvocation(
-                call=call, fence=self.fence, idempotency_key=_idempotency_key(self.key, call.call_id)
+                call=call,
+                fence=self.fence,
+                idempotency_key=_idempotency_key(self.key, call.call_id),
             )
             try:
                 outcome = _core.outcome_of(runner(invocation))
@@ -662,9 +665,7 @@ def _idempotency_key(key: str, call_id: str) -> str:
     return str(uuid.uuid5(_LEDGER_NAMESPACE, f"{key}\0{call_id}"))
 
 
-def _keep_alive(
-    core: Standing, conn: _Connection, stop: threading.Event, first: float
-) -> None:
+def _keep_alive(core: Standing, conn: _Connection, stop: threading.Event, first: float) -> None:
     """Renews the term until it is lost for good, released, or abandoned."""
     timing = core.timing
     next_renewal = first

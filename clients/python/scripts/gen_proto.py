@@ -68,8 +68,7 @@ def main() -> int:
                 print("\n".join(list(diff)[:40]), file=sys.stderr)
         if stale:
             print(
-                f"out of date with {PROTO}: {', '.join(stale)}; "
-                "run python scripts/gen_proto.py",
+                f"out of date with {PROTO}: {', '.join(stale)}; run python scripts/gen_proto.py",
                 file=sys.stderr,
             )
             return 1
