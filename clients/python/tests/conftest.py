@@ -49,7 +49,9 @@ class Server:
         self.paused = False
         line: list[str] = []
         reader = threading.Thread(
-            target=lambda: line.append(self.process.stdout.readline() if self.process.stdout else ""),
+            target=lambda: line.append(
+                self.process.stdout.readline() if self.process.stdout else ""
+            ),
             daemon=True,
         )
         reader.start()

@@ -211,7 +211,9 @@ async def test_losing_the_lease_cancels_running_tools(server: Server) -> None:
         return b""
 
     turn = asyncio.create_task(
-        lease.run_tool_calls([ToolCallRequest("call_1", "slow"), ToolCallRequest("call_2", "slow")], runner)
+        lease.run_tool_calls(
+            [ToolCallRequest("call_1", "slow"), ToolCallRequest("call_2", "slow")], runner
+        )
     )
     await asyncio.sleep(0.2)
     server.pause()

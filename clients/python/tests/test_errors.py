@@ -39,7 +39,12 @@ def test_a_stale_fence_becomes_lease_lost_with_its_reason(
     details = {"leasehold-fence": b"3", "leasehold-reason": reason.encode(), **extra}
     err = from_refusal(9, "stale", details)
     assert isinstance(err, leasehold.LeaseLost)
-    assert (err.fence, err.reason, err.superseded_by, err.at_ms) == (3, reason, superseded_by, at_ms)
+    assert (err.fence, err.reason, err.superseded_by, err.at_ms) == (
+        3,
+        reason,
+        superseded_by,
+        at_ms,
+    )
     assert err.final
 
 

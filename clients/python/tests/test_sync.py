@@ -284,7 +284,9 @@ def test_a_recoverer_sees_and_settles_calls_left_running(server: Server) -> None
     and settled by the recoverer; a rerun then reuses the settled outcome."""
     client = leasehold.Client(server.address)
     lease = client.acquire("session:1", ttl=5.0)
-    begun = lease.begin_tool_calls([ToolCallRequest("call_a", "slow"), ToolCallRequest("call_b", "x")])
+    begun = lease.begin_tool_calls(
+        [ToolCallRequest("call_a", "slow"), ToolCallRequest("call_b", "x")]
+    )
     assert not begun.duplicate and [c.state for c in begun.calls] == ["running", "running"]
     lease.settle_tool_call("call_b", "succeeded", b"ok")
     lease.suspend()
