@@ -90,6 +90,8 @@ class _Stream:
     async def call(
         self, name: str, request: pb.SessionRequest, timeout: float
     ) -> pb.SessionResponse:
+        if self.broken is not None:
+            raise self.broken
         waiter: asyncio.Future[pb.SessionResponse] = asyncio.get_running_loop().create_future()
         self._waiting[request.id] = waiter
 

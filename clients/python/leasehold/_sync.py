@@ -84,6 +84,7 @@ class _Stream:
         with self._lock:
             self.broken = why
             waiting, self._waiting = self._waiting, {}
+        self._requests.put(None)  # frees gRPC's thread reading our requests
         for waiter in waiting.values():
             if not waiter.done():
                 waiter.set_exception(why)
@@ -483,18 +484,27 @@ class Lease:
     # -- validity ----------------------------------------------------------
     def is_valid(self) -> bool:
         """Local check, no round trip: not refused or released, and the local
-        deadline has not passed."""
-        return self._core.loss() is None
+        deadline has not passed (and this is the process that acquired it)."""
+        return self._conn.pid == os.getpid() and self._core.loss() is None
 
     def loss(self) -> LeaseLost | None:
         """Why the lease is not valid now, or None while it is."""
         return self._core.loss()
+
+    def _same_process(self) -> None:
+        if self._conn.pid != os.getpid():
+            # The renewal thread stayed in the parent; the parent's channel
+            # must not be used here (grpc #29586).
+            raise self._core.lost_error(
+                "forked", "a lease does not cross fork(): acquire in the process that uses it"
+            )
 
     def verify(self) -> None:
         """A ``Check`` round trip proving the fence is still the key's live
         term. Raises ``LeaseLost`` when the lease is lost for good or the
         server says the fence is stale (which makes it lost for good),
         ``Unavailable`` when the server does not answer in time."""
+        self._same_process()
         if self._core.final is not None:
             raise self._core.final
         try:
@@ -506,6 +516,7 @@ class Lease:
         """The check before each model request and terminal write: local
         check, ``verify()``, local check again. Returns the fence. Raises
         ``LeaseLost`` (no round trip when already invalid) or ``Unavailable``."""
+        self._same_process()
         self._core.ensure_valid()
         self.verify()
         self._core.ensure_valid()
@@ -524,6 +535,7 @@ class Lease:
         return self._finish(True)
 
     def _finish(self, suspend: bool) -> EndedTerm:
+        self._same_process()
         self._finished = True
         self._finalizer.detach()
         core = self._core
@@ -578,6 +590,7 @@ class Lease:
 
     # -- tool calls ----------------------------------------------------------
     def _ledger(self, name: str, request: Any) -> Any:
+        self._same_process()
         method = getattr(self._conn.rpc, name)
         try:
             return _unary(method, request, self._core.timing.rpc_timeout, name)

@@ -219,20 +219,30 @@ def test_a_client_created_before_fork_works_in_the_child(server: Server) -> None
     """The channel is per process: the child opens its own and can hold leases."""
     client = leasehold.Client(server.address)
     client.acquire("session:parent", ttl=5.0).release()
+    held = client.acquire("session:held", ttl=5.0)
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
         code = 1
         try:
             signal.alarm(20)
-            with client.acquire("session:child", ttl=5.0, owner="child") as lease:
-                lease.gate()
-                code = 0 if lease.fence >= 1 else 1
+            # A lease does not cross fork: its renewal stayed in the parent.
+            assert not held.is_valid()
+            try:
+                held.gate()
+                code = 3
+            except leasehold.LeaseLost as err:
+                assert err.reason == "forked"
+                with client.acquire("session:child", ttl=5.0, owner="child") as lease:
+                    lease.gate()
+                    code = 0 if lease.fence >= 1 else 1
         except BaseException:
             code = 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert held.gate() == held.fence
+    held.release()
     # The parent's channel still works, and the child's term was released.
     lease = client.acquire("session:child", ttl=5.0)
     assert lease.previous is not None and lease.previous.owner == "child"

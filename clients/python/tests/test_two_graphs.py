@@ -141,9 +141,7 @@ def test_a_holder_paused_past_its_ttl_is_refused_by_the_storage_fence(
     running it again) and finishes; when A resumes, its write is refused by
     the storage fence, and the provider never saw an unmatched call."""
     gated = CTX.Event()
-    a, _ = graphs.start(
-        gated=gated, graph="A", address=server.address, ttl=0.5, tool_seconds=0.2
-    )
+    a, _ = graphs.start(gated=gated, graph="A", address=server.address, ttl=0.5, tool_seconds=0.2)
     assert gated.wait(30), "A never reached its terminal write"
     assert a.pid is not None
     assert wait_until(lambda: _stopped(a.pid), 10)
