@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import pytest
@@ -85,8 +87,8 @@ async def test_release_then_suspend_then_recover(server: Server) -> None:
 async def test_renewal_keeps_a_short_lease_alive(server: Server) -> None:
     """A lease held for several TTLs stays valid."""
     client = leasehold.AsyncClient(server.address)
-    async with client.acquire("session:1", ttl=0.3) as lease:
-        await asyncio.sleep(1.0)
+    async with client.acquire("session:1", ttl=0.6) as lease:
+        await asyncio.sleep(1.5)
         assert lease.is_valid() and not lease.lost.is_set()
         assert await lease.gate() == lease.fence
     await client.close()
@@ -248,3 +250,60 @@ async def test_transcripts(server: Server) -> None:
     assert repair.healthy
     assert (await client.check_transcript(repair.messages)).healthy
     await client.close()
+
+
+FORK_SCRIPT = """
+import asyncio, os, signal, sys
+import leasehold
+
+client = leasehold.AsyncClient(sys.argv[1])  # made before fork, as a pre-fork master does
+
+
+async def hold(key, owner):
+    async with client.acquire(key, ttl=5.0, owner=owner) as lease:
+        return await lease.gate()
+
+
+async def parent_then_close():
+    fence = await hold("session:parent", "parent")
+    await client.close()
+    return fence
+
+
+if sys.argv[2] == "used":
+    assert asyncio.run(parent_then_close()) >= 1
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)
+    try:
+        os._exit(0 if asyncio.run(hold("session:child-" + sys.argv[2], "child")) >= 1 else 1)
+    except BaseException:
+        os._exit(2)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 3)
+"""
+
+
+@pytest.mark.parametrize("parent", ["unused", "used"])
+def test_an_async_client_created_before_fork_works_in_the_child(
+    server: Server, parent: str
+) -> None:
+    """An AsyncClient made before fork opens its own channel in the child,
+    whether the parent never opened one or closed it first. (grpc.aio cannot
+    fork with a channel object alive, so this runs in a fresh interpreter
+    rather than in pytest's, which holds earlier tests' channels.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, server.address, parent], timeout=60, check=False
+    )
+    assert done.returncode == 0
+
+    async def after() -> leasehold.EndedTerm | None:
+        client = leasehold.AsyncClient(server.address)
+        lease = await client.acquire(f"session:child-{parent}", ttl=5.0)
+        previous = lease.previous
+        await lease.release()
+        await client.close()
+        return previous
+
+    previous = asyncio.run(after())
+    assert previous is not None and (previous.owner, previous.end) == ("child", "released")

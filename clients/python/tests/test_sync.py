@@ -135,9 +135,9 @@ def test_explicit_suspend_makes_the_key_recoverable(server: Server) -> None:
 def test_renewal_keeps_a_short_lease_alive(server: Server) -> None:
     """A lease held for several TTLs stays valid: it renews in the background."""
     client = leasehold.Client(server.address)
-    with client.acquire("session:1", ttl=0.3) as lease:
+    with client.acquire("session:1", ttl=0.6) as lease:
         first_expiry = lease.server_expires_at_ms
-        time.sleep(1.0)
+        time.sleep(1.5)
         assert lease.is_valid() and not lease.lost.is_set()
         assert lease.gate() == lease.fence
         assert lease.server_expires_at_ms > first_expiry
