@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
 import os
 import sys
@@ -459,7 +460,7 @@ class AsyncLease:
 
     async def verify(self) -> None:
         if self._core.final is not None:
-            raise self._core.final
+            raise copy.copy(self._core.final)
         try:
             await self._conn.mux.call(
                 "Check", self._core.check_request(), self._core.timing.rpc_timeout
@@ -532,7 +533,7 @@ class AsyncLease:
         if self._task is not None:
             self._task.cancel()
         if already is not None:
-            raise already
+            raise copy.copy(already)
         attempt = 1
         while True:
             try:

@@ -4,6 +4,7 @@ I/O; the twins in ``_sync`` and ``_async`` drive it."""
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import socket
@@ -182,9 +183,10 @@ class Standing:
         )
 
     def loss(self) -> LeaseLost | None:
-        """Why the lease is not valid now, or None while it is."""
+        """Why the lease is not valid now, or None while it is (a fresh
+        exception each time, so threads never raise one shared object)."""
         if self.final is not None:
-            return self.final
+            return copy.copy(self.final)
         if time.monotonic() >= self.deadline:
             self.refresh()
             return self.lost_error(

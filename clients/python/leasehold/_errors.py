@@ -57,9 +57,9 @@ class Busy(Error):
         self,
         message: str,
         *,
-        holder: str,
-        fence: int,
-        remaining: float,
+        holder: str = "",
+        fence: int = 0,
+        remaining: float = 0.0,
         key: str = "",
         details: Mapping[str, str | bytes] | None = None,
     ) -> None:

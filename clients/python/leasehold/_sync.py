@@ -10,6 +10,7 @@ process: a client used after ``os.fork()`` opens a new one in the child.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import itertools
 import os
 import queue
@@ -506,7 +507,7 @@ class Lease:
         ``Unavailable`` when the server does not answer in time."""
         self._same_process()
         if self._core.final is not None:
-            raise self._core.final
+            raise copy.copy(self._core.final)
         try:
             self._conn.mux.call("Check", self._core.check_request(), self._core.timing.rpc_timeout)
         except Error as err:
@@ -543,7 +544,7 @@ class Lease:
         core.end(core.lost_error("ended", "the lease was released"))
         self._stop.set()
         if already is not None:
-            raise already
+            raise copy.copy(already)
         attempt = 1
         while True:
             try:

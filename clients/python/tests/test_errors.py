@@ -69,3 +69,17 @@ def test_an_unknown_code_is_a_plain_error() -> None:
     """INTERNAL (storage failed) is the base Error with its code."""
     err = from_refusal(13, "storage error: disk", {})
     assert type(err) is leasehold.Error and err.code == "INTERNAL"
+
+
+def test_errors_survive_pickling_between_processes() -> None:
+    """Errors cross multiprocessing queues with their fields intact."""
+    import pickle
+
+    from leasehold.fence import StaleFence
+
+    busy = pickle.loads(pickle.dumps(leasehold.Busy("held", holder="a", fence=3, remaining=1.5)))
+    assert (busy.holder, busy.fence, busy.remaining) == ("a", 3, 1.5)
+    stale = pickle.loads(pickle.dumps(StaleFence("k", 1, 2)))
+    assert (stale.key, stale.fence, stale.highest) == ("k", 1, 2)
+    lost = pickle.loads(pickle.dumps(leasehold.LeaseLost("gone", reason="expired", fence=4)))
+    assert (lost.reason, lost.fence, lost.final) == ("expired", 4, True)

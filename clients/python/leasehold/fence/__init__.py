@@ -34,6 +34,11 @@ class StaleFence(FenceError):
         self.fence = fence
         self.highest = highest
 
+    def __reduce__(self) -> tuple[type[StaleFence], tuple[str, int, int]]:
+        # Picklable (e.g. to report from a worker process) despite the
+        # positional constructor.
+        return (StaleFence, (self.key, self.fence, self.highest))
+
 
 class NotInTransaction(FenceError):
     """The fence check ran outside a transaction, where it would protect nothing."""
@@ -42,6 +47,9 @@ class NotInTransaction(FenceError):
         super().__init__(
             f"the fence check for key {key!r} must run inside the write's transaction", key=key
         )
+
+    def __reduce__(self) -> tuple[type[NotInTransaction], tuple[str]]:
+        return (NotInTransaction, (self.key,))
 
 
 __all__ = ["FenceError", "NotInTransaction", "StaleFence"]
