@@ -307,3 +307,24 @@ def test_an_async_client_created_before_fork_works_in_the_child(
 
     previous = asyncio.run(after())
     assert previous is not None and (previous.owner, previous.end) == ("child", "released")
+
+
+async def test_a_short_freeze_makes_the_lease_unsure_then_valid_again(server: Server) -> None:
+    """As in the sync twin: lost is set at the local deadline and cleared by
+    the next successful renewal of the same term."""
+    client = leasehold.AsyncClient(server.address)
+    async with client.acquire("session:1", ttl=1.5, safety_margin=0.5, renew_every=0.3) as lease:
+        server.pause()
+        try:
+            await asyncio.wait_for(lease.lost.wait(), 3.0)
+            assert not lease.is_valid()
+            assert time.time() * 1000 < lease.server_expires_at_ms - 200
+        finally:
+            server.resume()
+        for _ in range(300):
+            if not lease.lost.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert lease.is_valid() and not lease.lost.is_set()
+        assert await lease.gate() == lease.fence
+    await client.close()

@@ -354,3 +354,20 @@ def test_transcripts_are_checked_and_repaired(server: Server) -> None:
     assert client.check_transcript(repair.transcript).healthy
     with pytest.raises(leasehold.InvalidArgument):
         client.check_transcript("this is not json")
+
+
+def test_a_short_freeze_makes_the_lease_unsure_then_valid_again(server: Server) -> None:
+    """A freeze past the local deadline but short of the server's expiry sets
+    lost; the next successful renewal (same fence) clears it again."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:1", ttl=1.5, safety_margin=0.5, renew_every=0.3) as lease:
+        server.pause()
+        try:
+            assert lease.lost.wait(timeout=3.0)
+            assert not lease.is_valid()
+            assert time.time() * 1000 < lease.server_expires_at_ms - 200
+        finally:
+            server.resume()
+        assert wait_until(lambda: not lease.lost.is_set(), 3.0), "never valid again"
+        assert lease.is_valid()
+        assert lease.gate() == lease.fence
