@@ -7,18 +7,19 @@
 # (e.g. postgresql://postgres@127.0.0.1:5432/test) to include PostgreSQL.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cd "$here"
 
 if [[ -z "${LEASEHOLD_BIN:-}" ]]; then
     echo "test.sh: set LEASEHOLD_BIN to the leasehold server binary (e.g. target/debug/leasehold)" >&2
     exit 2
 fi
-LEASEHOLD_BIN="$(cd "$(dirname "$LEASEHOLD_BIN")" && pwd)/$(basename "$LEASEHOLD_BIN")"
+# Resolved before leaving the caller's directory, so a relative path works.
+LEASEHOLD_BIN="$(cd "$(dirname "$LEASEHOLD_BIN")" 2>/dev/null && pwd)/$(basename "$LEASEHOLD_BIN")" || true
 export LEASEHOLD_BIN
 if [[ ! -x "$LEASEHOLD_BIN" ]]; then
     echo "test.sh: LEASEHOLD_BIN=$LEASEHOLD_BIN is not executable" >&2
     exit 2
 fi
+cd "$here"
 
 python="${PYTHON:-python3}"
 venv="$here/.venv"
