@@ -56,9 +56,25 @@ class _Stream:
     def __init__(self, stub: Any) -> None:
         self._call: Any = stub.Session()
         self._waiting: dict[int, asyncio.Future[pb.SessionResponse]] = {}
-        self._write_lock = asyncio.Lock()
+        #: Requests go out through one writer task, so a caller cancelled
+        #: mid-write (a timeout, a released lease) never cancels the shared
+        #: stream under the others, and writes never overlap.
+        self._outbox: asyncio.Queue[pb.SessionRequest] = asyncio.Queue()
         self.broken: Error | None = None
-        self._reader = asyncio.get_running_loop().create_task(self._read())
+        loop = asyncio.get_running_loop()
+        self._reader = loop.create_task(self._read())
+        self._writer = loop.create_task(self._write())
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                request = await self._outbox.get()
+                await self._call.write(request)
+        except asyncio.CancelledError:
+            return
+        except Exception as err:
+            self._break(Unavailable(f"the Session stream failed: {err!r}"))
+            self._call.cancel()
 
     async def _read(self) -> None:
         why: Error
@@ -82,7 +98,9 @@ class _Stream:
         self._break(why)
 
     def _break(self, why: Error) -> None:
-        self.broken = why
+        if self.broken is None:
+            self.broken = why
+        self._writer.cancel()
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
             if not waiter.done():
@@ -92,21 +110,14 @@ class _Stream:
         self, name: str, request: pb.SessionRequest, timeout: float
     ) -> pb.SessionResponse:
         if self.broken is not None:
-            raise self.broken
+            raise copy.copy(self.broken)
         waiter: asyncio.Future[pb.SessionResponse] = asyncio.get_running_loop().create_future()
         self._waiting[request.id] = waiter
-
-        async def send_and_wait() -> pb.SessionResponse:
-            async with self._write_lock:
-                await self._call.write(request)
-            return await waiter
-
+        self._outbox.put_nowait(request)
         try:
-            response = await asyncio.wait_for(send_and_wait(), timeout)
+            response = await asyncio.wait_for(waiter, timeout)
         except asyncio.TimeoutError:
             raise Unavailable(f"{name} got no reply within {millis(timeout)} ms") from None
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as err:
-            raise Unavailable(f"the Session stream failed: {err}") from None
         finally:
             self._waiting.pop(request.id, None)
         if response.code != 0:
@@ -114,6 +125,7 @@ class _Stream:
         return response
 
     def close(self) -> None:
+        self._writer.cancel()
         self._call.cancel()
 
 

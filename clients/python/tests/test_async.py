@@ -328,3 +328,23 @@ async def test_a_short_freeze_makes_the_lease_unsure_then_valid_again(server: Se
         assert lease.is_valid() and not lease.lost.is_set()
         assert await lease.gate() == lease.fence
     await client.close()
+
+
+async def test_many_leases_pipeline_over_one_stream(server: Server) -> None:
+    """Thirty sessions held at once by one client renew, gate and release
+    over its one Session stream, each answer reaching its own caller."""
+    client = leasehold.AsyncClient(server.address)
+
+    async def session(i: int) -> tuple[int, int]:
+        async with client.acquire(f"session:{i}", ttl=0.6) as lease:
+            fences = set()
+            for _ in range(5):
+                fences.add(await lease.gate())
+                await asyncio.sleep(0.1)
+            assert fences == {lease.fence} and lease.is_valid()
+            return i, lease.fence
+
+    done = await asyncio.wait_for(asyncio.gather(*(session(i) for i in range(30))), 20)
+    assert sorted(i for i, _ in done) == list(range(30))
+    assert len({fence for _, fence in done}) == 30  # fences are global and rise
+    await client.close()

@@ -371,3 +371,27 @@ def test_a_short_freeze_makes_the_lease_unsure_then_valid_again(server: Server) 
         assert wait_until(lambda: not lease.lost.is_set(), 3.0), "never valid again"
         assert lease.is_valid()
         assert lease.gate() == lease.fence
+
+
+def test_many_threads_share_one_client(server: Server) -> None:
+    """Twenty threads hold sessions through one client at once; each gate's
+    answer reaches its own caller over the shared stream."""
+    client = leasehold.Client(server.address)
+    errors: list[BaseException] = []
+
+    def session(i: int) -> None:
+        try:
+            with client.acquire(f"session:{i}", ttl=0.6) as lease:
+                for _ in range(5):
+                    assert lease.gate() == lease.fence
+                    time.sleep(0.1)
+                assert lease.is_valid()
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert errors == []
