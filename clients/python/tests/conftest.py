@@ -29,14 +29,14 @@ class Server:
     """One leasehold server process: started on 127.0.0.1 port 0, stopped,
     paused (SIGSTOP) and resumed (SIGCONT) by the test."""
 
-    def __init__(self, db: Path) -> None:
+    def __init__(self, db: Path, listen: str = "127.0.0.1:0") -> None:
         self.db = db
         self.process = subprocess.Popen(
             [
                 os.environ["LEASEHOLD_BIN"],
                 "serve",
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--db",
                 str(db),
                 "--drain-timeout-ms",
@@ -62,6 +62,12 @@ class Server:
         #: host:port the server listens on.
         self.address = line[0].split("listening on ", 1)[1].strip()
         assert self.address.startswith("127.0.0.1:"), self.address
+
+    def restart(self) -> None:
+        """Stops the server and starts it again on the same address and database."""
+        self.stop()
+        again = Server(self.db, listen=self.address)
+        self.process, self.paused = again.process, False
 
     def pause(self) -> None:
         """Freezes the server process, as a hung or partitioned server."""

@@ -348,3 +348,14 @@ async def test_many_leases_pipeline_over_one_stream(server: Server) -> None:
     assert sorted(i for i, _ in done) == list(range(30))
     assert len({fence for _, fence in done}) == 30  # fences are global and rise
     await client.close()
+
+
+async def test_a_lease_survives_a_server_restart(server: Server) -> None:
+    """As in the sync twin: the async stream is reopened after a restart."""
+    client = leasehold.AsyncClient(server.address)
+    async with client.acquire("session:1", ttl=3.0) as lease:
+        await asyncio.get_running_loop().run_in_executor(None, server.restart)
+        await asyncio.sleep(1.5)
+        assert lease.is_valid()
+        assert await lease.gate() == lease.fence
+    await client.close()

@@ -395,3 +395,17 @@ def test_many_threads_share_one_client(server: Server) -> None:
     for t in threads:
         t.join(timeout=20)
     assert errors == []
+
+
+def test_a_lease_survives_a_server_restart(server: Server) -> None:
+    """The stream breaks when the server restarts; renewals reopen it and the
+    lease stays valid with the same fence (a restart gives live terms their
+    full TTL again)."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:1", ttl=3.0) as lease:
+        server.restart()
+        time.sleep(1.5)  # several renewals after the restart
+        assert lease.is_valid()
+        assert lease.gate() == lease.fence
+        with pytest.raises(leasehold.Busy):
+            leasehold.Client(server.address).acquire("session:1", ttl=1.0)
