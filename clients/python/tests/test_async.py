@@ -359,3 +359,19 @@ async def test_a_lease_survives_a_server_restart(server: Server) -> None:
         assert lease.is_valid()
         assert await lease.gate() == lease.fence
     await client.close()
+
+
+async def test_a_dropped_async_lease_is_suspended(server: Server) -> None:
+    """An AsyncLease collected without release stops renewing and suspends."""
+    import gc
+
+    client = leasehold.AsyncClient(server.address)
+    lease = await client.acquire("session:1", ttl=5.0, owner="dropped")
+    fence = lease.fence
+    del lease
+    gc.collect()
+    nxt = await client.acquire("session:1", ttl=5.0, wait=3.0)
+    assert nxt.previous is not None
+    assert (nxt.previous.fence, nxt.previous.end) == (fence, "suspended")
+    await nxt.release()
+    await client.close()
