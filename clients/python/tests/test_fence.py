@@ -102,13 +102,28 @@ def test_sqlite_advance_needs_a_transaction(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO items VALUES ('k', 'mine')")
     db.commit()
     assert sqlite_fence.highest(db, "k") == 7
-    with pytest.raises(RuntimeError):
-        db.execute("BEGIN")
-        try:
-            with sqlite_fence.write(db, "k", 8):
-                pass
-        finally:
-            db.rollback()
+
+
+def test_sqlite_write_inside_the_callers_transaction(db: sqlite3.Connection) -> None:
+    """Called inside a transaction the caller opened, write() records the
+    fence there and leaves commit and rollback to the caller."""
+    db.execute("BEGIN IMMEDIATE")
+    sqlite_fence.write(db, "k", 3)
+    db.execute("INSERT INTO items VALUES ('k', 'mine')")
+    assert db.in_transaction
+    db.commit()
+    assert (_bodies(db), sqlite_fence.highest(db, "k")) == (["mine"], 3)
+    db.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StaleFence):
+        sqlite_fence.write(db, "k", 2)
+    assert db.in_transaction  # the caller's to roll back
+    db.rollback()
+    # Without an open transaction, a plain call begins one for the caller.
+    sqlite_fence.write(db, "k", 4)
+    assert db.in_transaction
+    db.execute("INSERT INTO items VALUES ('k', 'next')")
+    db.commit()
+    assert (_bodies(db), sqlite_fence.highest(db, "k")) == (["mine", "next"], 4)
 
 
 def test_sqlite_two_connections_a_newer_holder_wins(tmp_path: Path) -> None:
@@ -187,6 +202,21 @@ def test_postgres_advance_needs_a_transaction(pg_schema: str) -> None:
         with conn.transaction():
             pg_fence.advance(conn, "k", 3)
         assert pg_fence.highest(conn, "k") == 3
+        # write() inside the caller's transaction leaves it to the caller.
+        with pytest.raises(StaleFence):
+            with conn.transaction():
+                pg_fence.write(conn, "k", 2)
+        with conn.transaction():
+            pg_fence.write(conn, "k", 5)
+        assert pg_fence.highest(conn, "k") == 5
+        # In autocommit mode, write() as a context manager opens its own.
+        with pg_fence.write(conn, "k", 6):
+            pass
+        assert pg_fence.highest(conn, "k") == 6
+        with pytest.raises(StaleFence):
+            with pg_fence.write(conn, "k", 1):
+                pass
+        assert conn.info.transaction_status == 0  # IDLE: rolled back
 
 
 @needs_pg

@@ -11,7 +11,7 @@ nothing is rolled back::
 
     with psycopg.connect(url) as conn:
         fence.install(conn)
-        with fence.write(conn, "session:42", lease.fence):   # conn.transaction()
+        with fence.write(conn, "session:42", lease.fence):   # BEGIN .. COMMIT
             conn.execute("INSERT INTO items (session, body) VALUES (%s, %s)", (key, body))
 
 Locking: the upsert locks the key's row until the transaction ends, so two
@@ -24,8 +24,7 @@ on this one row, not on reasoning across rows. Fences are BIGINT.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from . import NotInTransaction, StaleFence
@@ -79,11 +78,60 @@ def highest(conn: Any, key: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-@contextmanager
-def write(conn: Any, key: str, fence: int) -> Iterator[Any]:
-    """One fenced write: opens ``conn.transaction()``, advances the fence of
-    ``key``, runs the block, and commits when the block ends; a stale fence or
-    any exception rolls it back and propagates."""
-    with conn.transaction():
+class FencedWrite:
+    """What :func:`write` returns: the fence is already recorded; as a
+    context manager it commits the transaction ``write`` began when the block
+    ends normally and rolls it back on an exception. A transaction the
+    caller opened (``with conn.transaction():`` or an implicit one) is left
+    to the caller either way."""
+
+    def __init__(self, conn: Any, began: bool) -> None:
+        self.conn = conn
+        #: Whether ``write`` began the transaction (and so ends it).
+        self.began = began
+
+    def __enter__(self) -> Any:
+        return self.conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.began:
+            return
+        if exc_type is None:
+            self.conn.commit()
+        else:
+            self.conn.rollback()
+
+
+def write(conn: Any, key: str, fence: int) -> FencedWrite:
+    """Records ``fence`` as the highest fence of ``key`` before the caller's
+    writes, inside the caller's open transaction or, if none is open, a new
+    one. Raises ``StaleFence`` if a higher fence has written (a transaction
+    ``write`` began is rolled back; roll back your own, which leaving a
+    ``conn.transaction()`` block with the exception does). Either::
+
+        with fence.write(conn, key, lease.fence):      # commits at the end
+            conn.execute(...)
+
+    or, inside a transaction you manage::
+
+        with conn.transaction():
+            fence.write(conn, key, lease.fence)
+            conn.execute(...)
+    """
+    from psycopg import pq
+
+    began = conn.info.transaction_status == pq.TransactionStatus.IDLE
+    if began:
+        conn.execute("BEGIN")
+    try:
         advance(conn, key, fence)
-        yield conn
+    except BaseException:
+        if began:
+            conn.rollback()
+        raise
+    return FencedWrite(conn, began)

@@ -16,6 +16,9 @@ the Rust helper's (``src/fence/sqlite.rs``)::
         conn.execute("INSERT INTO items (session, body) VALUES (?, ?)", ("session:42", body))
     # raises leasehold.fence.StaleFence (and rolls back) if a higher fence wrote
 
+Inside a transaction you opened yourself, ``fence.write(conn, key, fence)``
+(or ``advance``) records the fence in it and leaves the commit to you.
+
 Locking: ``write()`` begins with ``BEGIN IMMEDIATE``, taking the write lock
 at once, so the comparison and the writes see the latest committed fence and
 nothing commits in between. Compatibility: the upsert needs SQLite 3.24 or
@@ -25,8 +28,7 @@ later; fences are stored as INTEGER (signed 64-bit).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 from . import NotInTransaction, StaleFence
 
@@ -75,18 +77,58 @@ def highest(conn: sqlite3.Connection, key: str) -> int | None:
     return None if row is None else int(row[0])
 
 
-@contextmanager
-def write(conn: sqlite3.Connection, key: str, fence: int) -> Iterator[sqlite3.Connection]:
-    """One fenced write: ``BEGIN IMMEDIATE``, advance the fence of ``key``,
-    run the block, ``COMMIT``; on a stale fence or any exception in the block,
-    ``ROLLBACK`` and re-raise. ``conn`` must not be in a transaction already."""
-    if conn.in_transaction:
-        raise RuntimeError("leasehold.fence.sqlite.write() opens its own transaction; commit first")
-    conn.execute("BEGIN IMMEDIATE")
+class FencedWrite:
+    """What :func:`write` returns: the fence is already recorded; as a
+    context manager it commits the transaction ``write`` began when the block
+    ends normally and rolls it back on an exception. A transaction the
+    caller opened is left to the caller either way."""
+
+    def __init__(self, conn: sqlite3.Connection, began: bool) -> None:
+        self.conn = conn
+        #: Whether ``write`` began the transaction (and so ends it).
+        self.began = began
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.began:
+            return
+        if exc_type is None:
+            self.conn.commit()
+        else:
+            self.conn.rollback()
+
+
+def write(conn: sqlite3.Connection, key: str, fence: int) -> FencedWrite:
+    """Records ``fence`` as the highest fence of ``key`` before the caller's
+    writes, inside the caller's open transaction or, if none is open, a new
+    ``BEGIN IMMEDIATE`` one. Raises ``StaleFence`` if a higher fence has
+    written (a transaction ``write`` began is rolled back; roll back your
+    own). Either::
+
+        with fence.write(conn, key, lease.fence):   # commits at the end
+            conn.execute(...)
+
+    or, inside a transaction you manage::
+
+        conn.execute("BEGIN IMMEDIATE")
+        fence.write(conn, key, lease.fence)
+        conn.execute(...)
+        conn.commit()
+    """
+    began = not conn.in_transaction
+    if began:
+        conn.execute("BEGIN IMMEDIATE")
     try:
         advance(conn, key, fence)
-        yield conn
     except BaseException:
-        conn.rollback()
+        if began:
+            conn.rollback()
         raise
-    conn.commit()
+    return FencedWrite(conn, began)
