@@ -1,0 +1,741 @@
+"""The synchronous client: ``Client`` and its ``Lease``.
+
+Renewals, checks and releases of every lease a client holds travel over one
+pipelined ``Session`` stream, fed from a queue and read by one daemon thread
+that hands each response to the caller waiting for its id. Each lease has a
+daemon thread that renews it. The gRPC channel is created lazily, once per
+process: a client used after ``os.fork()`` opens a new one in the child.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import itertools
+import os
+import queue
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from . import _core
+from ._core import ATTEMPTS, Standing, Timing, jittered, millis
+from ._errors import Error, LeaseLost, Unavailable, from_refusal, from_rpc_error
+from ._proto import leasehold_pb2 as pb
+from ._proto import leasehold_pb2_grpc as pb_grpc
+from ._types import (
+    BeginResult,
+    EndedTerm,
+    ToolCallRecord,
+    ToolCallRequest,
+    ToolInvocation,
+    ToolOutcome,
+    ToolResult,
+    TranscriptRepair,
+    TranscriptReport,
+    transcript_text,
+)
+
+Runner = Callable[[ToolInvocation], "bytes | str | ToolOutcome | None"]
+
+
+class _Stream:
+    """One open Session stream: its request queue, its waiters, its reader."""
+
+    def __init__(self, stub: Any) -> None:
+        self._requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting: dict[int, concurrent.futures.Future[pb.SessionResponse]] = {}
+        self.broken: Error | None = None
+        self._call = stub.Session(self._outgoing())
+        self._reader = threading.Thread(target=self._read, name="leasehold-session", daemon=True)
+        self._reader.start()
+
+    def _outgoing(self) -> Iterator[pb.SessionRequest]:
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            yield request
+
+    def _read(self) -> None:
+        why: Error
+        try:
+            for response in self._call:
+                with self._lock:
+                    waiter = self._waiting.pop(response.id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(response)
+            why = Unavailable("the Session stream ended")
+        except grpc.RpcError as err:
+            why = from_rpc_error(err)
+            if not isinstance(why, Unavailable):
+                why = Unavailable(f"the Session stream failed: {why}")
+        except Exception as err:  # pragma: no cover - grpc internals
+            why = Unavailable(f"the Session stream failed: {err!r}")
+        self._break(why)
+
+    def _break(self, why: Error) -> None:
+        with self._lock:
+            self.broken = why
+            waiting, self._waiting = self._waiting, {}
+        self._requests.put(None)  # frees gRPC's thread reading our requests
+        for waiter in waiting.values():
+            if not waiter.done():
+                waiter.set_exception(why)
+
+    def submit(
+        self, request: pb.SessionRequest
+    ) -> concurrent.futures.Future[pb.SessionResponse] | None:
+        """Sends ``request``; None when the stream has broken."""
+        waiter: concurrent.futures.Future[pb.SessionResponse] = concurrent.futures.Future()
+        with self._lock:
+            if self.broken is not None:
+                return None
+            self._waiting[request.id] = waiter
+        self._requests.put(request)
+        return waiter
+
+    def forget(self, op_id: int) -> None:
+        with self._lock:
+            self._waiting.pop(op_id, None)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
+
+
+class _Mux:
+    """The client's shared Session stream, opened on first use and again
+    after it breaks; operations in flight when it breaks fail as Unavailable."""
+
+    def __init__(self, stub: Any) -> None:
+        self._stub = stub
+        self._lock = threading.Lock()
+        self._stream: _Stream | None = None
+        self._ids = itertools.count(1)
+
+    def submit(
+        self, request: pb.SessionRequest
+    ) -> tuple[_Stream, concurrent.futures.Future[pb.SessionResponse]]:
+        request.id = next(self._ids)
+        for _ in range(2):
+            with self._lock:
+                if self._stream is None or self._stream.broken is not None:
+                    self._stream = _Stream(self._stub)
+                stream = self._stream
+            waiter = stream.submit(request)
+            if waiter is not None:
+                return stream, waiter
+        raise Unavailable("the Session stream keeps breaking")
+
+    def call(self, name: str, request: pb.SessionRequest, timeout: float) -> pb.SessionResponse:
+        """Sends one operation and waits up to ``timeout`` for its answer; a
+        refusal raises the same error the unary RPC would."""
+        stream, waiter = self.submit(request)
+        return self.result(name, stream, request.id, waiter, timeout)
+
+    @staticmethod
+    def result(
+        name: str,
+        stream: _Stream,
+        op_id: int,
+        waiter: concurrent.futures.Future[pb.SessionResponse],
+        timeout: float,
+    ) -> pb.SessionResponse:
+        try:
+            response = waiter.result(timeout)
+        except concurrent.futures.TimeoutError:
+            stream.forget(op_id)
+            raise Unavailable(f"{name} got no reply within {millis(timeout)} ms") from None
+        if response.code != 0:
+            raise from_refusal(response.code, response.message, dict(response.details))
+        return response
+
+    def close(self) -> None:
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+
+class _Connection:
+    """A channel and what hangs off it; valid only in the process that made it."""
+
+    def __init__(
+        self,
+        target: str,
+        credentials: grpc.ChannelCredentials | None,
+        options: Sequence[tuple[str, Any]],
+    ) -> None:
+        self.pid = os.getpid()
+        opts = [*_core.CHANNEL_OPTIONS, *options]
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=opts)
+        # The generated stubs are untyped; every call through them is wrapped.
+        self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
+        self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
+        self.mux = _Mux(self.rpc)
+
+    def close(self) -> None:
+        self.mux.close()
+        self.channel.close()
+
+
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
+#: Connections inherited across fork are kept, never closed or collected, in
+#: the child: gRPC must not touch a parent's channel there (grpc #29586).
+_inherited: list[object] = []
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_clients):
+        client._forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _unary(call: Callable[..., Any], request: Any, timeout: float, name: str) -> Any:
+    try:
+        return call(request, timeout=timeout)
+    except grpc.RpcError as err:
+        failure = from_rpc_error(err)
+        if failure.code == "DEADLINE_EXCEEDED":
+            failure = Unavailable(f"{name} got no reply within {millis(timeout)} ms")
+        raise failure from None
+
+
+class Client:
+    """A synchronous leasehold client.
+
+    ``target`` is ``host:port``. The channel is opened lazily and once per
+    process (so a client made before ``fork()`` works in the child); all
+    leases of a client share one Session stream for their renewals, checks
+    and releases. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        owner: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+        timeout: float = 5.0,
+    ) -> None:
+        self.target = target
+        #: The default owner of this client's leases (``host:pid`` if None,
+        #: computed at each acquire so a forked child names itself).
+        self.owner = owner
+        #: How long a call that is not part of a lease may take.
+        self.timeout = timeout
+        self._credentials = credentials
+        self._options = list(options)
+        self._lock = threading.Lock()
+        self._conn: _Connection | None = None
+        _clients.add(self)
+
+    def _connection(self) -> _Connection:
+        conn = self._conn
+        if conn is not None and conn.pid == os.getpid():
+            return conn
+        with self._lock:
+            if self._conn is None or self._conn.pid != os.getpid():
+                if self._conn is not None:
+                    _inherited.append(self._conn)
+                self._conn = _Connection(self.target, self._credentials, self._options)
+            return self._conn
+
+    def _forget_after_fork(self) -> None:
+        # Locks may have been held by threads that do not exist in the child.
+        self._lock = threading.Lock()
+        if self._conn is not None:
+            _inherited.append(self._conn)
+            self._conn = None
+
+    def close(self) -> None:
+        """Closes this process's channel. Leases still held stop renewing
+        and expire at their TTL."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None and conn.pid == os.getpid():
+            conn.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def acquire(
+        self,
+        key: str,
+        *,
+        ttl: float,
+        wait: float = 0.0,
+        owner: str | None = None,
+        request_id: str | None = None,
+        renew_every: float | None = None,
+        safety_margin: float | None = None,
+        rpc_timeout: float | None = None,
+    ) -> Lease:
+        """Acquires ``key`` for ``ttl`` seconds, queueing (FIFO) up to ``wait``
+        seconds for a held key, and starts renewing it in the background.
+
+        Use the lease as a context manager (normal exit releases, an exception
+        suspends) or call ``release()``/``suspend()`` yourself.
+
+        Raises ``Busy`` (holder, fence, remaining) when the key is still held
+        after the wait, ``InvalidArgument`` for a malformed key/owner/ttl,
+        ``Unavailable`` when the server cannot be reached (after a few
+        attempts, all with the same request id, so a lost reply cannot leave
+        a second term behind), ``LeaseLost`` when a replayed grant turns out
+        to be over already.
+        """
+        timing = Timing.resolve(ttl, renew_every, safety_margin, rpc_timeout)
+        generated = request_id is None
+        request = pb.AcquireRequest(
+            key=key,
+            owner=owner or self.owner or _core.default_owner(),
+            ttl_ms=millis(ttl),
+            wait_ms=millis(wait),
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        timeout = wait + max(timing.rpc_timeout, _core.ACQUIRE_GRACE)
+        conn = self._connection()
+        first_sent = time.monotonic()
+        attempt = 1
+        while True:
+            try:
+                reply: pb.AcquireResponse = _unary(conn.rpc.Acquire, request, timeout, "Acquire")
+                break
+            except Unavailable:
+                if attempt >= ATTEMPTS:
+                    raise
+                attempt += 1
+                time.sleep(jittered(timing.retry_pause(attempt)))
+        # A fresh grant happened after our first send, so that send time is a
+        # safe basis for the local deadline; a replayed one happened at some
+        # earlier attempt: ours if we made up the id, of unknown age otherwise.
+        basis = first_sent if (not reply.replayed or generated) else None
+        return Lease(self, reply, timing, basis)
+
+    def check(self, key: str, fence: int, *, timeout: float | None = None) -> int:
+        """Whether ``fence`` is the live term of ``key`` (Chubby's
+        CheckSequencer), for a process handed a fence rather than a lease.
+        Returns the fence; raises ``LeaseLost`` (with the reason) when it is
+        not live, ``Unavailable`` when no answer came in time."""
+        request = pb.SessionRequest(check=pb.CheckRequest(key=key, fence=fence))
+        reply = self._connection().mux.call("Check", request, timeout or self.timeout)
+        return int(reply.lease.fence)
+
+    def check_transcript(
+        self, messages: str | bytes | list[Any], *, format: str = ""
+    ) -> TranscriptReport:
+        """Checks that every tool call in ``messages`` (a list of message
+        dicts, or JSON text: an array or JSON lines) is paired the way the
+        provider requires. ``format`` is ``"openai-chat"``, ``"anthropic"``,
+        ``"openai-responses"`` or empty to detect it. Raises
+        ``InvalidArgument`` for unreadable input."""
+        request = pb.TranscriptCheckRequest(transcript=transcript_text(messages), format=format)
+        reply = _unary(self._connection().transcripts.Check, request, self.timeout, "Check")
+        return TranscriptReport.from_pb(reply)
+
+    def repair_transcript(
+        self,
+        messages: str | bytes | list[Any],
+        *,
+        format: str = "",
+        placeholder_markers: Sequence[str] = (),
+    ) -> TranscriptRepair:
+        """Repairs tool-call pairing in ``messages`` (moves misplaced results,
+        drops duplicates and placeholders a real result made redundant,
+        inserts results for calls that never got one) and says what it did
+        and what it could not fix."""
+        request = pb.TranscriptRepairRequest(
+            transcript=transcript_text(messages),
+            format=format,
+            placeholder_markers=list(placeholder_markers),
+        )
+        reply = _unary(self._connection().transcripts.Repair, request, self.timeout, "Repair")
+        return TranscriptRepair.from_pb(reply)
+
+
+class Lease:
+    """A held term of a key, renewed in the background until released.
+
+    ``fence`` goes with every write to the resource; ``gate()`` before every
+    model request and terminal write; ``lost`` is set as soon as the lease
+    cannot be trusted. See the package README for its life.
+    """
+
+    def __init__(
+        self, client: Client, reply: pb.AcquireResponse, timing: Timing, basis: float | None
+    ) -> None:
+        self._client = client
+        self._conn = client._connection()
+        #: Set while the lease cannot be trusted: the server refused it, it
+        #: was released, or the local deadline passed (cleared again if a
+        #: later renewal with the same fence succeeds; never after a refusal).
+        self.lost = threading.Event()
+        lost = self.lost
+
+        def notify(valid: bool) -> None:
+            # Holds the event, not the lease, so a dropped lease can be collected.
+            if valid:
+                lost.clear()
+            else:
+                lost.set()
+
+        self._core = Standing(reply=reply, timing=timing, basis=basis, notify=notify)
+        self._finished = False
+        self._stop = threading.Event()
+        core, conn, stop = self._core, self._conn, self._stop
+        first = time.monotonic() if basis is None else basis + timing.renew_every
+        if first <= time.monotonic():
+            # The grant is of unknown age (replayed) or a long wait ate into
+            # it: renew now so the deadline rests on a send time we know.
+            sent = time.monotonic()
+            try:
+                renewed = conn.mux.call("Renew", core.renew_request(), timing.rpc_timeout)
+                core.renewed(sent, renewed.lease)
+                first = sent + timing.renew_every
+            except Error as err:
+                judged = core.judge(err)
+                if isinstance(judged, LeaseLost) and judged.final:
+                    raise judged from None
+        if core.loss() is not None:
+            lost.set()
+        self._thread = threading.Thread(
+            target=_keep_alive,
+            args=(core, conn, stop, first),
+            name=f"leasehold-renew-{core.key}",
+            daemon=True,
+        )
+        self._thread.start()
+        # A lease dropped without release: stop renewing and suspend it.
+        self._finalizer = weakref.finalize(self, stop.set)
+
+    # -- what the grant said ---------------------------------------------
+    @property
+    def key(self) -> str:
+        return self._core.key
+
+    @property
+    def fence(self) -> int:
+        """The term's fencing token: store it with every write."""
+        return self._core.fence
+
+    @property
+    def owner(self) -> str:
+        return self._core.owner
+
+    @property
+    def ttl(self) -> float:
+        return self._core.timing.ttl
+
+    @property
+    def previous(self) -> EndedTerm | None:
+        """How the key's previous term ended, if it had one."""
+        return self._core.previous
+
+    @property
+    def recovered(self) -> bool:
+        """The previous term ended expired or suspended: work may be unfinished."""
+        previous = self._core.previous
+        return previous is not None and previous.end in ("suspended", "expired")
+
+    @property
+    def replayed(self) -> bool:
+        """The grant repeated an earlier one for the same request id."""
+        return self._core.replayed
+
+    @property
+    def unsettled_tool_calls(self) -> int:
+        """How many of the key's tool calls were left running when this term
+        was granted (see ``unsettled_tool_calls_list()``)."""
+        return self._core.unsettled_at_grant
+
+    @property
+    def deadline(self) -> float:
+        """The local deadline on ``time.monotonic()``'s clock."""
+        return self._core.deadline
+
+    @property
+    def server_expires_at_ms(self) -> int:
+        """The expiry the server last reported, on its clock; for display."""
+        return self._core.expires_at_ms
+
+    def __repr__(self) -> str:
+        # The lease id is a secret capability: leave it out.
+        return (
+            f"Lease(key={self.key!r}, fence={self.fence}, owner={self.owner!r}, "
+            f"valid={self.is_valid()})"
+        )
+
+    # -- validity ----------------------------------------------------------
+    def is_valid(self) -> bool:
+        """Local check, no round trip: not refused or released, and the local
+        deadline has not passed (and this is the process that acquired it)."""
+        return self._conn.pid == os.getpid() and self._core.loss() is None
+
+    def loss(self) -> LeaseLost | None:
+        """Why the lease is not valid now, or None while it is."""
+        return self._core.loss()
+
+    def _same_process(self) -> None:
+        if self._conn.pid != os.getpid():
+            # The renewal thread stayed in the parent; the parent's channel
+            # must not be used here (grpc #29586).
+            raise self._core.lost_error(
+                "forked", "a lease does not cross fork(): acquire in the process that uses it"
+            )
+
+    def verify(self) -> None:
+        """A ``Check`` round trip proving the fence is still the key's live
+        term. Raises ``LeaseLost`` when the lease is lost for good or the
+        server says the fence is stale (which makes it lost for good),
+        ``Unavailable`` when the server does not answer in time."""
+        self._same_process()
+        if self._core.final is not None:
+            raise copy.copy(self._core.final)
+        try:
+            self._conn.mux.call("Check", self._core.check_request(), self._core.timing.rpc_timeout)
+        except Error as err:
+            raise self._core.judge(err) from None
+
+    def gate(self) -> int:
+        """The check before each model request and terminal write: local
+        check, ``verify()``, local check again. Returns the fence. Raises
+        ``LeaseLost`` (no round trip when already invalid) or ``Unavailable``."""
+        self._same_process()
+        self._core.ensure_valid()
+        self.verify()
+        self._core.ensure_valid()
+        return self._core.fence
+
+    # -- ending --------------------------------------------------------------
+    def release(self) -> EndedTerm:
+        """Ends the term as finished (presenting fence and lease id, so it can
+        never end someone else's term). Raises ``LeaseLost`` when the term was
+        already lost or the server refuses the release as stale."""
+        return self._finish(False)
+
+    def suspend(self) -> EndedTerm:
+        """Ends the term as unfinished: the key becomes recoverable and the
+        next holder sees ``recovered``. Raises as ``release()``."""
+        return self._finish(True)
+
+    def _finish(self, suspend: bool) -> EndedTerm:
+        self._same_process()
+        self._finished = True
+        self._finalizer.detach()
+        core = self._core
+        already = core.final
+        core.end(core.lost_error("ended", "the lease was released"))
+        self._stop.set()
+        if already is not None:
+            raise copy.copy(already)
+        attempt = 1
+        while True:
+            try:
+                reply = self._conn.mux.call(
+                    "Release", core.release_request(suspend), core.timing.rpc_timeout
+                )
+                return EndedTerm.from_pb(reply.ended)
+            except Unavailable:
+                if attempt >= ATTEMPTS:
+                    raise
+                attempt += 1
+                time.sleep(jittered(core.timing.retry_pause(attempt)))
+            except LeaseLost as err:
+                raise LeaseLost(
+                    f"the lease on key {core.key!r} (fence {core.fence}) is lost: {err.message}",
+                    key=core.key,
+                    fence=core.fence,
+                    reason=err.reason,
+                    superseded_by=err.superseded_by,
+                    at_ms=err.at_ms,
+                    details=err.details,
+                ) from None
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._finished:
+            return
+        if exc_type is None:
+            self.release()
+            return
+        # Unfinished work: suspend so the next holder knows to recover; never
+        # mask the block's own exception.
+        try:
+            self.suspend()
+        except Error:
+            pass
+
+    # -- tool calls ----------------------------------------------------------
+    def _ledger(self, name: str, request: Any) -> Any:
+        self._same_process()
+        method = getattr(self._conn.rpc, name)
+        try:
+            return _unary(method, request, self._core.timing.rpc_timeout, name)
+        except Error as err:
+            raise self._core.judge(err) from None
+
+    def begin_tool_calls(self, calls: Sequence[ToolCallRequest]) -> BeginResult:
+        """Registers one turn's calls atomically (all new, or none recorded)."""
+        if not calls:
+            return BeginResult(calls=[], duplicate=False, duplicate_call_ids=[])
+        reply = self._ledger("BeginToolCalls", self._core.begin_request(calls))
+        return BeginResult(
+            calls=[ToolCallRecord.from_pb(c) for c in reply.calls],
+            duplicate=reply.duplicate,
+            duplicate_call_ids=list(reply.duplicate_call_ids),
+        )
+
+    def settle_tool_call(self, call_id: str, outcome: str, result: bytes = b"") -> ToolCallRecord:
+        """Records a call's outcome (``"succeeded"``, ``"failed"`` or
+        ``"unknown"``) under this lease's fence; the first terminal outcome
+        wins and the winning record is returned."""
+        reply = self._ledger("SettleToolCall", self._core.settle_request(call_id, outcome, result))
+        return ToolCallRecord.from_pb(reply.call)
+
+    def unsettled_tool_calls_list(self) -> list[ToolCallRecord]:
+        """The key's calls still recorded as running: a recoverer settles each
+        (usually as ``"unknown"``) before it continues."""
+        reply = self._ledger("ListToolCalls", self._core.unsettled_request())
+        return [ToolCallRecord.from_pb(c) for c in reply.calls]
+
+    def _register(self, calls: list[ToolCallRequest]) -> dict[str, ToolCallRecord]:
+        """Registers ``calls`` (unique ids); returns the records the ledger
+        already held. The others are now recorded as running."""
+        first = self.begin_tool_calls(calls)
+        if not first.duplicate:
+            return {}
+        known = {c.call_id: c for c in first.calls}
+        fresh = [c for c in calls if c.call_id not in known]
+        if fresh:
+            again = self.begin_tool_calls(fresh)
+            if again.duplicate:
+                raise _core.concurrent_registration(again.duplicate_call_ids)
+        return known
+
+    def run_tool_calls(self, calls: Sequence[ToolCallRequest], runner: Runner) -> list[ToolResult]:
+        """Runs one turn's tool calls through the server's ledger.
+
+        All calls are registered before any runs; then each new call runs
+        (one at a time, in order) and is settled as soon as it returns. A
+        call id the ledger already knows, from this turn or an earlier one,
+        is not run again: its stored outcome comes back with ``reused=True``.
+        Results come back in the provider's order.
+
+        ``runner(invocation)`` returns the result (``bytes``/``str``: succeeded;
+        a ``ToolOutcome`` to choose); an exception it raises settles the call
+        as failed with the error text (``LeaseLost`` propagates instead). If
+        the lease is lost, no further call starts and ``LeaseLost`` is
+        raised; calls not settled stay recorded as running for the recoverer.
+        """
+        self._core.ensure_valid()
+        unique = _core.unique_calls(calls)
+        known = self._register(unique)
+        ran: dict[str, ToolCallRecord] = {}
+        for call in unique:
+            if call.call_id in known:
+                continue
+            self._core.ensure_valid()
+            invocation = ToolInvocation(
+                call=call,
+                fence=self.fence,
+                idempotency_key=_idempotency_key(self.key, call.call_id),
+            )
+            try:
+                outcome = _core.outcome_of(runner(invocation))
+            except LeaseLost:
+                raise
+            except Exception as err:
+                outcome = _core.failure_of(err)
+            ran[call.call_id] = self.settle_tool_call(call.call_id, outcome.outcome, outcome.result)
+        return _core.assemble(calls, known, ran)
+
+
+def _idempotency_key(key: str, call_id: str) -> str:
+    """UUIDv5 of key + NUL + call id, as the server computes it."""
+    return str(uuid.uuid5(_LEDGER_NAMESPACE, f"{key}\0{call_id}"))
+
+
+def _keep_alive(core: Standing, conn: _Connection, stop: threading.Event, first: float) -> None:
+    """Renews the term until it is lost for good, released, or abandoned."""
+    timing = core.timing
+    next_renewal = first
+    failures = 0
+    while core.final is None:
+        until = core.seconds_to_deadline()
+        wait = max(0.0, next_renewal - time.monotonic())
+        if until is not None:
+            wait = min(wait, until)
+        if stop.wait(wait):
+            return _abandoned(core, conn)
+        core.refresh()
+        if time.monotonic() < next_renewal:
+            continue
+        sent = time.monotonic()
+        request = core.renew_request()
+        try:
+            stream, waiter = conn.mux.submit(request)
+            # Wake at the deadline while the renewal is out, to flag it.
+            while not waiter.done():
+                until = core.seconds_to_deadline()
+                left = timing.rpc_timeout - (time.monotonic() - sent)
+                if left <= 0:
+                    break
+                concurrent.futures.wait([waiter], timeout=min(left, until or left, 0.25))
+                core.refresh()
+                if stop.is_set():
+                    return _abandoned(core, conn)
+            if not waiter.done():
+                stream.forget(request.id)
+                raise Unavailable(f"Renew got no reply within {millis(timing.rpc_timeout)} ms")
+            reply = _Mux.result("Renew", stream, request.id, waiter, 0.0)
+        except Error as err:
+            judged = core.judge(err)
+            if isinstance(judged, LeaseLost) and judged.final:
+                return None
+            failures += 1
+            next_renewal = time.monotonic() + jittered(timing.retry_pause(failures))
+            continue
+        failures = 0
+        core.renewed(sent, reply.lease)
+        next_renewal = sent + timing.renew_every
+    return None
+
+
+def _abandoned(core: Standing, conn: _Connection) -> None:
+    """The lease was released (nothing to do) or dropped without release:
+    one best-effort suspension, so the next holder recovers at once."""
+    if core.final is not None:
+        return
+    core.end(core.lost_error("ended", "the lease was dropped without release"))
+    try:
+        conn.mux.call("Release", core.release_request(True), core.timing.rpc_timeout)
+    except Error:
+        pass  # it expires at its TTL
+
+
+#: The server's namespace for idempotency keys (``src/ledger.rs``).
+_LEDGER_NAMESPACE = uuid.UUID("ab524bdc-58dc-56d8-b437-c4cf5ed10325")

@@ -1,0 +1,55 @@
+"""Storage-side fencing: the resource itself refuses a stale holder.
+
+A gate (``lease.gate()``) cannot stop a process that passed its check and
+was then paused (a GC pause, a stopped VM) while its write was on its way.
+The storage must compare fencing tokens: every write carries the writer's
+fence, the storage remembers the highest fence that has written each key,
+and refuses a lower one. leasehold's fences rise with every grant and
+survive restarts, so a newer holder always presents a higher fence.
+
+``leasehold.fence.sqlite`` does this inside an application's own SQLite
+database (the same SQL as the Rust helper); ``leasehold.fence.postgres``
+inside a PostgreSQL transaction (psycopg 3, the ``postgres`` extra).
+"""
+
+from __future__ import annotations
+
+from .._errors import Error
+
+
+class FenceError(Error):
+    """A fenced write that must not happen."""
+
+
+class StaleFence(FenceError):
+    """A higher fence has already written this key: the writer's lease is over.
+    The transaction must roll back (``write()`` does)."""
+
+    def __init__(self, key: str, fence: int, highest: int) -> None:
+        super().__init__(
+            f"fence {fence} for key {key!r} is stale: fence {highest} has already written",
+            code="FAILED_PRECONDITION",
+            key=key,
+        )
+        self.fence = fence
+        self.highest = highest
+
+    def __reduce__(self) -> tuple[type[StaleFence], tuple[str, int, int]]:
+        # Picklable (e.g. to report from a worker process) despite the
+        # positional constructor.
+        return (StaleFence, (self.key, self.fence, self.highest))
+
+
+class NotInTransaction(FenceError):
+    """The fence check ran outside a transaction, where it would protect nothing."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"the fence check for key {key!r} must run inside the write's transaction", key=key
+        )
+
+    def __reduce__(self) -> tuple[type[NotInTransaction], tuple[str]]:
+        return (NotInTransaction, (self.key,))
+
+
+__all__ = ["FenceError", "NotInTransaction", "StaleFence"]

@@ -1,0 +1,134 @@
+"""Fencing inside an application's own SQLite database (Python's ``sqlite3``).
+
+One table remembers, per key, the highest fence that has written. Every
+write transaction on a key first *advances* that fence: it records the
+writer's fence if it is at least the stored one and changes nothing
+otherwise, and a write whose fence changed nothing is rolled back. An equal
+fence is accepted, so one holder can write many times. The SQL is exactly
+the Rust helper's (``src/fence/sqlite.rs``)::
+
+    import sqlite3
+    from leasehold.fence import sqlite as fence
+
+    conn = sqlite3.connect("sessions.db")
+    fence.install(conn)
+    with fence.write(conn, "session:42", lease.fence):   # BEGIN IMMEDIATE .. COMMIT
+        conn.execute("INSERT INTO items (session, body) VALUES (?, ?)", ("session:42", body))
+    # raises leasehold.fence.StaleFence (and rolls back) if a higher fence wrote
+
+Inside a transaction you opened yourself, ``fence.write(conn, key, fence)``
+(or ``advance``) records the fence in it and leaves the commit to you.
+
+Locking: ``write()`` begins with ``BEGIN IMMEDIATE``, taking the write lock
+at once, so the comparison and the writes see the latest committed fence and
+nothing commits in between. Compatibility: the upsert needs SQLite 3.24 or
+later; fences are stored as INTEGER (signed 64-bit).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from types import TracebackType
+
+from . import NotInTransaction, StaleFence
+
+#: The table that holds the highest fence seen per key.
+CREATE_TABLE = """CREATE TABLE IF NOT EXISTS leasehold_fence (
+    key   TEXT PRIMARY KEY NOT NULL,
+    fence INTEGER NOT NULL
+)"""
+
+#: Records ``:fence`` for ``:key`` unless a higher fence is recorded; one
+#: changed row means the fence is current, zero means it is stale.
+ADVANCE = """INSERT INTO leasehold_fence (key, fence) VALUES (:key, :fence)
+ON CONFLICT (key) DO UPDATE SET fence = excluded.fence
+WHERE excluded.fence >= leasehold_fence.fence"""
+
+#: The highest fence recorded for ``:key``.
+HIGHEST = "SELECT fence FROM leasehold_fence WHERE key = :key"
+
+_MAX = 2**63 - 1
+
+
+def install(conn: sqlite3.Connection) -> None:
+    """Creates the fence table if it does not exist (idempotent)."""
+    conn.execute(CREATE_TABLE)
+    if conn.in_transaction:
+        conn.commit()
+
+
+def advance(conn: sqlite3.Connection, key: str, fence: int) -> None:
+    """Inside the caller's open transaction on ``conn``, records ``fence`` as
+    the highest fence of ``key``, or raises ``StaleFence`` if a higher one has
+    written (the caller must then roll back). Raises ``NotInTransaction``
+    when no transaction is open."""
+    if not conn.in_transaction:
+        raise NotInTransaction(key)
+    if not 0 <= fence <= _MAX:
+        raise ValueError(f"fence {fence} does not fit in an SQLite INTEGER")
+    changed = conn.execute(ADVANCE, {"key": key, "fence": fence}).rowcount
+    if changed != 1:
+        raise StaleFence(key, fence, highest(conn, key) or 0)
+
+
+def highest(conn: sqlite3.Connection, key: str) -> int | None:
+    """The highest fence that has written ``key``, if any has."""
+    row = conn.execute(HIGHEST, {"key": key}).fetchone()
+    return None if row is None else int(row[0])
+
+
+class FencedWrite:
+    """What :func:`write` returns: the fence is already recorded; as a
+    context manager it commits the transaction ``write`` began when the block
+    ends normally and rolls it back on an exception. A transaction the
+    caller opened is left to the caller either way."""
+
+    def __init__(self, conn: sqlite3.Connection, began: bool) -> None:
+        self.conn = conn
+        #: Whether ``write`` began the transaction (and so ends it).
+        self.began = began
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.began:
+            return
+        if exc_type is None:
+            self.conn.commit()
+        else:
+            self.conn.rollback()
+
+
+def write(conn: sqlite3.Connection, key: str, fence: int) -> FencedWrite:
+    """Records ``fence`` as the highest fence of ``key`` before the caller's
+    writes, inside the caller's open transaction or, if none is open, a new
+    ``BEGIN IMMEDIATE`` one. Raises ``StaleFence`` if a higher fence has
+    written (a transaction ``write`` began is rolled back; roll back your
+    own). Either::
+
+        with fence.write(conn, key, lease.fence):   # commits at the end
+            conn.execute(...)
+
+    or, inside a transaction you manage::
+
+        conn.execute("BEGIN IMMEDIATE")
+        fence.write(conn, key, lease.fence)
+        conn.execute(...)
+        conn.commit()
+    """
+    began = not conn.in_transaction
+    if began:
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        advance(conn, key, fence)
+    except BaseException:
+        if began:
+            conn.rollback()
+        raise
+    return FencedWrite(conn, began)

@@ -1,0 +1,111 @@
+"""Shared fixtures: a real leasehold server per test, on a free loopback
+port with a temporary database, found through $LEASEHOLD_BIN."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    binary = os.environ.get("LEASEHOLD_BIN")
+    if not binary:
+        raise pytest.UsageError(
+            "LEASEHOLD_BIN is not set: point it at the leasehold server binary "
+            "(e.g. target/debug/leasehold) to run the Python client's tests"
+        )
+    if not os.access(binary, os.X_OK):
+        raise pytest.UsageError(f"LEASEHOLD_BIN={binary} is not an executable file")
+
+
+class Server:
+    """One leasehold server process: started on 127.0.0.1 port 0, stopped,
+    paused (SIGSTOP) and resumed (SIGCONT) by the test."""
+
+    def __init__(self, db: Path, listen: str = "127.0.0.1:0") -> None:
+        self.db = db
+        self.process = subprocess.Popen(
+            [
+                os.environ["LEASEHOLD_BIN"],
+                "serve",
+                "--listen",
+                listen,
+                "--db",
+                str(db),
+                "--drain-timeout-ms",
+                "200",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.paused = False
+        line: list[str] = []
+        reader = threading.Thread(
+            target=lambda: line.append(
+                self.process.stdout.readline() if self.process.stdout else ""
+            ),
+            daemon=True,
+        )
+        reader.start()
+        reader.join(timeout=20)
+        if not line or not line[0].startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"the server did not say where it listens: {line!r}")
+        #: host:port the server listens on.
+        self.address = line[0].split("listening on ", 1)[1].strip()
+        assert self.address.startswith("127.0.0.1:"), self.address
+
+    def restart(self) -> None:
+        """Stops the server and starts it again on the same address and database."""
+        self.stop()
+        again = Server(self.db, listen=self.address)
+        self.process, self.paused = again.process, False
+
+    def pause(self) -> None:
+        """Freezes the server process, as a hung or partitioned server."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+        self.paused = False
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        if self.paused:
+            self.resume()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    """A fresh server with an empty database, for one test."""
+    srv = Server(tmp_path / "leasehold.db")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def wait_until(predicate: object, timeout: float, step: float = 0.01) -> bool:
+    """Polls ``predicate()`` until it is true or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(step)
+    return bool(predicate())  # type: ignore[operator]

@@ -1,0 +1,411 @@
+"""The synchronous client against a real server."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+import time
+
+import pytest
+from conftest import Server, wait_until
+
+import leasehold
+from leasehold import ToolCallRequest, ToolInvocation, ToolOutcome
+
+
+def test_busy_names_the_holder_fence_and_time_left(server: Server) -> None:
+    """A second acquire of a held key raises Busy with the holder's details."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:1", ttl=5.0, owner="graph-a") as lease:
+        with pytest.raises(leasehold.Busy) as caught:
+            client.acquire("session:1", ttl=5.0, owner="graph-b")
+        err = caught.value
+        assert isinstance(err, leasehold.Error)
+        assert err.holder == "graph-a"
+        assert err.fence == lease.fence
+        assert err.key == "session:1"
+        assert 0 < err.remaining <= 5.0
+        assert "graph-a" in str(err)
+
+
+def test_wait_queues_until_the_holder_releases(server: Server) -> None:
+    """An acquire with a wait gets the key as soon as the holder releases it."""
+    client = leasehold.Client(server.address)
+    first = client.acquire("session:1", ttl=5.0)
+    threading.Timer(0.3, first.release).start()
+    started = time.monotonic()
+    second = client.acquire("session:1", ttl=5.0, wait=5.0)
+    waited = time.monotonic() - started
+    assert 0.25 <= waited < 4.0
+    assert second.fence > first.fence
+    assert second.previous is not None and second.previous.end == "released"
+    assert not second.recovered
+    second.release()
+
+
+def test_waiters_are_granted_in_arrival_order(server: Server) -> None:
+    """Waiters queue FIFO: the one that asked first gets the key first."""
+    client = leasehold.Client(server.address)
+    holder = client.acquire("session:1", ttl=5.0)
+    granted: list[str] = []
+
+    def wait_for(name: str) -> None:
+        lease = client.acquire("session:1", ttl=5.0, wait=10.0, owner=name)
+        granted.append(name)
+        time.sleep(0.05)
+        lease.release()
+
+    waiters = []
+    for name in ("first", "second", "third"):
+        t = threading.Thread(target=wait_for, args=(name,))
+        t.start()
+        waiters.append(t)
+        time.sleep(0.15)  # so each is surely in line before the next
+    holder.release()
+    for t in waiters:
+        t.join(timeout=10)
+    assert granted == ["first", "second", "third"]
+
+
+def test_a_retried_acquire_with_the_same_request_id_replays_the_term(server: Server) -> None:
+    """The same owner and request id while the term is live return the same
+    term (replayed) instead of a conflict, and the replayed lease is valid."""
+    client = leasehold.Client(server.address)
+    lease = client.acquire("session:1", ttl=5.0, owner="w", request_id="req-1")
+    again = client.acquire("session:1", ttl=5.0, owner="w", request_id="req-1")
+    assert again.replayed and not lease.replayed
+    assert again.fence == lease.fence
+    assert again.is_valid()
+    with pytest.raises(leasehold.Busy):
+        client.acquire("session:1", ttl=5.0, owner="w", request_id="req-2")
+    ended = again.release()
+    assert ended.fence == lease.fence
+    with pytest.raises(leasehold.LeaseLost):
+        lease.gate()
+
+
+def test_release_ends_the_term_and_cannot_be_repeated(server: Server) -> None:
+    """Release returns the ended term; the next holder sees it released, not
+    recoverable; a second release of the same lease is refused."""
+    client = leasehold.Client(server.address)
+    lease = client.acquire("session:1", ttl=5.0, owner="graph-a")
+    assert lease.gate() == lease.fence
+    ended = lease.release()
+    assert (ended.fence, ended.owner, ended.end) == (lease.fence, "graph-a", "released")
+    assert not lease.is_valid() and lease.lost.is_set()
+    with pytest.raises(leasehold.LeaseLost) as caught:
+        lease.release()
+    assert caught.value.reason == "ended"
+    with pytest.raises(leasehold.LeaseLost):
+        lease.gate()
+    nxt = client.acquire("session:1", ttl=5.0)
+    assert nxt.previous == leasehold.EndedTerm(lease.fence, "graph-a", "released", ended.ended_at)
+    assert not nxt.recovered
+    nxt.release()
+
+
+def test_an_exception_in_the_block_suspends_and_the_next_holder_recovers(server: Server) -> None:
+    """Leaving the with-block by an exception suspends the term; the next
+    acquire sees recovered and previous."""
+    client = leasehold.Client(server.address)
+    with pytest.raises(RuntimeError, match="tool crashed"):
+        with client.acquire("session:1", ttl=5.0, owner="graph-a") as lease:
+            raise RuntimeError("tool crashed")
+    assert not lease.is_valid()
+    with client.acquire("session:1", ttl=5.0) as nxt:
+        assert nxt.recovered
+        assert nxt.previous is not None
+        assert nxt.previous.end == "suspended"
+        assert (nxt.previous.fence, nxt.previous.owner) == (lease.fence, "graph-a")
+        assert nxt.fence > lease.fence
+
+
+def test_explicit_suspend_makes_the_key_recoverable(server: Server) -> None:
+    """suspend() without a with-block does the same."""
+    client = leasehold.Client(server.address)
+    lease = client.acquire("session:1", ttl=5.0)
+    assert lease.suspend().end == "suspended"
+    nxt = client.acquire("session:1", ttl=5.0)
+    assert nxt.recovered and nxt.previous is not None and nxt.previous.end == "suspended"
+    nxt.release()
+
+
+def test_renewal_keeps_a_short_lease_alive(server: Server) -> None:
+    """A lease held for several TTLs stays valid: it renews in the background."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:1", ttl=0.6) as lease:
+        first_expiry = lease.server_expires_at_ms
+        time.sleep(1.5)
+        assert lease.is_valid() and not lease.lost.is_set()
+        assert lease.gate() == lease.fence
+        assert lease.server_expires_at_ms > first_expiry
+        with pytest.raises(leasehold.Busy):
+            client.acquire("session:1", ttl=1.0)
+
+
+def test_a_dropped_lease_is_suspended(server: Server) -> None:
+    """A lease dropped without release stops renewing and suspends its term."""
+    client = leasehold.Client(server.address)
+    lease = client.acquire("session:1", ttl=5.0, owner="dropped")
+    fence = lease.fence
+    del lease
+    gc.collect()
+    nxt = client.acquire("session:1", ttl=5.0, wait=3.0)
+    assert nxt.previous is not None
+    assert (nxt.previous.fence, nxt.previous.end) == (fence, "suspended")
+    nxt.release()
+
+
+def test_server_refusals_map_to_the_hierarchy(server: Server) -> None:
+    """Malformed input is InvalidArgument; a stale fence check is LeaseLost
+    with the reason; an unreachable server is Unavailable."""
+    client = leasehold.Client(server.address)
+    with pytest.raises(leasehold.InvalidArgument):
+        client.acquire("", ttl=1.0)
+    with pytest.raises(leasehold.InvalidArgument):
+        client.acquire("session:1", ttl=0.05)  # below the 100 ms minimum
+    with pytest.raises(leasehold.InvalidArgument):
+        client.acquire("session:1", ttl=1.0, renew_every=2.0)  # client-side timing check
+    first = client.acquire("session:1", ttl=5.0)
+    first.release()
+    second = client.acquire("session:1", ttl=5.0)
+    assert client.check("session:1", second.fence) == second.fence
+    with pytest.raises(leasehold.LeaseLost) as caught:
+        client.check("session:1", first.fence)
+    assert caught.value.reason == "superseded"
+    assert caught.value.superseded_by == second.fence
+    second.release()
+    server.stop()
+    with pytest.raises(leasehold.Unavailable):
+        leasehold.Client(server.address).acquire("session:2", ttl=1.0)
+
+
+def test_loss_when_the_server_is_frozen_past_the_ttl(server: Server) -> None:
+    """SIGSTOP past the TTL: is_valid() turns false before the server's expiry,
+    lost is set and gate() raises; after SIGCONT the key goes to a new holder
+    with a higher fence and the old lease's release is refused."""
+    client = leasehold.Client(server.address)
+    lease = client.acquire("session:1", ttl=0.5, owner="old")
+    assert lease.is_valid()
+    server.pause()
+    try:
+        assert lease.lost.wait(timeout=3.0), "lost was never set"
+        noticed_ms = time.time() * 1000
+        # The server would not grant the key again before its expiry.
+        assert noticed_ms < lease.server_expires_at_ms
+        assert not lease.is_valid()
+        with pytest.raises(leasehold.LeaseLost) as caught:
+            lease.gate()  # local check: no round trip to the frozen server
+        assert caught.value.reason == "deadline"
+        # Stay frozen until the server's own expiry has passed.
+        wait_until(lambda: time.time() * 1000 > lease.server_expires_at_ms + 200, 3.0)
+    finally:
+        server.resume()
+    other = leasehold.Client(server.address)
+    nxt = other.acquire("session:1", ttl=5.0, wait=5.0, owner="new")
+    assert nxt.fence > lease.fence
+    assert nxt.recovered and nxt.previous is not None and nxt.previous.end == "expired"
+    with pytest.raises(leasehold.LeaseLost) as refused:
+        lease.release()
+    assert refused.value.final
+    assert not lease.is_valid() and lease.lost.is_set()
+    assert other.check("session:1", nxt.fence) == nxt.fence
+    nxt.release()
+
+
+def test_a_client_created_before_fork_works_in_the_child(server: Server) -> None:
+    """The channel is per process: the child opens its own and can hold leases."""
+    client = leasehold.Client(server.address)
+    client.acquire("session:parent", ttl=5.0).release()
+    held = client.acquire("session:held", ttl=5.0)
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            signal.alarm(20)
+            # A lease does not cross fork: its renewal stayed in the parent.
+            assert not held.is_valid()
+            try:
+                held.gate()
+                code = 3
+            except leasehold.LeaseLost as err:
+                assert err.reason == "forked"
+                with client.acquire("session:child", ttl=5.0, owner="child") as lease:
+                    lease.gate()
+                    code = 0 if lease.fence >= 1 else 1
+        except BaseException:
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert held.gate() == held.fence
+    held.release()
+    # The parent's channel still works, and the child's term was released.
+    lease = client.acquire("session:child", ttl=5.0)
+    assert lease.previous is not None and lease.previous.owner == "child"
+    assert lease.previous.end == "released"
+    lease.release()
+
+
+def test_tool_calls_run_once_per_id_within_a_turn_and_across_turns(server: Server) -> None:
+    """A duplicate call id inside a batch and in a later turn runs its side
+    effect once; the stored outcome comes back in the provider's order."""
+    client = leasehold.Client(server.address)
+    effects: list[str] = []
+
+    def runner(invocation: ToolInvocation) -> str:
+        effects.append(invocation.call.call_id)
+        assert invocation.fence == lease.fence
+        assert invocation.idempotency_key
+        if invocation.call.name == "fail":
+            raise ValueError("no such file")
+        return f"ran {invocation.call.call_id}"
+
+    with client.acquire("session:1", ttl=5.0) as lease:
+        turn1 = [
+            ToolCallRequest("call_1", "shell"),
+            ToolCallRequest("call_2", "fail"),
+            ToolCallRequest("call_1", "shell"),
+        ]
+        results = lease.run_tool_calls(turn1, runner)
+        assert effects == ["call_1", "call_2"]
+        assert [(r.call_id, r.state, r.reused) for r in results] == [
+            ("call_1", "succeeded", False),
+            ("call_2", "failed", False),
+            ("call_1", "succeeded", True),
+        ]
+        assert results[0].result == b"ran call_1"
+        assert b"no such file" in results[1].result
+        turn2 = [ToolCallRequest("call_3", "shell"), ToolCallRequest("call_1", "shell")]
+        results = lease.run_tool_calls(turn2, runner)
+        assert effects == ["call_1", "call_2", "call_3"]
+        assert [(r.call_id, r.reused, r.result) for r in results] == [
+            ("call_3", False, b"ran call_3"),
+            ("call_1", True, b"ran call_1"),
+        ]
+        assert lease.unsettled_tool_calls_list() == []
+
+
+def test_a_recoverer_sees_and_settles_calls_left_running(server: Server) -> None:
+    """Calls begun and never settled are counted at the next grant, listed,
+    and settled by the recoverer; a rerun then reuses the settled outcome."""
+    client = leasehold.Client(server.address)
+    lease = client.acquire("session:1", ttl=5.0)
+    begun = lease.begin_tool_calls(
+        [ToolCallRequest("call_a", "slow"), ToolCallRequest("call_b", "x")]
+    )
+    assert not begun.duplicate and [c.state for c in begun.calls] == ["running", "running"]
+    lease.settle_tool_call("call_b", "succeeded", b"ok")
+    lease.suspend()
+    nxt = client.acquire("session:1", ttl=5.0)
+    assert nxt.recovered and nxt.unsettled_tool_calls == 1
+    left = nxt.unsettled_tool_calls_list()
+    assert [(c.call_id, c.fence) for c in left] == [("call_a", lease.fence)]
+    record = nxt.settle_tool_call("call_a", "unknown")
+    assert record.state == "unknown" and record.settled_fence == nxt.fence
+    ran: list[str] = []
+    results = nxt.run_tool_calls(
+        [ToolCallRequest("call_a", "slow")], lambda inv: ran.append("x") or ToolOutcome("succeeded")
+    )
+    assert ran == [] and results[0].state == "unknown" and results[0].reused
+    with pytest.raises(leasehold.InvalidArgument):
+        nxt.settle_tool_call("call_a", "running")
+    nxt.release()
+
+
+def test_a_lost_lease_runs_no_tool(server: Server) -> None:
+    """run_tool_calls refuses to start when the lease is not valid."""
+    client = leasehold.Client(server.address)
+    lease = client.acquire("session:1", ttl=5.0)
+    lease.release()
+    with pytest.raises(leasehold.LeaseLost):
+        lease.run_tool_calls([ToolCallRequest("call_1", "x")], lambda inv: b"")
+
+
+UNHEALTHY = [
+    {"role": "user", "content": "list files"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+        ],
+    },
+    {"role": "user", "content": "and?"},
+]
+
+
+def test_transcripts_are_checked_and_repaired(server: Server) -> None:
+    """check_transcript finds the unanswered call; repair_transcript inserts a
+    result and reports the action."""
+    client = leasehold.Client(server.address)
+    report = client.check_transcript(UNHEALTHY)
+    assert not report.healthy
+    assert report.format == "openai-chat" and report.messages == 3
+    assert [(f.kind, f.call_id) for f in report.findings] == [("missing", "call_1")]
+    assert "call_1" in report.findings[0].provider_error
+    repair = client.repair_transcript(UNHEALTHY)
+    assert repair.healthy and not repair.unrecoverable
+    assert any(a.get("action") == "inserted" for a in repair.actions)
+    assert [m.get("tool_call_id") for m in repair.messages if m["role"] == "tool"] == ["call_1"]
+    assert client.check_transcript(repair.transcript).healthy
+    with pytest.raises(leasehold.InvalidArgument):
+        client.check_transcript("this is not json")
+
+
+def test_a_short_freeze_makes_the_lease_unsure_then_valid_again(server: Server) -> None:
+    """A freeze past the local deadline but short of the server's expiry sets
+    lost; the next successful renewal (same fence) clears it again."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:1", ttl=1.5, safety_margin=0.5, renew_every=0.3) as lease:
+        server.pause()
+        try:
+            assert lease.lost.wait(timeout=3.0)
+            assert not lease.is_valid()
+            assert time.time() * 1000 < lease.server_expires_at_ms - 200
+        finally:
+            server.resume()
+        assert wait_until(lambda: not lease.lost.is_set(), 3.0), "never valid again"
+        assert lease.is_valid()
+        assert lease.gate() == lease.fence
+
+
+def test_many_threads_share_one_client(server: Server) -> None:
+    """Twenty threads hold sessions through one client at once; each gate's
+    answer reaches its own caller over the shared stream."""
+    client = leasehold.Client(server.address)
+    errors: list[BaseException] = []
+
+    def session(i: int) -> None:
+        try:
+            with client.acquire(f"session:{i}", ttl=0.6) as lease:
+                for _ in range(5):
+                    assert lease.gate() == lease.fence
+                    time.sleep(0.1)
+                assert lease.is_valid()
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=session, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    assert errors == []
+
+
+def test_a_lease_survives_a_server_restart(server: Server) -> None:
+    """The stream breaks when the server restarts; renewals reopen it and the
+    lease stays valid with the same fence (a restart gives live terms their
+    full TTL again)."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:1", ttl=3.0) as lease:
+        server.restart()
+        time.sleep(1.5)  # several renewals after the restart
+        assert lease.is_valid()
+        assert lease.gate() == lease.fence
+        with pytest.raises(leasehold.Busy):
+            leasehold.Client(server.address).acquire("session:1", ttl=1.0)
