@@ -19,7 +19,14 @@ from leasehold.fence import NotInTransaction, StaleFence
 from leasehold.fence import postgres as pg_fence
 from leasehold.fence import sqlite as sqlite_fence
 
-RUST_HELPER = Path(__file__).resolve().parents[3] / "src" / "fence" / "sqlite.rs"
+RUST_HELPER = (
+    Path(__file__).resolve().parents[3]
+    / "crates"
+    / "leasehold-client"
+    / "src"
+    / "fence"
+    / "sqlite.rs"
+)
 
 
 def _rust_const(name: str) -> str:
