@@ -5,13 +5,11 @@
 //! a test advances it; the guards run on the real monotonic clock with short
 //! TTLs.
 
-#[path = "common/client_support.rs"]
-mod client_support;
 mod common;
 
 use std::time::Duration;
 
-use client_support::{FreezingProxy, PinnedServer, black_hole, eventually, within};
+use common::client_support::{FreezingProxy, black_hole, eventually, within};
 use common::{T0, TestServer};
 use leasehold_client::{Client, ClientError, LossReason};
 use leasehold_core::lease::TermEnd;
@@ -291,7 +289,7 @@ async fn a_refused_renewal_is_final_and_resolves_lost() {
 /// fence and the guard is valid again.
 #[tokio::test]
 async fn the_guard_recovers_after_a_server_restart() {
-    let mut server = PinnedServer::start().await;
+    let mut server = TestServer::start().await;
     let client = Client::connect(server.url()).await.unwrap();
     let guard = client
         .acquire("k")
@@ -325,7 +323,7 @@ async fn the_guard_recovers_after_a_server_restart() {
 /// guard: calls time out, and the local deadline still passes.
 #[tokio::test]
 async fn a_hung_server_cannot_hang_the_guard() {
-    let mut server = PinnedServer::start().await;
+    let mut server = TestServer::start().await;
     let client = Client::connect(server.url()).await.unwrap();
     let guard = client
         .acquire("k")
@@ -464,12 +462,14 @@ async fn connecting_to_nothing_is_unavailable() {
 /// the live waiter behind it instead of to a grant nobody will use.
 #[tokio::test]
 async fn a_vanished_waiter_does_not_keep_its_place_in_line() {
-    let server = TestServer::start_with(leasehold_server::server::ServeOptions {
-        drain_timeout: 300 * MS,
-        keep_alive_interval: 200 * MS,
-        keep_alive_timeout: 1000 * MS,
-    })
-    .await;
+    let server = TestServer::builder()
+        .options(leasehold_server::server::ServeOptions {
+            drain_timeout: 300 * MS,
+            keep_alive_interval: 200 * MS,
+            keep_alive_timeout: 1000 * MS,
+        })
+        .start()
+        .await;
     let holder = client_of(&server).await;
     let held = holder
         .acquire("k")

@@ -5,10 +5,11 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
-use super::format::{self, Format};
+use super::TranscriptError;
+use super::format::{self, Format, resolve_format};
 use super::pairing::{Pairing, Placement, ResultSite};
-use super::repair::{DEFAULT_PLACEHOLDER_MARKERS, is_placeholder};
-use super::{Transcript, TranscriptError};
+use super::placeholder::{DEFAULT_PLACEHOLDER_MARKERS, is_placeholder};
+use super::text::Transcript;
 
 /// What is wrong with one call or result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -116,22 +117,6 @@ pub fn diagnose(
     let format = resolve_format(transcript, format)?;
     let pairing = Pairing::build(transcript, format)?;
     Ok(report_from(transcript, &pairing))
-}
-
-/// The named format, or the detected one.
-pub(crate) fn resolve_format(
-    transcript: &Transcript,
-    format: Option<Format>,
-) -> Result<Format, TranscriptError> {
-    if let Some(format) = format {
-        return Ok(format);
-    }
-    let found = format::detect_all(transcript);
-    match found.as_slice() {
-        [format] => Ok(*format),
-        [] => Err(TranscriptError::FormatNotDetected),
-        _ => Err(TranscriptError::FormatAmbiguous(found)),
-    }
 }
 
 /// Turns the pairing of one pass into findings, in message order.

@@ -7,7 +7,8 @@ use std::str::FromStr;
 
 use serde_json::{Map, Value, json};
 
-use super::{Transcript, TranscriptError};
+use super::TranscriptError;
+use super::text::Transcript;
 
 /// A provider's chat history format.
 #[derive(
@@ -88,6 +89,22 @@ pub(crate) fn detect_all(transcript: &Transcript) -> Vec<Format> {
         .zip(seen)
         .filter_map(|(format, seen)| seen.then_some(format))
         .collect()
+}
+
+/// The named format, or the detected one.
+pub(crate) fn resolve_format(
+    transcript: &Transcript,
+    format: Option<Format>,
+) -> Result<Format, TranscriptError> {
+    if let Some(format) = format {
+        return Ok(format);
+    }
+    let found = detect_all(transcript);
+    match found.as_slice() {
+        [format] => Ok(*format),
+        [] => Err(TranscriptError::FormatNotDetected),
+        _ => Err(TranscriptError::FormatAmbiguous(found)),
+    }
 }
 
 fn has_tool_activity(format: Format, message: &Map<String, Value>) -> bool {

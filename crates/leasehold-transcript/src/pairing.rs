@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
+use super::TranscriptError;
 use super::format::{CallRef, Format, Role, Scan};
-use super::{Transcript, TranscriptError};
+use super::text::Transcript;
 
 /// Where a result stands relative to the reply its call needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

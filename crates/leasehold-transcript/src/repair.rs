@@ -4,34 +4,20 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::diagnose::{Finding, report_from, resolve_format};
-use super::format::{self, Format};
+use super::TranscriptError;
+use super::diagnose::{Finding, report_from};
+use super::format::{self, Format, resolve_format};
 use super::pairing::{Pairing, Placement};
-use super::text::Message;
-use super::{Transcript, TranscriptError};
-
-/// The marker every placeholder written by this library starts with, so a
-/// later repair recognises it and lets a real result replace it.
-pub const PLACEHOLDER_MARKER: &str = "[leasehold: tool result unknown]";
-
-/// The full text of the placeholder result given to a call that has none.
-/// It says the outcome is unknown rather than inventing a success, so the
-/// model does not assume the tool ran.
-pub const PLACEHOLDER_TEXT: &str = "[leasehold: tool result unknown] No result was recorded for this tool call. It may or may not have run; check its effects before relying on it or retrying.";
-
-/// Text that placeholders written by other tools are known to contain.
-pub const DEFAULT_PLACEHOLDER_MARKERS: &[&str] = &[
-    "Tool execution was interrupted and no result was captured",
-    "Tool result missing",
-];
+use super::placeholder::{DEFAULT_PLACEHOLDER_MARKERS, PLACEHOLDER_TEXT, is_placeholder};
+use super::text::{Message, Transcript};
 
 /// How [`repair`] recognises placeholder results.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepairOptions {
     /// Substrings that mark a result as another tool's placeholder, so a real
     /// result for the same call wins over it. Results holding
-    /// [`PLACEHOLDER_MARKER`] are always placeholders. Empty strings are
-    /// ignored.
+    /// [`PLACEHOLDER_MARKER`](super::PLACEHOLDER_MARKER) are always
+    /// placeholders. Empty strings are ignored.
     pub extra_placeholder_markers: Vec<String>,
 }
 
@@ -149,23 +135,6 @@ pub fn repair(
         actions,
         unrecoverable,
     })
-}
-
-/// True when a result's payload contains this library's marker or one of
-/// `markers` in any of its strings.
-pub(crate) fn is_placeholder<S: AsRef<str>>(payload: &Value, markers: &[S]) -> bool {
-    match payload {
-        Value::String(text) => {
-            text.contains(PLACEHOLDER_MARKER)
-                || markers.iter().any(|marker| {
-                    let marker = marker.as_ref();
-                    !marker.is_empty() && text.contains(marker)
-                })
-        }
-        Value::Array(items) => items.iter().any(|item| is_placeholder(item, markers)),
-        Value::Object(fields) => fields.values().any(|item| is_placeholder(item, markers)),
-        _ => false,
-    }
 }
 
 /// What happens to one result.

@@ -1,118 +1,19 @@
-//! Helpers for the client tests: a server that comes back on the same address,
-//! a listener that never answers, and bounded waiting.
-//!
-//! Included with `#[path = "common/client_support.rs"] mod client_support;`,
-//! next to `mod common;`.
-#![allow(dead_code)]
+//! Helpers for the client tests: a listener that never answers, a proxy
+//! whose connections go silent, and bounded waiting. (A server that comes
+//! back on the same address is [`TestServer::start_again`](super::TestServer::start_again).)
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Clock, ManualClock};
-use leasehold_server::EngineConfig;
-use leasehold_server::server;
-use leasehold_server::sqlite::SyncMode;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// Start time of the manual clock, as in `common::T0`.
-pub const T0: u64 = 1_700_000_000_000;
+use super::bind_again;
 
 /// How long any bounded wait in these tests may take before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(10);
-
-/// An in-process server that can be stopped and started again on the same
-/// address, so a client's existing channel reaches the new one (as it would
-/// reach a restarted server behind a fixed address).
-pub struct PinnedServer {
-    pub addr: SocketAddr,
-    pub clock: ManualClock,
-    pub db: PathBuf,
-    /// The stop signal and serving task while running.
-    running: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
-    /// Keeps the database directory alive for the test.
-    _dir: tempfile::TempDir,
-}
-
-impl PinnedServer {
-    /// A fresh server on 127.0.0.1:0 with a manual clock at [`T0`].
-    pub async fn start() -> PinnedServer {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = dir.path().join("leasehold.db");
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let mut server = PinnedServer {
-            addr,
-            clock: ManualClock::new(T0),
-            db,
-            running: None,
-            _dir: dir,
-        };
-        server.serve(listener);
-        server
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Stops the server cleanly (drain, flush); the address stops answering.
-    pub async fn stop(&mut self) {
-        if let Some((stop, task)) = self.running.take() {
-            let _ = stop.send(());
-            task.await.expect("server task");
-        }
-    }
-
-    /// Starts the server again on the same address, database and clock.
-    pub async fn start_again(&mut self) {
-        assert!(self.running.is_none(), "still running");
-        let listener = bind_again(self.addr).await;
-        self.serve(listener);
-    }
-
-    fn serve(&mut self, listener: TcpListener) {
-        let engine = server::open_engine(
-            &self.db,
-            SyncMode::Full,
-            Arc::new(self.clock.clone()) as Arc<dyn Clock>,
-            EngineConfig::default(),
-        )
-        .expect("open engine");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            server::serve(listener, engine, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("serve");
-        });
-        self.running = Some((stop, task));
-    }
-}
-
-impl Drop for PinnedServer {
-    fn drop(&mut self) {
-        if let Some((stop, _task)) = self.running.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-/// Binds `addr` again, retrying briefly while the old socket lets go.
-async fn bind_again(addr: SocketAddr) -> TcpListener {
-    for _ in 0..100 {
-        if let Ok(listener) = TcpListener::bind(addr).await {
-            return listener;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("cannot bind {addr} again");
-}
 
 /// A listener on `addr` that accepts connections and never answers, like a
 /// hung server or a black-holed network. Abort the handle to close them all.

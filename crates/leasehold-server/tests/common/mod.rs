@@ -1,6 +1,8 @@
 //! Shared helpers for integration tests: real servers on loopback, real SQLite files.
 #![allow(dead_code)]
 
+pub mod client_support;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,7 @@ use leasehold_server::sqlite::SyncMode;
 use leasehold_server::{Engine, EngineConfig};
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -21,61 +24,91 @@ use tonic::transport::Channel;
 /// A start time far from zero, so "ms since epoch" arithmetic looks real.
 pub const T0: u64 = 1_700_000_000_000;
 
-/// An in-process server on 127.0.0.1:0 over a SQLite file in a temp dir.
+/// An in-process server over a SQLite file, with a manual clock. Start one
+/// with [`TestServer::start`] or configure it with [`TestServer::builder`].
 pub struct TestServer {
     pub addr: SocketAddr,
     pub engine: Engine,
     pub clock: ManualClock,
     pub db: PathBuf,
+    /// The connection options it serves with, kept for restarts.
+    pub options: server::ServeOptions,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
     /// Keeps the database directory alive for the test.
     _dir: Option<tempfile::TempDir>,
 }
 
-impl TestServer {
-    /// A fresh server with a manual clock at [`T0`].
-    pub async fn start() -> TestServer {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = dir.path().join("leasehold.db");
-        let mut server = Self::start_on(&db, ManualClock::new(T0)).await;
-        server._dir = Some(dir);
-        server
+/// How to start a [`TestServer`]. Every setting has a default: a fresh
+/// database in a temp dir, a manual clock at [`T0`], [`test_options`], and
+/// a free port on 127.0.0.1.
+#[derive(Default)]
+#[must_use]
+pub struct TestServerBuilder {
+    db: Option<PathBuf>,
+    clock: Option<ManualClock>,
+    options: Option<server::ServeOptions>,
+    pinned_addr: Option<SocketAddr>,
+}
+
+/// The connection options of a test server: the defaults with a short drain,
+/// so stopping a server with idle clients connected does not take seconds.
+pub fn test_options() -> server::ServeOptions {
+    server::ServeOptions {
+        drain_timeout: Duration::from_millis(300),
+        ..server::ServeOptions::default()
+    }
+}
+
+impl TestServerBuilder {
+    /// Serve this database file (it may exist already) instead of a fresh one.
+    pub fn db(mut self, path: &Path) -> Self {
+        self.db = Some(path.to_owned());
+        self
     }
 
-    /// A fresh server with these connection options.
-    pub async fn start_with(options: server::ServeOptions) -> TestServer {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = dir.path().join("leasehold.db");
-        let mut server = Self::start_on_with(&db, ManualClock::new(T0), options).await;
-        server._dir = Some(dir);
-        server
+    /// Run on this clock instead of a new one at [`T0`].
+    pub fn clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
     }
 
-    /// A server on an existing database file with the given clock.
-    pub async fn start_on(db: &Path, clock: ManualClock) -> TestServer {
-        let options = server::ServeOptions {
-            drain_timeout: Duration::from_millis(300),
-            ..server::ServeOptions::default()
+    /// Serve with these connection options instead of [`test_options`].
+    pub fn options(mut self, options: server::ServeOptions) -> Self {
+        self.options = Some(options);
+        self
+    }
+
+    /// Listen on exactly this address (retrying briefly while a stopped
+    /// server's socket lets go), so clients that knew an earlier server there
+    /// reconnect to this one.
+    pub fn pinned_addr(mut self, addr: SocketAddr) -> Self {
+        self.pinned_addr = Some(addr);
+        self
+    }
+
+    /// Opens the engine and starts serving.
+    pub async fn start(self) -> TestServer {
+        let (db, dir) = match self.db {
+            Some(db) => (db, None),
+            None => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                (dir.path().join("leasehold.db"), Some(dir))
+            }
         };
-        Self::start_on_with(db, clock, options).await
-    }
-
-    async fn start_on_with(
-        db: &Path,
-        clock: ManualClock,
-        options: server::ServeOptions,
-    ) -> TestServer {
+        let clock = self.clock.unwrap_or_else(|| ManualClock::new(T0));
+        let options = self.options.unwrap_or_else(test_options);
         let engine = server::open_engine(
-            db,
+            &db,
             SyncMode::Full,
             Arc::new(clock.clone()) as Arc<dyn Clock>,
             EngineConfig::default(),
         )
         .expect("open engine");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = match self.pinned_addr {
+            Some(addr) => bind_again(addr).await,
+            None => TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+        };
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn({
@@ -97,33 +130,63 @@ impl TestServer {
             addr,
             engine,
             clock,
-            db: db.to_owned(),
+            db,
+            options,
             stop: Some(stop),
             task: Some(task),
-            _dir: None,
+            _dir: dir,
         }
+    }
+}
+
+impl TestServer {
+    /// A fresh server with every default of [`TestServerBuilder`].
+    pub async fn start() -> TestServer {
+        Self::builder().start().await
+    }
+
+    /// Configures a server; see [`TestServerBuilder`].
+    pub fn builder() -> TestServerBuilder {
+        TestServerBuilder::default()
+    }
+
+    /// A builder for a server on this one's database, clock and options.
+    fn successor(&self) -> TestServerBuilder {
+        Self::builder()
+            .db(&self.db)
+            .clock(self.clock.clone())
+            .options(self.options)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     /// A new gRPC client connected to this server.
     pub async fn client(&self) -> LeaseholdClient<Channel> {
-        LeaseholdClient::connect(format!("http://{}", self.addr))
-            .await
-            .expect("connect")
+        LeaseholdClient::connect(self.url()).await.expect("connect")
     }
 
     /// Stops the server cleanly (drain, flush) and starts a new one on the
-    /// same file, with the same clock.
+    /// same file, with the same clock and options, on a new port.
     pub async fn restart(mut self) -> TestServer {
-        let dir = self._dir.take();
-        let db = self.db.clone();
-        let clock = self.clock.clone();
         self.stop().await;
-        let mut server = Self::start_on(&db, clock).await;
-        server._dir = dir;
+        let mut server = self.successor().start().await;
+        server._dir = self._dir.take();
         server
     }
 
-    /// Stops the server cleanly.
+    /// Starts a stopped server again on the same address, file, clock and
+    /// options, so a client's existing channel reaches the new server (as it
+    /// would reach a restarted server behind a fixed address).
+    pub async fn start_again(&mut self) {
+        assert!(self.task.is_none(), "still running");
+        let mut server = self.successor().pinned_addr(self.addr).start().await;
+        server._dir = self._dir.take();
+        *self = server;
+    }
+
+    /// Stops the server cleanly (drain, flush); the address stops answering.
     pub async fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -132,6 +195,17 @@ impl TestServer {
             task.await.expect("server task");
         }
     }
+}
+
+/// Binds `addr` again, retrying briefly while the old socket lets go.
+pub async fn bind_again(addr: SocketAddr) -> TcpListener {
+    for _ in 0..100 {
+        if let Ok(listener) = TcpListener::bind(addr).await {
+            return listener;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("cannot bind {addr} again");
 }
 
 /// An acquire request with sensible defaults.

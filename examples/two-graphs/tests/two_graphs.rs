@@ -1,26 +1,55 @@
 //! The regression from the field: two application graphs drive one session,
 //! one stalls after loading history while the other's model calls a slow
-//! tool. The runner, fake provider and timeline are those of
-//! `examples/two_graphs.rs`; here the leasehold server runs on a manual
-//! clock, so graph B's term runs out on the server without waiting for it.
+//! tool. The runner, fake provider and timeline are those of the demo
+//! (`src/main.rs`); here the leasehold server runs on a manual clock, so
+//! graph B's term runs out on the server without waiting for it.
 
-mod common;
-#[path = "../examples/two_graphs.rs"]
-#[allow(dead_code)]
-mod two_graphs;
-
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestServer;
 use leasehold_client::{ClientError, LossReason};
-use leasehold_core::Error;
-use two_graphs::{
-    B_TTL, Item, OnConflict, Outcome, Setup, TurnError, TurnInput, World, continuations_of,
-    refusals, run_scenario, sent_during_foreign_tools, transcript_problems,
+use leasehold_core::{Clock, Error, ManualClock};
+use leasehold_example_two_graphs::{
+    self as two_graphs, B_TTL, Item, LocalServer, OnConflict, Outcome, Setup, TurnError, TurnInput,
+    World, continuations_of, refusals, run_scenario, sent_during_foreign_tools,
+    transcript_problems,
 };
 
 /// Bounds every scenario, so a regression fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A start time far from zero, so "ms since epoch" arithmetic looks real.
+const T0: u64 = 1_700_000_000_000;
+
+/// An in-process leasehold server on a manual clock at [`T0`], over a
+/// database in a temp dir.
+struct TestServer {
+    server: LocalServer,
+    clock: ManualClock,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    async fn start() -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = ManualClock::new(T0);
+        let server = LocalServer::start(
+            &dir.path().join("leasehold.db"),
+            Arc::new(clock.clone()) as Arc<dyn Clock>,
+        )
+        .await
+        .expect("leasehold server");
+        TestServer {
+            server,
+            clock,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self) -> String {
+        self.server.url().to_owned()
+    }
+}
 
 async fn play(server: Option<&TestServer>, b_on_conflict: OnConflict) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
@@ -33,7 +62,7 @@ async fn play(server: Option<&TestServer>, b_on_conflict: OnConflict) -> Outcome
     };
     let setup = Setup {
         session: "session:1".into(),
-        leasehold: server.map(|s| format!("http://{}", s.addr)),
+        leasehold: server.map(TestServer::url),
         session_db: dir.path().join("sessions.db"),
         b_on_conflict,
         let_b_lapse,
@@ -180,7 +209,7 @@ async fn with_the_guard_graph_b_waits_and_continues_after_a() {
 #[tokio::test]
 async fn a_turn_started_during_a_tool_is_busy() {
     let server = TestServer::start().await;
-    let url = format!("http://{}", server.addr);
+    let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let observer = std::sync::Arc::new(two_graphs::Observer::new());
     let world = World::new(&dir.path().join("sessions.db"), observer.clone()).unwrap();
