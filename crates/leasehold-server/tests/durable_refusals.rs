@@ -378,18 +378,49 @@ async fn over_grpc_unary_and_stream_refusals_wait_too() {
 }
 
 #[tokio::test]
-async fn a_failed_commit_ends_serve_with_an_error() {
+async fn a_failed_commit_turns_health_not_serving_and_ends_serve_with_an_error() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
     let f = start();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     let engine = f.engine.clone();
     let serving = tokio::spawn(async move {
         leasehold_server::server::serve(listener, engine, std::future::pending()).await
     });
+    // An orchestrator's health watch, opened while all is well.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: "leasehold.v1.Leasehold".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let status = |m: Option<tonic_health::pb::HealthCheckResponse>| m.unwrap().status;
+    assert_eq!(
+        status(watch.message().await.unwrap()),
+        ServingStatus::Serving as i32
+    );
+
     f.gate.arm();
     let a = tokio::spawn(f.engine.acquire(req("k", "a")));
     f.gate.held().await;
     f.gate.fail();
     unavailable(a.await.unwrap());
+    assert_eq!(
+        status(watch.message().await.unwrap()),
+        ServingStatus::NotServing as i32,
+        "health must tell the orchestrator, not keep saying SERVING"
+    );
+    drop(watch);
     let served = tokio::time::timeout(Duration::from_secs(10), serving)
         .await
         .expect("serve stops after the storage failure")
