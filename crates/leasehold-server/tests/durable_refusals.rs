@@ -415,11 +415,10 @@ async fn a_failed_commit_turns_health_not_serving_and_ends_serve_with_an_error()
     f.gate.held().await;
     f.gate.fail();
     unavailable(a.await.unwrap());
-    assert_eq!(
-        status(watch.message().await.unwrap()),
-        ServingStatus::NotServing as i32,
-        "health must tell the orchestrator, not keep saying SERVING"
-    );
+    let next = tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("health must tell the orchestrator, not keep saying SERVING");
+    assert_eq!(status(next.unwrap()), ServingStatus::NotServing as i32);
     drop(watch);
     let served = tokio::time::timeout(Duration::from_secs(10), serving)
         .await
