@@ -110,6 +110,10 @@ class _Stream:
         self._requests.put(None)
         self._call.cancel()
 
+    def join(self, timeout: float) -> None:
+        """Waits (bounded) until the reader has left gRPC."""
+        self._reader.join(timeout)
+
 
 class _Mux:
     """The client's shared Session stream, opened on first use and again
@@ -164,6 +168,18 @@ class _Mux:
         if stream is not None:
             stream.close()
 
+    def quiesce(self, timeout: float) -> None:
+        """Ends the open stream and waits for its reader to leave gRPC, so a
+        fork() finds no thread inside a gRPC call (gRPC's fork support skips
+        its handlers otherwise, and the child can crash). Operations in
+        flight fail as Unavailable and are retried like any broken stream;
+        the next operation opens a new stream."""
+        with self._lock:
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+            stream.join(timeout)
+
 
 class _Connection:
     """A channel and what hangs off it; valid only in the process that made it."""
@@ -196,12 +212,24 @@ _clients: weakref.WeakSet[Client] = weakref.WeakSet()
 _inherited: list[object] = []
 
 
+#: How long a fork() waits for open Session streams to close first.
+_FORK_QUIESCE_SECONDS = 1.0
+
+
+def _before_fork() -> None:
+    # gRPC Python supports fork() with open channels but no call in progress;
+    # the Session stream is always in progress while leases are held, so it
+    # is ended first (in this process) and reopened on next use.
+    for client in list(_clients):
+        client._quiesce_for_fork()
+
+
 def _after_fork_in_child() -> None:
     for client in list(_clients):
         client._forget_after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 def _unary(call: Callable[..., Any], request: Any, timeout: float, name: str) -> Any:
@@ -254,6 +282,11 @@ class Client:
                     _inherited.append(self._conn)
                 self._conn = _Connection(self.target, self._credentials, self._options)
             return self._conn
+
+    def _quiesce_for_fork(self) -> None:
+        conn = self._conn
+        if conn is not None and conn.pid == os.getpid():
+            conn.mux.quiesce(_FORK_QUIESCE_SECONDS)
 
     def _forget_after_fork(self) -> None:
         # Locks may have been held by threads that do not exist in the child.
