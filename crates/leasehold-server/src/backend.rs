@@ -20,6 +20,8 @@
 
 use futures_util::future::BoxFuture;
 
+use crate::metrics::Exposition;
+
 use leasehold_core::error::Result;
 use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Term, Ttl};
 use leasehold_core::ledger::{BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall};
@@ -92,4 +94,12 @@ pub trait Backend: Send + Sync + 'static {
     /// and the process should exit so a supervisor restarts it; never on a
     /// clean stop.
     fn failed(&self) -> BoxFuture<'static, String>;
+
+    /// Writes what the backend itself knows (live terms, waiters, grants,
+    /// expirations, commit latency...) to a metrics scrape. The services add
+    /// request latency and refusals; a backend with nothing to add writes
+    /// nothing.
+    fn write_metrics(&self, out: &mut Exposition) {
+        let _ = out;
+    }
 }

@@ -57,6 +57,9 @@ enum Command {
         /// object per line). RUST_LOG picks the level (default info).
         #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "LEASEHOLD_LOG_FORMAT")]
         log_format: LogFormat,
+        /// Also serve Prometheus metrics at http://ADDR/metrics (off unless given).
+        #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
+        metrics_listen: Option<SocketAddr>,
     },
     /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
     Transcript {
@@ -241,6 +244,7 @@ async fn run(command: Command) -> ExitCode {
             drain_timeout_ms,
             retention_ms,
             log_format,
+            metrics_listen,
         } => {
             init_logging(log_format);
             let config = EngineConfig {
@@ -253,6 +257,7 @@ async fn run(command: Command) -> ExitCode {
                 sync,
                 config,
                 Duration::from_millis(drain_timeout_ms),
+                metrics_listen,
             )
             .await
         }
@@ -273,6 +278,7 @@ async fn serve(
     sync: Sync,
     config: EngineConfig,
     drain_timeout: Duration,
+    metrics_listen: Option<SocketAddr>,
 ) -> ExitCode {
     let sync = match sync {
         Sync::Full => SyncMode::Full,
@@ -293,6 +299,21 @@ async fn serve(
         }
     };
     let addr = listener.local_addr().map_or(listen, |a| a);
+    let metrics_listener = match metrics_listen {
+        None => None,
+        Some(at) => match tokio::net::TcpListener::bind(at).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                eprintln!("error: cannot listen for metrics on {at}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    if let Some(metrics) = &metrics_listener {
+        if let Ok(at) = metrics.local_addr() {
+            tracing::info!(%at, "metrics at /metrics");
+        }
+    }
     // Catch SIGINT/SIGTERM from here on: a supervisor (or test) that signals
     // as soon as it reads the line below gets a clean shutdown, not the
     // signal's default action.
@@ -304,7 +325,13 @@ async fn serve(
         drain_timeout,
         ..server::ServeOptions::default()
     };
-    match server::serve_with(listener, engine, shutdown, options).await {
+    let served = match metrics_listener {
+        Some(metrics) => {
+            server::serve_with_metrics(listener, metrics, engine, shutdown, options).await
+        }
+        None => server::serve_with(listener, engine, shutdown, options).await,
+    };
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

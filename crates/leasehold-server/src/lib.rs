@@ -14,6 +14,7 @@
 pub mod backend;
 pub mod engine;
 pub mod grpc;
+pub mod metrics;
 pub mod server;
 pub mod sqlite;
 

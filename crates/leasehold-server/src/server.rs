@@ -18,6 +18,7 @@ use crate::backend::Backend;
 use crate::engine::{Engine, EngineConfig};
 use crate::grpc::LeaseholdService;
 use crate::grpc::transcripts::{MAX_TRANSCRIPT_BYTES, TranscriptsService};
+use crate::metrics::{Exposition, ServiceMetrics};
 use crate::sqlite::{SqliteStore, SyncMode};
 use leasehold_core::clock::Clock;
 use leasehold_core::store::StoreError;
@@ -114,6 +115,31 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send,
     options: ServeOptions,
 ) -> Result<(), ServeError> {
+    run(listener, None, backend, shutdown, options).await
+}
+
+/// As [`serve_with`], also serving Prometheus metrics at `/metrics` (plain
+/// HTTP/1.1) on `metrics_listener`, until the server stops.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve_with_metrics(
+    listener: TcpListener,
+    metrics_listener: TcpListener,
+    backend: impl Backend,
+    shutdown: impl Future<Output = ()> + Send,
+    options: ServeOptions,
+) -> Result<(), ServeError> {
+    run(listener, Some(metrics_listener), backend, shutdown, options).await
+}
+
+async fn run(
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    backend: impl Backend,
+    shutdown: impl Future<Output = ()> + Send,
+    options: ServeOptions,
+) -> Result<(), ServeError> {
     let drain_timeout = options.drain_timeout;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
@@ -133,8 +159,18 @@ pub async fn serve_with(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let backend: Arc<dyn Backend> = Arc::new(backend);
-    let service =
-        pb::leasehold_server::LeaseholdServer::new(LeaseholdService::new(backend.clone()));
+    let service_metrics = Arc::new(ServiceMetrics::default());
+    let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::with_metrics(
+        backend.clone(),
+        service_metrics.clone(),
+    ));
+    let metrics_task = metrics_listener.map(|listener| {
+        tokio::spawn(serve_metrics(
+            listener,
+            backend.clone(),
+            service_metrics.clone(),
+        ))
+    });
     let transcripts = pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
         .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
         .max_encoding_message_size(MAX_TRANSCRIPT_BYTES);
@@ -187,11 +223,79 @@ pub async fn serve_with(
             Ok(())
         }
     };
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     backend.shutdown().await;
     tracing::info!("stopped");
     served?;
     match storage_failure.lock().expect("failure slot").take() {
         Some(failure) => Err(ServeError::StorageFailed(failure)),
         None => Ok(()),
+    }
+}
+
+/// The metrics page: the backend's numbers, then the services'.
+pub fn render_metrics(backend: &dyn Backend, service: &ServiceMetrics) -> String {
+    let mut out = Exposition::default();
+    backend.write_metrics(&mut out);
+    service.write(&mut out);
+    out.into_text()
+}
+
+/// Answers `GET /metrics` on `listener` with a minimal HTTP/1.1 responder
+/// (one request per connection): a scrape endpoint needs nothing more, and
+/// it keeps an HTTP server framework out of the build.
+async fn serve_metrics(
+    listener: TcpListener,
+    backend: Arc<dyn Backend>,
+    service: Arc<ServiceMetrics>,
+) {
+    loop {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            continue;
+        };
+        let backend = backend.clone();
+        let service = service.clone();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut request = Vec::with_capacity(512);
+            let mut buf = [0u8; 1024];
+            // A bounded read of the request head: 8 KiB within 5 s.
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+            })
+            .await;
+            if read.is_err() {
+                return;
+            }
+            let line = request.split(|b| *b == b'\n').next().unwrap_or_default();
+            let mut words = line.split(|b| *b == b' ');
+            let (method, path) = (words.next(), words.next());
+            let (status, content_type, body) = match (method, path) {
+                (Some(b"GET"), Some(b"/metrics")) => (
+                    "200 OK",
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    render_metrics(backend.as_ref(), &service),
+                ),
+                _ => (
+                    "404 Not Found",
+                    "text/plain; charset=utf-8",
+                    "metrics are at GET /metrics\n".to_owned(),
+                ),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = socket.write_all(head.as_bytes()).await;
+            let _ = socket.write_all(body.as_bytes()).await;
+            let _ = socket.shutdown().await;
+        });
     }
 }

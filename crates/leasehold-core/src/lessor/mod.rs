@@ -112,6 +112,29 @@ pub struct ListPage {
     pub visible_seq: u64,
 }
 
+/// What the table holds and has done, for metrics: kept up to date as it
+/// changes, so reading it costs nothing however large the table is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Keys the table holds.
+    pub keys: usize,
+    /// Terms not ended yet (one whose TTL just ran out counts until the
+    /// timer or the next touch ends it).
+    pub live_terms: usize,
+    /// Acquires waiting in line, over all keys.
+    pub waiters: usize,
+    /// Tool calls recorded as running.
+    pub unsettled_tool_calls: usize,
+    /// Since start-up: new terms granted (replays not counted).
+    pub grants: u64,
+    /// Since start-up: terms released, suspended, expired.
+    pub releases: u64,
+    pub suspensions: u64,
+    pub expirations: u64,
+    /// Since start-up: successful renewals.
+    pub renewals: u64,
+}
+
 /// Which keys [`Lessor::list`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListFilter {
@@ -141,6 +164,8 @@ pub struct Lessor<W> {
     /// How long a cleanly released key (its last term and its settled tool
     /// calls) is remembered.
     retention_ms: u64,
+    /// Counts for metrics.
+    stats: Stats,
 }
 
 impl<W: WaiterHandle> Lessor<W> {
@@ -165,6 +190,7 @@ impl<W: WaiterHandle> Lessor<W> {
             next_waiter_id: 1,
             next_ordinal: 1,
             retention_ms,
+            stats: Stats::default(),
         };
         for record in records {
             let mut state = KeyState::new();
@@ -177,6 +203,7 @@ impl<W: WaiterHandle> Lessor<W> {
                     &mut state.deadline_entry,
                 );
                 state.live = Some(term);
+                lessor.stats.live_terms += 1;
             }
             if let Some(ended) = &record.last_ended {
                 lessor.next_fence = lessor.next_fence.max(ended.fence.0 + 1);
@@ -196,7 +223,9 @@ impl<W: WaiterHandle> Lessor<W> {
         }
         for (key, calls) in by_key {
             let state = lessor.keys.entry(key).or_insert_with(KeyState::new);
-            state.ledger = Some(Box::new(Ledger::from_calls(calls)));
+            let ledger = Ledger::from_calls(calls);
+            lessor.stats.unsettled_tool_calls += ledger.unsettled();
+            state.ledger = Some(Box::new(ledger));
         }
         lessor
     }
@@ -267,6 +296,7 @@ impl<W: WaiterHandle> Lessor<W> {
         term.ttl = ttl;
         term.expires_at = term.expires_at.max(now + ttl.as_millis());
         let term = term.clone();
+        self.stats.renewals += 1;
         if longer_ttl {
             state.visible_seq = self.changes.next_seq();
         }
@@ -518,6 +548,14 @@ impl<W: WaiterHandle> Lessor<W> {
         self.keys.len()
     }
 
+    /// Counts for metrics (O(1)).
+    pub fn stats(&self) -> Stats {
+        Stats {
+            keys: self.keys.len(),
+            ..self.stats
+        }
+    }
+
     /// Brings `key` up to `now`: ends its term if it expired, then, if the
     /// key is free, grants it to the first waiter still waiting. Every
     /// operation on a key starts here, so nothing sees an expired term as
@@ -555,6 +593,8 @@ impl<W: WaiterHandle> Lessor<W> {
             .file_deadline(&request.key, term.expires_at, &mut state.deadline_entry);
         state.live = Some(term.clone());
         state.visible_seq = seq;
+        self.stats.live_terms += 1;
+        self.stats.grants += 1;
         let grant = Grant {
             previous: state.last_ended.clone(),
             unsettled_tool_calls: state.unsettled_tool_calls(),
@@ -582,6 +622,12 @@ impl<W: WaiterHandle> Lessor<W> {
             ended_at: at,
         };
         state.last_ended = Some(ended.clone());
+        self.stats.live_terms -= 1;
+        match end {
+            TermEnd::Released => self.stats.releases += 1,
+            TermEnd::Suspended => self.stats.suspensions += 1,
+            TermEnd::Expired => self.stats.expirations += 1,
+        }
         let urgent = end != TermEnd::Expired;
         if urgent {
             state.visible_seq = self.changes.next_seq();

@@ -420,3 +420,100 @@ fn a_key_with_running_tool_calls_is_not_forgotten() {
     assert_eq!(lessor.key_count(), 1);
     assert!(lessor.take_batch().forgotten.is_empty());
 }
+
+/// The metrics counts as a full scan of the table finds them.
+fn recount(lessor: &Lessor<Tag>) -> (usize, usize, usize) {
+    let live = lessor.keys.values().filter(|s| s.live.is_some()).count();
+    let waiters = lessor.keys.values().map(|s| s.waiters.len()).sum();
+    let unsettled = lessor.keys.values().map(|s| s.unsettled_tool_calls()).sum();
+    (live, waiters, unsettled)
+}
+
+fn assert_stats_match(lessor: &Lessor<Tag>) {
+    let stats = lessor.stats();
+    assert_eq!(
+        (stats.live_terms, stats.waiters, stats.unsettled_tool_calls),
+        recount(lessor),
+        "{stats:?}"
+    );
+    assert_eq!(stats.keys, lessor.keys.len());
+}
+
+#[test]
+fn stats_follow_the_table() {
+    let mut lessor = short_retention();
+    let a = granted(lessor.acquire(spec("a", "o"), 0, None));
+    let b = granted(lessor.acquire(spec("b", "o"), 0, None));
+    let AcquireOutcome::Queued(w1) = lessor.acquire(spec("a", "w1"), 1, Some(Tag("w1"))) else {
+        panic!("queued");
+    };
+    assert!(matches!(
+        lessor.acquire(spec("a", "w2"), 1, Some(Tag("w2"))),
+        AcquireOutcome::Queued(_)
+    ));
+    assert_stats_match(&lessor);
+    assert!(lessor.cancel_waiter(&k("a"), w1));
+    assert_stats_match(&lessor);
+    let calls = vec![
+        CallSpec {
+            call_id: "c1".into(),
+            name: "t".into(),
+            input_digest: String::new(),
+        },
+        CallSpec {
+            call_id: "c2".into(),
+            name: "t".into(),
+            input_digest: String::new(),
+        },
+    ];
+    lessor
+        .begin_tool_calls(&k("b"), b.term.fence, b.term.lease_id, calls, 2)
+        .unwrap();
+    let settle = crate::ledger::Settlement {
+        call_id: "c1".into(),
+        outcome: crate::ledger::CallState::Succeeded,
+        result_digest: String::new(),
+        result: Vec::new(),
+    };
+    lessor
+        .settle_tool_call(&k("b"), b.term.fence, b.term.lease_id, settle.clone(), 3)
+        .unwrap();
+    // A second settle of the same call changes nothing.
+    lessor
+        .settle_tool_call(&k("b"), b.term.fence, b.term.lease_id, settle, 3)
+        .unwrap();
+    assert_stats_match(&lessor);
+    lessor
+        .renew(&k("b"), b.term.fence, b.term.lease_id, None, 4)
+        .unwrap();
+    // a is released: w2 gets it at once.
+    lessor
+        .release(&k("a"), a.term.fence, a.term.lease_id, false, 5)
+        .unwrap();
+    assert_eq!(lessor.take_handoffs().len(), 1);
+    assert_stats_match(&lessor);
+    // Everything expires; the released key is forgotten after retention.
+    lessor.expire_due(10_000);
+    assert_stats_match(&lessor);
+    let stats = lessor.stats();
+    assert_eq!(
+        (
+            stats.grants,
+            stats.releases,
+            stats.expirations,
+            stats.renewals
+        ),
+        (3, 1, 2, 1)
+    );
+    assert_eq!(stats.unsettled_tool_calls, 1);
+    // A restore counts what it loads.
+    let batch = lessor.take_batch();
+    let restored = Lessor::<Tag>::restore(
+        batch.records,
+        batch.calls,
+        batch.fence_high_water,
+        10_000,
+        100,
+    );
+    assert_stats_match(&restored);
+}

@@ -38,6 +38,7 @@ impl<W: WaiterHandle> Lessor<W> {
         };
         let seq = self.changes.next_seq();
         state.visible_seq = seq;
+        self.stats.unsettled_tool_calls += calls.len();
         for call in calls {
             self.changes.call(key, call.call_id.clone());
         }
@@ -71,6 +72,7 @@ impl<W: WaiterHandle> Lessor<W> {
         }
         let seq = self.changes.next_seq();
         state.visible_seq = seq;
+        self.stats.unsettled_tool_calls -= 1;
         self.changes.call(key, call_id);
         Ok((call, false, seq))
     }

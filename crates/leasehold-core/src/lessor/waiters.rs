@@ -35,12 +35,14 @@ impl<W: WaiterHandle> Lessor<W> {
         };
         let before = state.waiters.len();
         state.waiters.retain(|q| q.id != id);
-        state.waiters.len() != before
+        let removed = before - state.waiters.len();
+        self.stats.waiters -= removed;
+        removed != 0
     }
 
-    /// How many Acquires wait in line, over all keys.
+    /// How many Acquires wait in line, over all keys (O(1)).
     pub fn waiter_count(&self) -> usize {
-        self.keys.values().map(|s| s.waiters.len()).sum()
+        self.stats.waiters
     }
 
     /// Grants made to queued waiters since the last call, to deliver.
@@ -58,6 +60,7 @@ impl<W: WaiterHandle> Lessor<W> {
             request,
             handle,
         });
+        self.stats.waiters += 1;
         id
     }
 
@@ -73,6 +76,7 @@ impl<W: WaiterHandle> Lessor<W> {
             let Some(queued) = state.waiters.pop_front() else {
                 return;
             };
+            self.stats.waiters -= 1;
             if !queued.handle.is_waiting() {
                 continue;
             }
@@ -100,6 +104,7 @@ impl<W: WaiterHandle> Lessor<W> {
                 q.request.owner == grant.term.owner && q.request.request_id == grant.term.request_id
             });
         state.waiters = others;
+        self.stats.waiters -= retries.len();
         for retry in retries {
             let replay = Grant {
                 replayed: true,

@@ -46,11 +46,12 @@ use leasehold_core::ledger::{
 };
 use leasehold_core::lessor::{
     Acquire, AcquireOutcome, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter, ListPage,
-    WaiterHandle, WaiterId,
+    Stats, WaiterHandle, WaiterId,
 };
 use leasehold_core::store::{Store, StoreError};
 
 use crate::backend::{Backend, Pending};
+use crate::metrics::{BATCH_BUCKETS, Exposition, Histogram, LATENCY_BUCKETS};
 use futures_util::future::BoxFuture;
 
 /// At most this many lazily changed keys (expiries, renewals) go into one
@@ -200,6 +201,9 @@ struct Shared {
     stopping: AtomicBool,
     /// Transactions committed so far (to show batching).
     commits: AtomicU64,
+    /// How long each commit took, and how many rows it wrote.
+    commit_seconds: Histogram,
+    commit_batch_size: Histogram,
     /// The writer thread, joined at shutdown.
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Tuning.
@@ -266,6 +270,8 @@ impl Engine {
             closing: watch::Sender::new(false),
             stopping: AtomicBool::new(false),
             commits: AtomicU64::new(0),
+            commit_seconds: Histogram::new(LATENCY_BUCKETS),
+            commit_batch_size: Histogram::new(BATCH_BUCKETS),
             writer: Mutex::new(None),
             config,
         });
@@ -518,6 +524,11 @@ impl Engine {
     /// The number of keys in the table.
     pub fn key_count(&self) -> usize {
         self.shared.with_lessor(|l| l.key_count())
+    }
+
+    /// The lease table's counts, for metrics.
+    pub fn stats(&self) -> Stats {
+        self.shared.with_lessor(|l| l.stats())
     }
 
     /// How many Acquires wait in line, over all keys.
@@ -834,5 +845,67 @@ impl Backend for Engine {
 
     fn failed(&self) -> BoxFuture<'static, String> {
         Box::pin(Engine::failed(self))
+    }
+
+    fn write_metrics(&self, out: &mut Exposition) {
+        let stats = self.stats();
+        out.gauge(
+            "leasehold_leases_live",
+            "Terms granted and not yet ended.",
+            stats.live_terms as f64,
+        );
+        out.gauge(
+            "leasehold_keys",
+            "Keys the server remembers (held, recoverable, or released within the retention).",
+            stats.keys as f64,
+        );
+        out.gauge(
+            "leasehold_waiters",
+            "Acquires waiting in line for a held key.",
+            stats.waiters as f64,
+        );
+        out.gauge(
+            "leasehold_tool_calls_unsettled",
+            "Tool calls recorded as running and not yet settled.",
+            stats.unsettled_tool_calls as f64,
+        );
+        out.counter(
+            "leasehold_grants_total",
+            "New terms granted (replays not counted).",
+            stats.grants,
+        );
+        out.counters(
+            "leasehold_releases_total",
+            "Terms ended by their holder: released (finished) or suspended (unfinished, recoverable).",
+            [
+                (vec![("end", "released")], stats.releases),
+                (vec![("end", "suspended")], stats.suspensions),
+            ],
+        );
+        out.counter(
+            "leasehold_expirations_total",
+            "Terms whose TTL ran out: their holder stopped renewing.",
+            stats.expirations,
+        );
+        out.counter(
+            "leasehold_renewals_total",
+            "Successful renewals.",
+            stats.renewals,
+        );
+        out.counter(
+            "leasehold_commits_total",
+            "Transactions committed to storage (one serves many requests).",
+            self.commits(),
+        );
+        out.histograms(
+            "leasehold_commit_seconds",
+            "Time to commit one batch to storage (fsync included).",
+            [(Vec::new(), &self.shared.commit_seconds)],
+        );
+        out.histograms(
+            "leasehold_commit_batch_size",
+            "Rows written by one commit.",
+            [(Vec::new(), &self.shared.commit_batch_size)],
+        );
     }
 }

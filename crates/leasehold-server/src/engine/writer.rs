@@ -30,8 +30,13 @@ impl Shared {
                 let batch = lessor.take_batch_up_to(LAZY_CHUNK);
                 backlog = lessor.has_lazy_backlog();
                 drop(lessor);
+                let started = Instant::now();
                 let result = store.commit(&batch);
                 last_flush = Instant::now();
+                self.commit_seconds.observe_duration(last_flush - started);
+                self.commit_batch_size.observe(
+                    (batch.records.len() + batch.calls.len() + batch.forgotten.len()) as f64,
+                );
                 if let Err(e) = result {
                     tracing::error!(error = %e, "commit failed; refusing further requests");
                     self.durable.send_modify(|d| {

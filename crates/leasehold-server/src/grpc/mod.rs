@@ -13,8 +13,10 @@ use futures_util::stream::FuturesUnordered;
 use tonic::{Request, Response, Status, Streaming};
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
+use crate::metrics::ServiceMetrics;
 use leasehold_core::error::Error;
 use leasehold_core::lease::{Fence, Key, Ttl};
 use leasehold_core::ledger::BeginOutcome;
@@ -26,6 +28,7 @@ use leasehold_wire::{convert, status};
 #[derive(Clone)]
 pub struct LeaseholdService {
     backend: Arc<dyn Backend>,
+    metrics: Arc<ServiceMetrics>,
 }
 
 impl std::fmt::Debug for LeaseholdService {
@@ -37,7 +40,36 @@ impl std::fmt::Debug for LeaseholdService {
 impl LeaseholdService {
     /// Serves leases from `backend`.
     pub fn new(backend: Arc<dyn Backend>) -> Self {
-        LeaseholdService { backend }
+        Self::with_metrics(backend, Arc::default())
+    }
+
+    /// Serves leases from `backend`, recording request latency and refusals
+    /// in `metrics`.
+    pub fn with_metrics(backend: Arc<dyn Backend>, metrics: Arc<ServiceMetrics>) -> Self {
+        LeaseholdService { backend, metrics }
+    }
+
+    /// Parses a request field; a malformed one is refused (and counted)
+    /// before the backend sees anything.
+    fn parsed<T>(&self, rpc: &'static str, value: Result<T, Error>) -> Result<T, Status> {
+        value.map_err(|err| {
+            self.metrics.record(rpc, Duration::ZERO, Some(&err));
+            status::to_status(err)
+        })
+    }
+
+    /// Awaits the backend's answer to `rpc`, recording its latency and
+    /// refusal.
+    async fn timed<T>(
+        &self,
+        rpc: &'static str,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let started = Instant::now();
+        let result = work.await;
+        self.metrics
+            .record(rpc, started.elapsed(), result.as_ref().err());
+        result
     }
 }
 
@@ -47,27 +79,23 @@ fn reply<T>(result: Result<T, Error>) -> Reply<T> {
     result.map(Response::new).map_err(status::to_status)
 }
 
-/// Parses a request field; a malformed one is refused before the backend
-/// sees anything.
-fn parsed<T>(value: Result<T, Error>) -> Result<T, Status> {
-    value.map_err(status::to_status)
-}
-
 #[tonic::async_trait]
 impl Leasehold for LeaseholdService {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
-        let acquire = parsed(convert::acquire(request.into_inner()))?;
-        let grant = self.backend.acquire(acquire).await;
+        let acquire = self.parsed("Acquire", convert::acquire(request.into_inner()))?;
+        let grant = self.timed("Acquire", self.backend.acquire(acquire)).await;
         reply(grant.map(|g| convert::acquire_response(&g)))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
         let r = request.into_inner();
-        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
-        let ttl = parsed(Ttl::parse_optional(r.ttl_ms))?;
+        let (key, lease_id) = self.parsed("Renew", convert::held(r.key, &r.lease_id))?;
+        let ttl = self.parsed("Renew", Ttl::parse_optional(r.ttl_ms))?;
         let term = self
-            .backend
-            .renew(&key, Fence(r.fence), lease_id, ttl)
+            .timed(
+                "Renew",
+                self.backend.renew(&key, Fence(r.fence), lease_id, ttl),
+            )
             .await;
         reply(term.map(|t| pb::RenewResponse {
             lease: Some(convert::lease(&key, &t, true)),
@@ -76,10 +104,13 @@ impl Leasehold for LeaseholdService {
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
         let r = request.into_inner();
-        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
+        let (key, lease_id) = self.parsed("Release", convert::held(r.key, &r.lease_id))?;
         let ended = self
-            .backend
-            .release(&key, Fence(r.fence), lease_id, r.suspend)
+            .timed(
+                "Release",
+                self.backend
+                    .release(&key, Fence(r.fence), lease_id, r.suspend),
+            )
             .await;
         reply(ended.map(|e| pb::ReleaseResponse {
             ended: Some(convert::ended(&e)),
@@ -88,16 +119,18 @@ impl Leasehold for LeaseholdService {
 
     async fn check(&self, request: Request<pb::CheckRequest>) -> Reply<pb::CheckResponse> {
         let r = request.into_inner();
-        let key = parsed(Key::parse(r.key))?;
-        let term = self.backend.check(&key, Fence(r.fence)).await;
+        let key = self.parsed("Check", Key::parse(r.key))?;
+        let term = self
+            .timed("Check", self.backend.check(&key, Fence(r.fence)))
+            .await;
         reply(term.map(|t| pb::CheckResponse {
             lease: Some(convert::lease(&key, &t, false)),
         }))
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
-        let key = parsed(Key::parse(request.into_inner().key))?;
-        let view = self.backend.get(&key).await;
+        let key = self.parsed("Get", Key::parse(request.into_inner().key))?;
+        let view = self.timed("Get", self.backend.get(&key)).await;
         reply(view.map(|v| {
             let state = convert::key_state(&v);
             pb::GetResponse {
@@ -110,14 +143,16 @@ impl Leasehold for LeaseholdService {
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
         let r = request.into_inner();
-        let after = parsed(convert::parse_page_token(&r.page_token))?;
+        let after = self.parsed("List", convert::parse_page_token(&r.page_token))?;
         let page = self
-            .backend
-            .list(
-                &r.prefix,
-                convert::list_filter(r.filter),
-                after.as_ref(),
-                r.page_size as usize,
+            .timed(
+                "List",
+                self.backend.list(
+                    &r.prefix,
+                    convert::list_filter(r.filter),
+                    after.as_ref(),
+                    r.page_size as usize,
+                ),
             )
             .await;
         reply(page.map(|p| {
@@ -137,15 +172,18 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::BeginToolCallRequest>,
     ) -> Reply<pb::BeginToolCallResponse> {
         let r = request.into_inner();
-        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
+        let (key, lease_id) = self.parsed("BeginToolCall", convert::held(r.key, &r.lease_id))?;
         let spec = convert::call_spec(pb::ToolCallSpec {
             call_id: r.call_id,
             name: r.name,
             input_digest: r.input_digest,
         });
         let outcome = self
-            .backend
-            .begin_tool_calls(&key, Fence(r.fence), lease_id, vec![spec])
+            .timed(
+                "BeginToolCall",
+                self.backend
+                    .begin_tool_calls(&key, Fence(r.fence), lease_id, vec![spec]),
+            )
             .await;
         reply(outcome.map(|outcome| {
             let (calls, duplicate) = match outcome {
@@ -164,11 +202,14 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::BeginToolCallsRequest>,
     ) -> Reply<pb::BeginToolCallsResponse> {
         let r = request.into_inner();
-        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
+        let (key, lease_id) = self.parsed("BeginToolCalls", convert::held(r.key, &r.lease_id))?;
         let specs = r.calls.into_iter().map(convert::call_spec).collect();
         let outcome = self
-            .backend
-            .begin_tool_calls(&key, Fence(r.fence), lease_id, specs)
+            .timed(
+                "BeginToolCalls",
+                self.backend
+                    .begin_tool_calls(&key, Fence(r.fence), lease_id, specs),
+            )
             .await;
         reply(outcome.map(|outcome| {
             match outcome {
@@ -194,16 +235,17 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::SettleToolCallRequest>,
     ) -> Reply<pb::SettleToolCallResponse> {
         let r = request.into_inner();
-        let (key, lease_id) = parsed(convert::held(r.key, &r.lease_id))?;
-        let settlement = parsed(convert::settlement(
-            r.call_id,
-            r.outcome,
-            r.result_digest,
-            r.result,
-        ))?;
+        let (key, lease_id) = self.parsed("SettleToolCall", convert::held(r.key, &r.lease_id))?;
+        let settlement = self.parsed(
+            "SettleToolCall",
+            convert::settlement(r.call_id, r.outcome, r.result_digest, r.result),
+        )?;
         let settled = self
-            .backend
-            .settle_tool_call(&key, Fence(r.fence), lease_id, settlement)
+            .timed(
+                "SettleToolCall",
+                self.backend
+                    .settle_tool_call(&key, Fence(r.fence), lease_id, settlement),
+            )
             .await;
         reply(settled.map(|(call, already)| pb::SettleToolCallResponse {
             call: Some(convert::tool_call(&key, &call)),
@@ -216,10 +258,13 @@ impl Leasehold for LeaseholdService {
         request: Request<pb::ListToolCallsRequest>,
     ) -> Reply<pb::ListToolCallsResponse> {
         let r = request.into_inner();
-        let key = parsed(Key::parse(r.key))?;
+        let key = self.parsed("ListToolCalls", Key::parse(r.key))?;
         let calls = self
-            .backend
-            .list_tool_calls(&key, convert::call_filter(r.filter))
+            .timed(
+                "ListToolCalls",
+                self.backend
+                    .list_tool_calls(&key, convert::call_filter(r.filter)),
+            )
             .await;
         reply(calls.map(|calls| pb::ListToolCallsResponse {
             calls: calls.iter().map(|c| convert::tool_call(&key, c)).collect(),
@@ -234,6 +279,7 @@ impl Leasehold for LeaseholdService {
     ) -> Reply<Self::SessionStream> {
         Ok(Response::new(SessionPipe {
             backend: self.backend.clone(),
+            metrics: self.metrics.clone(),
             inbound: Some(request.into_inner()),
             pending: FuturesUnordered::new(),
         }))
@@ -253,6 +299,7 @@ pub const SESSION_WINDOW: usize = 1024;
 /// one write carry many operations.
 pub struct SessionPipe {
     backend: Arc<dyn Backend>,
+    metrics: Arc<ServiceMetrics>,
     /// `None` once the client half-closed (or its stream failed).
     inbound: Option<Streaming<pb::SessionRequest>>,
     pending: FuturesUnordered<BoxFuture<'static, pb::SessionResponse>>,
@@ -270,7 +317,7 @@ impl Stream for SessionPipe {
             match Pin::new(inbound).poll_next(cx) {
                 Poll::Ready(Some(Ok(message))) => {
                     this.pending
-                        .push(session_step(this.backend.as_ref(), message));
+                        .push(session_step(this.backend.as_ref(), &this.metrics, message));
                 }
                 Poll::Ready(Some(Err(status))) => {
                     this.inbound = None;
@@ -292,45 +339,51 @@ impl Stream for SessionPipe {
 /// response (a refusal, malformed input included, travels in the response).
 fn session_step(
     backend: &dyn Backend,
+    metrics: &Arc<ServiceMetrics>,
     message: pb::SessionRequest,
 ) -> BoxFuture<'static, pb::SessionResponse> {
     use pb::session_request::Op;
     let id = message.id;
-    let refused = |err: Error| -> BoxFuture<'static, pb::SessionResponse> {
-        Box::pin(std::future::ready(answer(id, Err(err))))
+    let step = Step {
+        id,
+        metrics: metrics.clone(),
+        started: Instant::now(),
     };
     match message.op {
         Some(Op::Renew(r)) => {
+            let step = step.named("Session.Renew");
             let parsed = convert::held(r.key, &r.lease_id)
                 .and_then(|held| Ok((held, Ttl::parse_optional(r.ttl_ms)?)));
             let ((key, lease_id), ttl) = match parsed {
                 Ok(parsed) => parsed,
-                Err(err) => return refused(err),
+                Err(err) => return step.refused(err),
             };
             let renewed = backend.renew(&key, Fence(r.fence), lease_id, ttl);
-            respond(id, renewed, move |t| pb::SessionResponse {
+            step.respond(renewed, move |t| pb::SessionResponse {
                 lease: Some(convert::lease(&key, &t, true)),
                 ..Default::default()
             })
         }
         Some(Op::Check(r)) => {
+            let step = step.named("Session.Check");
             let key = match Key::parse(r.key) {
                 Ok(key) => key,
-                Err(err) => return refused(err),
+                Err(err) => return step.refused(err),
             };
             let checked = backend.check(&key, Fence(r.fence));
-            respond(id, checked, move |t| pb::SessionResponse {
+            step.respond(checked, move |t| pb::SessionResponse {
                 lease: Some(convert::lease(&key, &t, false)),
                 ..Default::default()
             })
         }
         Some(Op::Acquire(r)) => {
+            let step = step.named("Session.Acquire");
             let acquire = match convert::acquire(r) {
                 Ok(acquire) => acquire,
-                Err(err) => return refused(err),
+                Err(err) => return step.refused(err),
             };
             let granted = backend.acquire(acquire);
-            respond(id, granted, |g| {
+            step.respond(granted, |g| {
                 let acquired = convert::acquire_response(&g);
                 pb::SessionResponse {
                     lease: acquired.lease,
@@ -342,28 +395,67 @@ fn session_step(
             })
         }
         Some(Op::Release(r)) => {
+            let step = step.named("Session.Release");
             let (key, lease_id) = match convert::held(r.key, &r.lease_id) {
                 Ok(held) => held,
-                Err(err) => return refused(err),
+                Err(err) => return step.refused(err),
             };
             let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend);
-            respond(id, released, |e| pb::SessionResponse {
+            step.respond(released, |e| pb::SessionResponse {
                 ended: Some(convert::ended(&e)),
                 ..Default::default()
             })
         }
-        None => refused(Error::InvalidArgument("empty Session request".into())),
+        None => {
+            let empty = Error::InvalidArgument("empty Session request".into());
+            Box::pin(std::future::ready(answer(id, Err(empty))))
+        }
     }
 }
 
-/// The future of operation `id`: waits for `outcome`, then shapes the
-/// response with `to_response` (or the refusal).
-fn respond<T>(
+/// One Session-stream operation being answered, and where its latency goes.
+struct Step {
     id: u64,
-    outcome: impl Future<Output = Result<T, Error>> + Send + 'static,
-    to_response: impl FnOnce(T) -> pb::SessionResponse + Send + 'static,
-) -> BoxFuture<'static, pb::SessionResponse> {
-    Box::pin(async move { answer(id, outcome.await.map(to_response)) })
+    metrics: Arc<ServiceMetrics>,
+    started: Instant,
+}
+
+/// A [`Step`] that knows which operation it is.
+struct NamedStep {
+    step: Step,
+    rpc: &'static str,
+}
+
+impl Step {
+    fn named(self, rpc: &'static str) -> NamedStep {
+        NamedStep { step: self, rpc }
+    }
+}
+
+impl NamedStep {
+    /// A refusal before the backend saw the operation.
+    fn refused(self, err: Error) -> BoxFuture<'static, pb::SessionResponse> {
+        self.step
+            .metrics
+            .record(self.rpc, Duration::ZERO, Some(&err));
+        Box::pin(std::future::ready(answer(self.step.id, Err(err))))
+    }
+
+    /// The future of the operation: waits for `outcome`, records it, then
+    /// shapes the response with `to_response` (or the refusal).
+    fn respond<T>(
+        self,
+        outcome: impl Future<Output = Result<T, Error>> + Send + 'static,
+        to_response: impl FnOnce(T) -> pb::SessionResponse + Send + 'static,
+    ) -> BoxFuture<'static, pb::SessionResponse> {
+        Box::pin(async move {
+            let result = outcome.await;
+            let NamedStep { step, rpc } = self;
+            step.metrics
+                .record(rpc, step.started.elapsed(), result.as_ref().err());
+            answer(step.id, result.map(to_response))
+        })
+    }
 }
 
 /// The response to operation `id`: its result, or its refusal.
