@@ -60,6 +60,8 @@ enum Command {
         /// Also serve Prometheus metrics at http://ADDR/metrics (off unless given).
         #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
         metrics_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        tls: ServeTls,
     },
     /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
     Transcript {
@@ -180,6 +182,25 @@ enum TranscriptCommand {
     },
 }
 
+/// TLS for `serve`.
+#[derive(Debug, Clone, clap::Args)]
+struct ServeTls {
+    /// PEM certificate chain: serve TLS (reloaded on SIGHUP).
+    #[arg(long, env = "LEASEHOLD_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of the certificate.
+    #[arg(long, env = "LEASEHOLD_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA certificates: require client certificates that chain to them
+    /// (mutual TLS).
+    #[arg(long, env = "LEASEHOLD_CLIENT_CA", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
+    /// Serve on a non-loopback address without client authentication (mutual
+    /// TLS). Anyone who can reach the port can then acquire any key.
+    #[arg(long)]
+    insecure: bool,
+}
+
 /// Where operator commands send their request, and how they print.
 #[derive(Debug, clap::Args)]
 struct Target {
@@ -193,6 +214,16 @@ struct Target {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// PEM file of the CA the server's certificate chains to (implies TLS;
+    /// without it, https:// trusts the system's roots).
+    #[arg(long, env = "LEASEHOLD_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// PEM client certificate, for a server that requires mutual TLS.
+    #[arg(long, env = "LEASEHOLD_CLIENT_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM key of the client certificate.
+    #[arg(long, env = "LEASEHOLD_CLIENT_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -245,6 +276,7 @@ async fn run(command: Command) -> ExitCode {
             retention_ms,
             log_format,
             metrics_listen,
+            tls,
         } => {
             init_logging(log_format);
             let config = EngineConfig {
@@ -258,6 +290,7 @@ async fn run(command: Command) -> ExitCode {
                 config,
                 Duration::from_millis(drain_timeout_ms),
                 metrics_listen,
+                tls,
             )
             .await
         }
@@ -279,7 +312,41 @@ async fn serve(
     config: EngineConfig,
     drain_timeout: Duration,
     metrics_listen: Option<SocketAddr>,
+    tls: ServeTls,
 ) -> ExitCode {
+    // Off loopback, every lease_id crosses the network and anyone who can
+    // reach the port can take any key: insist on authenticated clients
+    // (mutual TLS) or an explicit --insecure.
+    if !listen.ip().is_loopback() && tls.client_ca.is_none() && !tls.insecure {
+        eprintln!(
+            "error: refusing to serve on {listen}, which is not a loopback address, without \
+             client authentication: give --tls-cert/--tls-key with --client-ca (mutual TLS), \
+             or --insecure to accept any client"
+        );
+        return ExitCode::FAILURE;
+    }
+    let server_tls = match (&tls.tls_cert, &tls.tls_key) {
+        (Some(cert), Some(key)) => {
+            let files = leasehold_server::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: tls.client_ca.clone(),
+            };
+            match leasehold_server::tls::ServerTls::load(files) {
+                Ok(loaded) => {
+                    // Before the "listening on" line: a SIGHUP's default
+                    // action would end the process.
+                    reload_on_sighup(loaded.clone());
+                    Some(loaded)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        _ => None,
+    };
     let sync = match sync {
         Sync::Full => SyncMode::Full,
         Sync::Normal => SyncMode::Normal,
@@ -325,12 +392,12 @@ async fn serve(
         drain_timeout,
         ..server::ServeOptions::default()
     };
-    let served = match metrics_listener {
-        Some(metrics) => {
-            server::serve_with_metrics(listener, metrics, engine, shutdown, options).await
-        }
-        None => server::serve_with(listener, engine, shutdown, options).await,
+    let listeners = server::Listeners {
+        grpc: listener,
+        metrics: metrics_listener,
+        tls: server_tls,
     };
+    let served = server::serve_on(listeners, engine, shutdown, options).await;
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -385,6 +452,30 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
+/// Reads the TLS files again on every SIGHUP (certificate rotation); open
+/// connections keep the configuration they started with.
+#[cfg(unix)]
+fn reload_on_sighup(tls: std::sync::Arc<leasehold_server::tls::ServerTls>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot catch SIGHUP: TLS certificates will not be reloaded");
+        return;
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!("TLS certificates reloaded"),
+                Err(e) => {
+                    tracing::error!(error = %e, "TLS reload failed; keeping the old certificates")
+                }
+            }
+        }
+    });
+}
+
+#[cfg(not(unix))]
+fn reload_on_sighup(_tls: std::sync::Arc<leasehold_server::tls::ServerTls>) {}
+
 /// Resolves on Ctrl-C.
 #[cfg(not(unix))]
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
@@ -394,7 +485,18 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 async fn connect(target: &Target) -> Result<Client, String> {
-    Client::connect(target.server.clone())
+    let read = |path: &PathBuf| {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    };
+    let tls = leasehold_client::Tls {
+        ca_pem: target.tls_ca.as_ref().map(read).transpose()?,
+        identity: match (&target.tls_cert, &target.tls_key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
+        },
+        domain: None,
+    };
+    Client::connect_tls(target.server.clone(), tls)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", target.server))
 }

@@ -17,6 +17,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod server;
 pub mod sqlite;
+pub mod tls;
 
 pub use backend::Backend;
 pub use engine::{Engine, EngineConfig};

@@ -20,6 +20,7 @@ use crate::grpc::LeaseholdService;
 use crate::grpc::transcripts::{MAX_TRANSCRIPT_BYTES, TranscriptsService};
 use crate::metrics::{Exposition, ServiceMetrics};
 use crate::sqlite::{SqliteStore, SyncMode};
+use crate::tls::ServerTls;
 use leasehold_core::clock::Clock;
 use leasehold_core::store::StoreError;
 use leasehold_wire::pb;
@@ -115,7 +116,7 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send,
     options: ServeOptions,
 ) -> Result<(), ServeError> {
-    run(listener, None, backend, shutdown, options).await
+    serve_on(Listeners::plain(listener), backend, shutdown, options).await
 }
 
 /// As [`serve_with`], also serving Prometheus metrics at `/metrics` (plain
@@ -130,16 +131,51 @@ pub async fn serve_with_metrics(
     shutdown: impl Future<Output = ()> + Send,
     options: ServeOptions,
 ) -> Result<(), ServeError> {
-    run(listener, Some(metrics_listener), backend, shutdown, options).await
+    let listeners = Listeners {
+        metrics: Some(metrics_listener),
+        ..Listeners::plain(listener)
+    };
+    serve_on(listeners, backend, shutdown, options).await
 }
 
-async fn run(
-    listener: TcpListener,
-    metrics_listener: Option<TcpListener>,
+/// Where a server listens, and how.
+#[derive(Debug)]
+pub struct Listeners {
+    /// gRPC (and gRPC-Web) connections.
+    pub grpc: TcpListener,
+    /// Prometheus scrapes, if any.
+    pub metrics: Option<TcpListener>,
+    /// TLS (and mutual TLS) on the gRPC listener; `None` is plaintext.
+    pub tls: Option<Arc<ServerTls>>,
+}
+
+impl Listeners {
+    /// Plaintext gRPC on `grpc`, nothing else.
+    pub fn plain(grpc: TcpListener) -> Self {
+        Listeners {
+            grpc,
+            metrics: None,
+            tls: None,
+        }
+    }
+}
+
+/// Serves leases from `backend` on `listeners` until `shutdown` resolves,
+/// then drains and flushes it.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails, or the backend's storage did.
+pub async fn serve_on(
+    listeners: Listeners,
     backend: impl Backend,
     shutdown: impl Future<Output = ()> + Send,
     options: ServeOptions,
 ) -> Result<(), ServeError> {
+    let Listeners {
+        grpc: listener,
+        metrics: metrics_listener,
+        tls,
+    } = listeners;
     let drain_timeout = options.drain_timeout;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
@@ -174,7 +210,6 @@ async fn run(
     let transcripts = pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
         .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
         .max_encoding_message_size(MAX_TRANSCRIPT_BYTES);
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let signalled = Arc::new(Notify::new());
     let storage_failure = Arc::new(std::sync::Mutex::new(None::<String>));
     let draining = {
@@ -202,7 +237,7 @@ async fn run(
     // gRPC-Web on the same port (HTTP/1.1 and HTTP/2), for fetch-based
     // clients (Bun, browsers-like runtimes) without a proxy. No CORS layer:
     // cross-origin browser calls stay refused unless a deployment adds one.
-    let serving = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .accept_http1(true)
         .http2_keepalive_interval(Some(options.keep_alive_interval))
         .http2_keepalive_timeout(Some(options.keep_alive_timeout))
@@ -211,8 +246,20 @@ async fn run(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .add_service(transcripts)
-        .serve_with_incoming_shutdown(incoming, draining);
+        .add_service(transcripts);
+    let mut accept_task = None;
+    let serving: futures_util::future::BoxFuture<'_, Result<(), tonic::transport::Error>> =
+        match tls {
+            None => {
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                Box::pin(router.serve_with_incoming_shutdown(incoming, draining))
+            }
+            Some(tls) => {
+                let (incoming, task) = crate::tls::incoming(listener, tls);
+                accept_task = Some(task);
+                Box::pin(router.serve_with_incoming_shutdown(incoming, draining))
+            }
+        };
     let served = tokio::select! {
         served = serving => served,
         _ = async {
@@ -223,7 +270,7 @@ async fn run(
             Ok(())
         }
     };
-    if let Some(task) = metrics_task {
+    for task in metrics_task.into_iter().chain(accept_task) {
         task.abort();
     }
     backend.shutdown().await;

@@ -148,12 +148,18 @@ fn by_code(code: Code, message: String) -> Error {
                 .unwrap_or(&message)
                 .to_owned(),
         ),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => Error::Unavailable(
-            message
-                .strip_prefix("unavailable: ")
-                .unwrap_or(&message)
-                .to_owned(),
-        ),
+        // UNKNOWN is never sent by a leasehold server (its own faults are
+        // INTERNAL): it is what the client's transport reports when the
+        // connection failed under a call (a refused TLS handshake, a reset),
+        // so it is as retryable as UNAVAILABLE.
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            Error::Unavailable(
+                message
+                    .strip_prefix("unavailable: ")
+                    .unwrap_or(&message)
+                    .to_owned(),
+            )
+        }
         _ => Error::Storage(
             message
                 .strip_prefix("storage error: ")
