@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use super::error::{ClientError, LossReason, ends_the_term};
 use super::session::SessionMux;
@@ -17,7 +16,8 @@ use leasehold_core::Error;
 use leasehold_core::lease::{Fence, Key, Lease, Owner};
 use leasehold_wire::convert;
 use leasehold_wire::pb;
-use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+
+use crate::Rpc;
 use leasehold_wire::pb::session_request::Op;
 
 /// How many times a release is sent when the server is unreachable.
@@ -50,7 +50,7 @@ pub(crate) struct Shared {
     /// Renewal and deadline settings.
     pub(crate) timing: Timing,
     /// The gRPC client, cloned per call.
-    pub(crate) rpc: LeaseholdClient<Channel>,
+    pub(crate) rpc: Rpc,
     /// The client's shared Session stream: renewals, checks and the release.
     session: Arc<SessionMux>,
     /// The current standing; a watch so `lost()` futures can wait on it.
@@ -197,7 +197,7 @@ impl SessionGuard {
     ///
     /// `basis` is a time no later than the grant, if one is known.
     pub(crate) async fn start(
-        rpc: LeaseholdClient<Channel>,
+        rpc: Rpc,
         session: Arc<SessionMux>,
         timing: Timing,
         reply: pb::AcquireResponse,

@@ -116,6 +116,7 @@ use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use leasehold_wire::pb::session_request::Op;
 use session::SessionMux;
+use tonic::service::interceptor::InterceptedService;
 
 pub use error::{ClientError, LossReason};
 pub use guard::{Ended, SessionGuard};
@@ -140,6 +141,58 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a ping may go unanswered before the connection counts as dead.
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The generated gRPC client as this crate uses it: every call passes the
+/// client's [`Credentials`].
+pub type Rpc = LeaseholdClient<InterceptedService<Channel, Credentials>>;
+
+/// What a client presents to a server run with `--auth`: a bearer token
+/// (sent as `authorization: Bearer <token>`). A client certificate (mutual
+/// TLS) is given in [`Tls`] instead.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    // Never print the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("token", &self.header.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// A bearer token.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the token cannot travel in a header
+    /// (control characters, non-ASCII).
+    pub fn bearer(token: &str) -> Result<Credentials, ClientError> {
+        let mut value = format!("Bearer {token}")
+            .parse::<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>()
+            .map_err(|_| Error::InvalidArgument("the token is not a valid header value".into()))?;
+        value.set_sensitive(true);
+        Ok(Credentials {
+            header: Some(value),
+        })
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(header) = &self.header {
+            request
+                .metadata_mut()
+                .insert("authorization", header.clone());
+        }
+        Ok(request)
+    }
+}
 
 /// TLS options for [`Client::connect_tls`], as PEM bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -181,7 +234,7 @@ impl Tls {
 #[derive(Debug, Clone)]
 pub struct Client {
     /// The generated gRPC client; cloned per call, as tonic expects.
-    rpc: LeaseholdClient<Channel>,
+    rpc: Rpc,
     /// The Session stream that carries every guard's checks, renewals and
     /// releases, opened on first use.
     session: Arc<SessionMux>,
@@ -210,6 +263,20 @@ impl Client {
     /// As [`Client::connect`]; [`Error::InvalidArgument`] for unusable TLS
     /// material.
     pub async fn connect_tls(endpoint: impl Into<String>, tls: Tls) -> Result<Client, ClientError> {
+        Self::connect_with(endpoint, tls, Credentials::default()).await
+    }
+
+    /// Connects to `endpoint` with `tls` (empty for plaintext) and sends
+    /// `credentials` (a bearer token for servers run with `--auth`) with
+    /// every call.
+    ///
+    /// # Errors
+    /// As [`Client::connect_tls`].
+    pub async fn connect_with(
+        endpoint: impl Into<String>,
+        tls: Tls,
+        credentials: Credentials,
+    ) -> Result<Client, ClientError> {
         let mut url = endpoint.into();
         let wants_tls = !tls.is_empty();
         if !url.contains("://") {
@@ -241,12 +308,17 @@ impl Client {
             .connect()
             .await
             .map_err(|e| Error::Unavailable(format!("cannot connect to {url}: {}", chain(&e))))?;
-        Ok(Client::new(channel))
+        Ok(Client::with_credentials(channel, credentials))
     }
 
     /// A client over a channel you configured yourself (TLS, interceptors...).
     pub fn new(channel: Channel) -> Client {
-        let rpc = LeaseholdClient::new(channel);
+        Self::with_credentials(channel, Credentials::default())
+    }
+
+    /// A client over `channel` that sends `credentials` with every call.
+    pub fn with_credentials(channel: Channel, credentials: Credentials) -> Client {
+        let rpc = LeaseholdClient::with_interceptor(channel, credentials);
         Client {
             session: Arc::new(SessionMux::new(rpc.clone())),
             rpc,
@@ -271,7 +343,7 @@ impl Client {
     }
 
     /// The generated gRPC client, for calls this API does not wrap (Get, List).
-    pub fn rpc(&self) -> LeaseholdClient<Channel> {
+    pub fn rpc(&self) -> Rpc {
         self.rpc.clone()
     }
 
@@ -321,7 +393,7 @@ impl Client {
 #[derive(Debug, Clone)]
 pub struct AcquireBuilder {
     /// Where to send it.
-    rpc: LeaseholdClient<Channel>,
+    rpc: Rpc,
     /// The client's Session stream, for the guard.
     session: Arc<SessionMux>,
     /// The key to hold, e.g. a session id.

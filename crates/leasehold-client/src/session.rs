@@ -21,19 +21,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::Channel;
 
 use super::error::ClientError;
 use leasehold_core::Error;
 use leasehold_wire::pb;
-use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+
+use crate::Rpc;
 use leasehold_wire::pb::session_request::Op;
 use leasehold_wire::status;
 
 /// The shared stream of one client, opened lazily.
 #[derive(Debug)]
 pub(crate) struct SessionMux {
-    rpc: LeaseholdClient<Channel>,
+    rpc: Rpc,
     /// The stream in use, if one is open.
     current: Mutex<Option<Stream>>,
     /// Serialises opening, so callers that find no stream open just one.
@@ -116,7 +116,7 @@ impl Waiting {
 }
 
 impl SessionMux {
-    pub(crate) fn new(rpc: LeaseholdClient<Channel>) -> SessionMux {
+    pub(crate) fn new(rpc: Rpc) -> SessionMux {
         SessionMux {
             rpc,
             current: Mutex::new(None),

@@ -88,6 +88,18 @@ pub enum Error {
     #[error("key {key:?} has no tool call {call_id:?}")]
     ToolCallNotFound { key: Key, call_id: String },
 
+    /// The request carries no credential, or one the server does not know.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+
+    /// The caller is known but its scopes do not grant `right` on `key`.
+    #[error("principal {principal:?} has no {right} right on key {key:?}")]
+    NotAllowed {
+        principal: String,
+        right: String,
+        key: String,
+    },
+
     /// The server cannot serve the request now (shutting down, storage failed).
     #[error("unavailable: {0}")]
     Unavailable(String),

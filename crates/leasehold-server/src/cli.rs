@@ -61,7 +61,7 @@ enum Command {
         #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
         metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
-        tls: ServeTls,
+        tls: ServeSecurity,
     },
     /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
     Transcript {
@@ -182,9 +182,9 @@ enum TranscriptCommand {
     },
 }
 
-/// TLS for `serve`.
+/// TLS and client authentication for `serve`.
 #[derive(Debug, Clone, clap::Args)]
-struct ServeTls {
+struct ServeSecurity {
     /// PEM certificate chain: serve TLS (reloaded on SIGHUP).
     #[arg(long, env = "LEASEHOLD_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -195,8 +195,13 @@ struct ServeTls {
     /// (mutual TLS).
     #[arg(long, env = "LEASEHOLD_CLIENT_CA", requires = "tls_cert")]
     client_ca: Option<PathBuf>,
-    /// Serve on a non-loopback address without client authentication (mutual
-    /// TLS). Anyone who can reach the port can then acquire any key.
+    /// A TOML file of principals (bearer tokens or client-certificate
+    /// subjects) and their scopes; every request is checked against it.
+    #[arg(long, env = "LEASEHOLD_AUTH")]
+    auth: Option<PathBuf>,
+    /// Serve on a non-loopback address without authenticating clients
+    /// (--auth or --client-ca). Anyone who can reach the port can then
+    /// acquire any key.
     #[arg(long)]
     insecure: bool,
 }
@@ -224,6 +229,10 @@ struct Target {
     /// PEM key of the client certificate.
     #[arg(long, env = "LEASEHOLD_CLIENT_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Bearer token for a server run with --auth (prefer the environment
+    /// variable: command lines are visible to other users).
+    #[arg(long, env = "LEASEHOLD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -312,18 +321,34 @@ async fn serve(
     config: EngineConfig,
     drain_timeout: Duration,
     metrics_listen: Option<SocketAddr>,
-    tls: ServeTls,
+    tls: ServeSecurity,
 ) -> ExitCode {
     // Off loopback, every lease_id crosses the network and anyone who can
     // reach the port can take any key: insist on authenticated clients
     // (mutual TLS) or an explicit --insecure.
-    if !listen.ip().is_loopback() && tls.client_ca.is_none() && !tls.insecure {
+    let authenticated = tls.client_ca.is_some() || tls.auth.is_some();
+    if !listen.ip().is_loopback() && !authenticated && !tls.insecure {
         eprintln!(
             "error: refusing to serve on {listen}, which is not a loopback address, without \
-             client authentication: give --tls-cert/--tls-key with --client-ca (mutual TLS), \
-             or --insecure to accept any client"
+             client authentication: give --auth FILE (tokens or certificate subjects) or \
+             --tls-cert/--tls-key with --client-ca (mutual TLS), or --insecure to accept any client"
         );
         return ExitCode::FAILURE;
+    }
+    let auth = match &tls.auth {
+        None => None,
+        Some(path) => match leasehold_server::auth::AuthConfig::load(path) {
+            Ok(config) => Some(Arc::new(config)),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    if auth.is_some() && tls.tls_cert.is_none() && !listen.ip().is_loopback() {
+        tracing::warn!(
+            "--auth without TLS: bearer tokens and lease ids cross the network in clear text"
+        );
     }
     let server_tls = match (&tls.tls_cert, &tls.tls_key) {
         (Some(cert), Some(key)) => {
@@ -396,6 +421,7 @@ async fn serve(
         grpc: listener,
         metrics: metrics_listener,
         tls: server_tls,
+        auth,
     };
     let served = server::serve_on(listeners, engine, shutdown, options).await;
     match served {
@@ -496,7 +522,11 @@ async fn connect(target: &Target) -> Result<Client, String> {
         },
         domain: None,
     };
-    Client::connect_tls(target.server.clone(), tls)
+    let credentials = match &target.token {
+        Some(token) => leasehold_client::Credentials::bearer(token).map_err(refused)?,
+        None => leasehold_client::Credentials::default(),
+    };
+    Client::connect_with(target.server.clone(), tls, credentials)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", target.server))
 }

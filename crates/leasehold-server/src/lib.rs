@@ -11,6 +11,7 @@
 //! The rules themselves live in `leasehold-core`; the wire format in
 //! `leasehold-wire`.
 
+pub mod auth;
 pub mod backend;
 pub mod engine;
 pub mod grpc;

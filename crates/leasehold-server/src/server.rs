@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::transport::server::TcpIncoming;
 
+use crate::auth::AuthConfig;
 use crate::backend::Backend;
 use crate::engine::{Engine, EngineConfig};
 use crate::grpc::LeaseholdService;
@@ -147,6 +148,9 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
     /// TLS (and mutual TLS) on the gRPC listener; `None` is plaintext.
     pub tls: Option<Arc<ServerTls>>,
+    /// Principals and scopes every request is checked against; `None`
+    /// serves everyone.
+    pub auth: Option<Arc<AuthConfig>>,
 }
 
 impl Listeners {
@@ -156,6 +160,7 @@ impl Listeners {
             grpc,
             metrics: None,
             tls: None,
+            auth: None,
         }
     }
 }
@@ -175,6 +180,7 @@ pub async fn serve_on(
         grpc: listener,
         metrics: metrics_listener,
         tls,
+        auth,
     } = listeners;
     let drain_timeout = options.drain_timeout;
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -196,10 +202,12 @@ pub async fn serve_on(
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let backend: Arc<dyn Backend> = Arc::new(backend);
     let service_metrics = Arc::new(ServiceMetrics::default());
-    let service = pb::leasehold_server::LeaseholdServer::new(LeaseholdService::with_metrics(
-        backend.clone(),
-        service_metrics.clone(),
-    ));
+    let mut lease_service =
+        LeaseholdService::with_metrics(backend.clone(), service_metrics.clone());
+    if let Some(auth) = &auth {
+        lease_service = lease_service.with_auth(auth.clone());
+    }
+    let service = pb::leasehold_server::LeaseholdServer::new(lease_service);
     let metrics_task = metrics_listener.map(|listener| {
         tokio::spawn(serve_metrics(
             listener,
@@ -207,9 +215,18 @@ pub async fn serve_on(
             service_metrics.clone(),
         ))
     });
-    let transcripts = pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
-        .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
-        .max_encoding_message_size(MAX_TRANSCRIPT_BYTES);
+    // The transcript check touches no key: any authenticated caller may use it.
+    let transcripts = tonic::service::interceptor::InterceptedService::new(
+        pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
+            .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
+            .max_encoding_message_size(MAX_TRANSCRIPT_BYTES),
+        move |request: tonic::Request<()>| {
+            if let Some(auth) = &auth {
+                crate::grpc::identify(auth, &request).map_err(leasehold_wire::status::to_status)?;
+            }
+            Ok(request)
+        },
+    );
     let signalled = Arc::new(Notify::new());
     let storage_failure = Arc::new(std::sync::Mutex::new(None::<String>));
     let draining = {

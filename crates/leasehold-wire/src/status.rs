@@ -24,6 +24,8 @@ const REMAINING: &str = "leasehold-remaining-ms";
 pub const REASON: &str = "leasehold-reason";
 const AT: &str = "leasehold-at-ms";
 const CALL_ID: &str = "leasehold-call-id-bin";
+const PRINCIPAL: &str = "leasehold-principal-bin";
+const RIGHT: &str = "leasehold-right";
 const BY: &str = "leasehold-superseded-by";
 
 /// Turns a domain error into the gRPC status a client sees.
@@ -71,6 +73,19 @@ pub fn to_status(err: Error) -> Status {
             put_bin(&mut meta, CALL_ID, call_id);
             Code::NotFound
         }
+        Error::Unauthenticated(_) => Code::Unauthenticated,
+        Error::NotAllowed {
+            principal,
+            right,
+            key,
+        } => {
+            put_bin(&mut meta, PRINCIPAL, principal);
+            put_bin(&mut meta, KEY, key);
+            if let Ok(value) = AsciiMetadataValue::try_from(right.as_str()) {
+                meta.insert(RIGHT, value);
+            }
+            Code::PermissionDenied
+        }
         Error::Unavailable(_) => Code::Unavailable,
         Error::Storage(_) => Code::Internal,
     };
@@ -87,6 +102,15 @@ pub fn to_status(err: Error) -> Status {
 pub fn from_status(status: &Status) -> Error {
     let meta = status.metadata();
     let message = status.message().to_owned();
+    if status.code() == Code::PermissionDenied {
+        if let Some(right) = meta.get(RIGHT).and_then(|v| v.to_str().ok()) {
+            return Error::NotAllowed {
+                principal: get_bin(meta, PRINCIPAL).unwrap_or_default(),
+                right: right.to_owned(),
+                key: get_bin(meta, KEY).unwrap_or_default(),
+            };
+        }
+    }
     let key = get_bin(meta, KEY).and_then(|k| Key::parse(k).ok());
     let Some(key) = key.filter(|_| refers_to_a_key(status.code())) else {
         return by_code(status.code(), message);
@@ -142,6 +166,12 @@ fn refers_to_a_key(code: Code) -> bool {
 /// A status mapped by its code alone.
 fn by_code(code: Code, message: String) -> Error {
     match code {
+        Code::Unauthenticated => Error::Unauthenticated(
+            message
+                .strip_prefix("unauthenticated: ")
+                .unwrap_or(&message)
+                .to_owned(),
+        ),
         Code::InvalidArgument => Error::InvalidArgument(
             message
                 .strip_prefix("invalid argument: ")
@@ -300,6 +330,12 @@ mod tests {
             Error::ToolCallNotFound {
                 key: key("k"),
                 call_id: "call_1".into(),
+            },
+            Error::Unauthenticated("no credential".into()),
+            Error::NotAllowed {
+                principal: "dashboard".into(),
+                right: "hold".into(),
+                key: "session:1".into(),
             },
             Error::Unavailable("the server is shutting down".into()),
             Error::Storage("disk I/O error".into()),

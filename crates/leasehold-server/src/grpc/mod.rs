@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::auth::{AuthConfig, Principal, Right, subject_name};
 use crate::backend::Backend;
 use crate::metrics::ServiceMetrics;
 use leasehold_core::error::Error;
@@ -29,6 +30,8 @@ use leasehold_wire::{convert, status};
 pub struct LeaseholdService {
     backend: Arc<dyn Backend>,
     metrics: Arc<ServiceMetrics>,
+    /// Who may do what; `None` serves everyone (loopback, or --insecure).
+    auth: Option<Arc<AuthConfig>>,
 }
 
 impl std::fmt::Debug for LeaseholdService {
@@ -46,7 +49,49 @@ impl LeaseholdService {
     /// Serves leases from `backend`, recording request latency and refusals
     /// in `metrics`.
     pub fn with_metrics(backend: Arc<dyn Backend>, metrics: Arc<ServiceMetrics>) -> Self {
-        LeaseholdService { backend, metrics }
+        LeaseholdService {
+            backend,
+            metrics,
+            auth: None,
+        }
+    }
+
+    /// Checks every request against `auth`'s principals and scopes.
+    pub fn with_auth(mut self, auth: Arc<AuthConfig>) -> Self {
+        self.auth = Some(auth);
+        self
+    }
+
+    /// The principal making `request`, when auth is on.
+    fn caller<T>(
+        &self,
+        rpc: &'static str,
+        request: &Request<T>,
+    ) -> Result<Option<Principal>, Status> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        identify(auth, request).map(Some).map_err(|err| {
+            self.metrics.record(rpc, Duration::ZERO, Some(&err));
+            status::to_status(err)
+        })
+    }
+
+    /// `Ok` when `who` (if auth is on) holds `right` on `key`.
+    fn authorize(
+        &self,
+        rpc: &'static str,
+        who: Option<&Principal>,
+        right: Right,
+        key: &str,
+    ) -> Result<(), Status> {
+        let Some(who) = who else {
+            return Ok(());
+        };
+        who.allow(right, key).map_err(|err| {
+            self.metrics.record(rpc, Duration::ZERO, Some(&err));
+            status::to_status(err)
+        })
     }
 
     /// Parses a request field; a malformed one is refused (and counted)
@@ -82,14 +127,21 @@ fn reply<T>(result: Result<T, Error>) -> Reply<T> {
 #[tonic::async_trait]
 impl Leasehold for LeaseholdService {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
+        let who = self.caller("Acquire", &request)?;
         let acquire = self.parsed("Acquire", convert::acquire(request.into_inner()))?;
+        self.authorize("Acquire", who.as_ref(), Right::Hold, acquire.key.as_str())?;
+        if let Some(who) = &who {
+            self.parsed("Acquire", who.allow_owner(acquire.owner.as_str()))?;
+        }
         let grant = self.timed("Acquire", self.backend.acquire(acquire)).await;
         reply(grant.map(|g| convert::acquire_response(&g)))
     }
 
     async fn renew(&self, request: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
+        let who = self.caller("Renew", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("Renew", convert::held(r.key, &r.lease_id))?;
+        self.authorize("Renew", who.as_ref(), Right::Hold, key.as_str())?;
         let ttl = self.parsed("Renew", Ttl::parse_optional(r.ttl_ms))?;
         let term = self
             .timed(
@@ -103,8 +155,10 @@ impl Leasehold for LeaseholdService {
     }
 
     async fn release(&self, request: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
+        let who = self.caller("Release", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("Release", convert::held(r.key, &r.lease_id))?;
+        self.authorize("Release", who.as_ref(), Right::Hold, key.as_str())?;
         let ended = self
             .timed(
                 "Release",
@@ -118,8 +172,10 @@ impl Leasehold for LeaseholdService {
     }
 
     async fn check(&self, request: Request<pb::CheckRequest>) -> Reply<pb::CheckResponse> {
+        let who = self.caller("Check", &request)?;
         let r = request.into_inner();
         let key = self.parsed("Check", Key::parse(r.key))?;
+        self.authorize("Check", who.as_ref(), Right::Check, key.as_str())?;
         let term = self
             .timed("Check", self.backend.check(&key, Fence(r.fence)))
             .await;
@@ -129,7 +185,9 @@ impl Leasehold for LeaseholdService {
     }
 
     async fn get(&self, request: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
+        let who = self.caller("Get", &request)?;
         let key = self.parsed("Get", Key::parse(request.into_inner().key))?;
+        self.authorize("Get", who.as_ref(), Right::Read, key.as_str())?;
         let view = self.timed("Get", self.backend.get(&key)).await;
         reply(view.map(|v| {
             let state = convert::key_state(&v);
@@ -142,6 +200,7 @@ impl Leasehold for LeaseholdService {
     }
 
     async fn list(&self, request: Request<pb::ListRequest>) -> Reply<pb::ListResponse> {
+        let who = self.caller("List", &request)?;
         let r = request.into_inner();
         let after = self.parsed("List", convert::parse_page_token(&r.page_token))?;
         let page = self
@@ -155,6 +214,13 @@ impl Leasehold for LeaseholdService {
                 ),
             )
             .await;
+        // Only the keys the caller may read; a page may come back short.
+        let page = page.map(|mut p| {
+            if let Some(who) = &who {
+                p.keys.retain(|k| who.can(Right::Read, k.key.as_str()));
+            }
+            p
+        });
         reply(page.map(|p| {
             pb::ListResponse {
                 keys: p.keys.iter().map(convert::key_state).collect(),
@@ -171,8 +237,10 @@ impl Leasehold for LeaseholdService {
         &self,
         request: Request<pb::BeginToolCallRequest>,
     ) -> Reply<pb::BeginToolCallResponse> {
+        let who = self.caller("BeginToolCall", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("BeginToolCall", convert::held(r.key, &r.lease_id))?;
+        self.authorize("BeginToolCall", who.as_ref(), Right::Hold, key.as_str())?;
         let spec = convert::call_spec(pb::ToolCallSpec {
             call_id: r.call_id,
             name: r.name,
@@ -201,8 +269,10 @@ impl Leasehold for LeaseholdService {
         &self,
         request: Request<pb::BeginToolCallsRequest>,
     ) -> Reply<pb::BeginToolCallsResponse> {
+        let who = self.caller("BeginToolCalls", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("BeginToolCalls", convert::held(r.key, &r.lease_id))?;
+        self.authorize("BeginToolCalls", who.as_ref(), Right::Hold, key.as_str())?;
         let specs = r.calls.into_iter().map(convert::call_spec).collect();
         let outcome = self
             .timed(
@@ -234,8 +304,10 @@ impl Leasehold for LeaseholdService {
         &self,
         request: Request<pb::SettleToolCallRequest>,
     ) -> Reply<pb::SettleToolCallResponse> {
+        let who = self.caller("SettleToolCall", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("SettleToolCall", convert::held(r.key, &r.lease_id))?;
+        self.authorize("SettleToolCall", who.as_ref(), Right::Hold, key.as_str())?;
         let settlement = self.parsed(
             "SettleToolCall",
             convert::settlement(r.call_id, r.outcome, r.result_digest, r.result),
@@ -257,8 +329,10 @@ impl Leasehold for LeaseholdService {
         &self,
         request: Request<pb::ListToolCallsRequest>,
     ) -> Reply<pb::ListToolCallsResponse> {
+        let who = self.caller("ListToolCalls", &request)?;
         let r = request.into_inner();
         let key = self.parsed("ListToolCalls", Key::parse(r.key))?;
+        self.authorize("ListToolCalls", who.as_ref(), Right::Read, key.as_str())?;
         let calls = self
             .timed(
                 "ListToolCalls",
@@ -277,7 +351,9 @@ impl Leasehold for LeaseholdService {
         &self,
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Reply<Self::SessionStream> {
+        let who = self.caller("Session.Acquire", &request)?;
         Ok(Response::new(SessionPipe {
+            who,
             backend: self.backend.clone(),
             metrics: self.metrics.clone(),
             inbound: Some(request.into_inner()),
@@ -298,6 +374,8 @@ pub const SESSION_WINDOW: usize = 1024;
 /// responses are ready and sends them in one write: under load, one read and
 /// one write carry many operations.
 pub struct SessionPipe {
+    /// The caller, when auth is on: every operation is checked against it.
+    who: Option<Principal>,
     backend: Arc<dyn Backend>,
     metrics: Arc<ServiceMetrics>,
     /// `None` once the client half-closed (or its stream failed).
@@ -316,8 +394,12 @@ impl Stream for SessionPipe {
             };
             match Pin::new(inbound).poll_next(cx) {
                 Poll::Ready(Some(Ok(message))) => {
-                    this.pending
-                        .push(session_step(this.backend.as_ref(), &this.metrics, message));
+                    this.pending.push(session_step(
+                        this.backend.as_ref(),
+                        &this.metrics,
+                        this.who.as_ref(),
+                        message,
+                    ));
                 }
                 Poll::Ready(Some(Err(status))) => {
                     this.inbound = None;
@@ -340,6 +422,7 @@ impl Stream for SessionPipe {
 fn session_step(
     backend: &dyn Backend,
     metrics: &Arc<ServiceMetrics>,
+    who: Option<&Principal>,
     message: pb::SessionRequest,
 ) -> BoxFuture<'static, pb::SessionResponse> {
     use pb::session_request::Op;
@@ -358,6 +441,9 @@ fn session_step(
                 Ok(parsed) => parsed,
                 Err(err) => return step.refused(err),
             };
+            if let Err(err) = allowed(who, Right::Hold, &key) {
+                return step.refused(err);
+            }
             let renewed = backend.renew(&key, Fence(r.fence), lease_id, ttl);
             step.respond(renewed, move |t| pb::SessionResponse {
                 lease: Some(convert::lease(&key, &t, true)),
@@ -370,6 +456,9 @@ fn session_step(
                 Ok(key) => key,
                 Err(err) => return step.refused(err),
             };
+            if let Err(err) = allowed(who, Right::Check, &key) {
+                return step.refused(err);
+            }
             let checked = backend.check(&key, Fence(r.fence));
             step.respond(checked, move |t| pb::SessionResponse {
                 lease: Some(convert::lease(&key, &t, false)),
@@ -382,6 +471,10 @@ fn session_step(
                 Ok(acquire) => acquire,
                 Err(err) => return step.refused(err),
             };
+            let owner_ok = who.map_or(Ok(()), |w| w.allow_owner(acquire.owner.as_str()));
+            if let Err(err) = allowed(who, Right::Hold, &acquire.key).and(owner_ok) {
+                return step.refused(err);
+            }
             let granted = backend.acquire(acquire);
             step.respond(granted, |g| {
                 let acquired = convert::acquire_response(&g);
@@ -400,6 +493,9 @@ fn session_step(
                 Ok(held) => held,
                 Err(err) => return step.refused(err),
             };
+            if let Err(err) = allowed(who, Right::Hold, &key) {
+                return step.refused(err);
+            }
             let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend);
             step.respond(released, |e| pb::SessionResponse {
                 ended: Some(convert::ended(&e)),
@@ -411,6 +507,29 @@ fn session_step(
             Box::pin(std::future::ready(answer(id, Err(empty))))
         }
     }
+}
+
+/// `Ok` when `who` (if auth is on) holds `right` on `key`.
+fn allowed(who: Option<&Principal>, right: Right, key: &Key) -> Result<(), Error> {
+    who.map_or(Ok(()), |who| who.allow(right, key.as_str()))
+}
+
+/// The principal behind `request`: its bearer token, else the subject of
+/// its client certificate.
+pub(crate) fn identify<T>(auth: &AuthConfig, request: &Request<T>) -> Result<Principal, Error> {
+    let token = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let subject = request
+        .peer_certs()
+        .and_then(|certs| certs.first().and_then(|c| subject_name(c.as_ref())));
+    auth.authenticate(token, subject.as_deref()).cloned()
 }
 
 /// One Session-stream operation being answered, and where its latency goes.
