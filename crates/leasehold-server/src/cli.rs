@@ -14,7 +14,9 @@ use leasehold_client::{Client, ClientError};
 use leasehold_core::SystemClock;
 use leasehold_core::lease::{Ended, Fence, Key, Lease, LeaseId, TermEnd, Ttl};
 use leasehold_core::lessor::ListFilter;
+use leasehold_server::Backend;
 use leasehold_server::engine::EngineConfig;
+use leasehold_server::postgres::{PgBackend, PgConfig};
 use leasehold_server::server;
 use leasehold_server::sqlite::SyncMode;
 use leasehold_transcript as transcript;
@@ -23,7 +25,7 @@ use leasehold_wire::{convert, pb};
 /// How long `leasehold check` waits for its answer.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite.
+/// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite or PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -38,10 +40,25 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:7420", env = "LEASEHOLD_LISTEN")]
         listen: SocketAddr,
-        /// SQLite database file (created if missing).
+        /// SQLite database file (created if missing); the same as
+        /// `--store sqlite:PATH`.
         #[arg(long, default_value = "./leasehold.db", env = "LEASEHOLD_DB")]
         db: PathBuf,
-        /// full: every acknowledged write survives power loss; normal: survives crashes only.
+        /// Where the leases live: `sqlite:PATH` (one server, the default:
+        /// `--db`), or `postgres://user@host:port/database` (any number of
+        /// servers on one database; see docs/deploy.md).
+        #[arg(long, env = "LEASEHOLD_STORE", value_parser = parse_store, conflicts_with = "db")]
+        store: Option<Store>,
+        /// PostgreSQL only: the schema holding leasehold's tables (created if
+        /// missing). Every server of one deployment names the same schema.
+        #[arg(long, default_value = "leasehold", env = "LEASEHOLD_PG_SCHEMA")]
+        pg_schema: String,
+        /// PostgreSQL only: connections in the pool.
+        #[arg(long, default_value_t = 16)]
+        pg_pool_size: usize,
+        /// SQLite only. full: every acknowledged write survives power loss;
+        /// normal: survives crashes only. (PostgreSQL commits as the
+        /// database's synchronous_commit says.)
         #[arg(long, value_enum, default_value_t = Sync::Full)]
         sync: Sync,
         /// On SIGINT/SIGTERM, how long to wait for open connections to finish.
@@ -192,6 +209,31 @@ struct Target {
     json: bool,
 }
 
+/// Where `serve` keeps the leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Store {
+    /// One server over a SQLite file.
+    Sqlite(PathBuf),
+    /// Any number of servers over one PostgreSQL database (its URL).
+    Postgres(String),
+}
+
+/// Parses `--store`: `sqlite:PATH` or a `postgres://` / `postgresql://` URL.
+fn parse_store(text: &str) -> Result<Store, String> {
+    if let Some(path) = text.strip_prefix("sqlite:") {
+        if path.is_empty() {
+            return Err("sqlite: needs a file path, e.g. sqlite:./leasehold.db".into());
+        }
+        return Ok(Store::Sqlite(PathBuf::from(path)));
+    }
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        return Ok(Store::Postgres(text.to_owned()));
+    }
+    Err(format!(
+        "{text:?} is not a store: use sqlite:PATH or postgres://user@host:port/database"
+    ))
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Sync {
     Full,
@@ -237,24 +279,34 @@ async fn run(command: Command) -> ExitCode {
         Command::Serve {
             listen,
             db,
+            store,
+            pg_schema,
+            pg_pool_size,
             sync,
             drain_timeout_ms,
             retention_ms,
             log_format,
         } => {
             init_logging(log_format);
-            let config = EngineConfig {
-                retention_ms,
-                ..EngineConfig::default()
-            };
-            serve(
-                listen,
-                db,
-                sync,
-                config,
-                Duration::from_millis(drain_timeout_ms),
-            )
-            .await
+            let drain_timeout = Duration::from_millis(drain_timeout_ms);
+            match store.unwrap_or(Store::Sqlite(db)) {
+                Store::Sqlite(db) => {
+                    let config = EngineConfig {
+                        retention_ms,
+                        ..EngineConfig::default()
+                    };
+                    serve(listen, db, sync, config, drain_timeout).await
+                }
+                Store::Postgres(url) => {
+                    let config = PgConfig {
+                        schema: pg_schema,
+                        pool_size: pg_pool_size,
+                        retention_ms,
+                        ..PgConfig::new(url)
+                    };
+                    serve_postgres(listen, config, drain_timeout).await
+                }
+            }
         }
         Command::Transcript { command } => transcript_command(command),
         other => match operate(other).await {
@@ -285,6 +337,37 @@ async fn serve(
             return ExitCode::FAILURE;
         }
     };
+    let announce = |addr: SocketAddr| {
+        tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
+    };
+    serve_backend(listen, engine, announce, drain_timeout).await
+}
+
+/// `serve --store postgres://…`: connects (migrating the schema if needed),
+/// then serves.
+async fn serve_postgres(listen: SocketAddr, config: PgConfig, drain_timeout: Duration) -> ExitCode {
+    let schema = config.schema.clone();
+    let backend = match PgBackend::connect(config).await {
+        Ok(backend) => backend,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let announce = |addr: SocketAddr| {
+        tracing::info!(%addr, store = "postgres", %schema, "leasehold serving");
+    };
+    serve_backend(listen, backend, announce, drain_timeout).await
+}
+
+/// Listens on `listen` and serves `backend` until SIGINT/SIGTERM;
+/// `announce` logs the start-up line.
+async fn serve_backend(
+    listen: SocketAddr,
+    backend: impl Backend,
+    announce: impl FnOnce(SocketAddr),
+    drain_timeout: Duration,
+) -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -297,14 +380,14 @@ async fn serve(
     // as soon as it reads the line below gets a clean shutdown, not the
     // signal's default action.
     let shutdown = shutdown_signal();
-    tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
+    announce(addr);
     // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
     println!("listening on {addr}");
     let options = server::ServeOptions {
         drain_timeout,
         ..server::ServeOptions::default()
     };
-    match server::serve_with(listener, engine, shutdown, options).await {
+    match server::serve_with(listener, backend, shutdown, options).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -990,3 +990,107 @@ async fn a_stopped_server_loses_nothing() {
     let next = lease_of(c.acquire(acquire("k", "b", 5_000)).await.unwrap());
     assert!(next.fence > lease.fence);
 }
+
+/// `leasehold serve` with `args`, until it prints its address.
+fn spawn_serve(args: &[&str]) -> (std::process::Child, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(common::binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout-ms",
+            "300",
+        ])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("LEASEHOLD_DB")
+        .env_remove("LEASEHOLD_STORE")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn leasehold serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .expect("address");
+    (child, addr)
+}
+
+/// SIGTERM, and a clean exit.
+fn terminate(mut child: std::process::Child) {
+    let pid = child.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+/// `serve --store postgres://…` serves leases from the database, in the
+/// schema `--pg-schema` names.
+#[tokio::test]
+async fn serve_with_a_postgres_store() {
+    let schema = schema_or_skip!();
+    let (child, addr) = spawn_serve(&["--store", &schema.url, "--pg-schema", &schema.name]);
+    let mut c = LeaseholdClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let lease = lease_of(c.acquire(acquire("k", "a", 5_000)).await.unwrap());
+    // The same state through an in-process server on the same schema.
+    let other = PgServer::start(&schema).await;
+    let refused = other
+        .client()
+        .await
+        .check(check("k", lease.fence + 1))
+        .await;
+    assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
+    other
+        .client()
+        .await
+        .check(check("k", lease.fence))
+        .await
+        .unwrap();
+    terminate(child);
+}
+
+/// `serve --store sqlite:PATH` is the SQLite engine on PATH (no database needed).
+#[tokio::test]
+async fn serve_with_a_sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("store.db");
+    let store = format!("sqlite:{}", db.display());
+    let (child, addr) = spawn_serve(&["--store", &store]);
+    let mut c = LeaseholdClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    c.acquire(acquire("k", "a", 5_000)).await.unwrap();
+    terminate(child);
+    assert!(db.exists());
+}
+
+/// A store that is neither, or `--store` together with `--db`, is refused.
+#[test]
+fn bad_store_arguments_are_refused() {
+    for args in [
+        &["--store", "mysql://x"][..],
+        &["--store", "sqlite:"],
+        &["--store", "sqlite:a.db", "--db", "b.db"],
+    ] {
+        let output = std::process::Command::new(common::binary())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("LEASEHOLD_DB")
+            .env_remove("LEASEHOLD_STORE")
+            .output()
+            .expect("run leasehold serve");
+        assert!(!output.status.success(), "{args:?} was accepted");
+        assert!(!output.stderr.is_empty());
+    }
+}

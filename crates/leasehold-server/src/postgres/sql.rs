@@ -183,8 +183,8 @@ pub const WAITER_GRANT: &str =
 /// one row per key it moved. Each row is re-checked under its lock, so a
 /// renewal that got there first wins.
 pub const SWEEP_EXPIRED: &str = "WITH n AS (SELECT now_ms() AS ms),
-     due AS (SELECT k.key FROM keys k, n
-             WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= n.ms
+     due AS (SELECT k.key FROM keys k
+             WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= (SELECT ms FROM n)
              ORDER BY k.live_expires_at_ms LIMIT 1000 FOR UPDATE OF k SKIP LOCKED),
      moved AS (
          UPDATE keys k SET
@@ -201,19 +201,20 @@ pub const SWEEP_EXPIRED: &str = "WITH n AS (SELECT now_ms() AS ms),
 /// at least `$1` ms ago.
 pub const PRUNE_SETTLED_CALLS: &str = "DELETE FROM tool_calls t USING keys k
      WHERE t.key = k.key AND t.state <> 1
-       AND k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= now_ms() - $1";
+       AND k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)";
 
 /// Retention, step 2: forgets keys released cleanly at least `$1` ms ago
 /// that have no running tool calls and nobody in line. The fence sequence
 /// lives apart from the rows, so a forgotten key's fences are never reused.
 pub const FORGET_RELEASED: &str = "DELETE FROM keys k
-     WHERE k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= now_ms() - $1
+     WHERE k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)
        AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
        AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)";
 
 /// Waiter rows whose server stopped keeping them alive (or whose grant was
 /// never picked up) for a minute.
-pub const DROP_DEAD_WAITERS: &str = "DELETE FROM waiters WHERE alive_until_ms < now_ms() - 60000";
+pub const DROP_DEAD_WAITERS: &str =
+    "DELETE FROM waiters WHERE alive_until_ms < (SELECT now_ms() - 60000)";
 
 /// List ALL: `$1` LIKE pattern of the prefix, `$2` the prefix (range start),
 /// `$3` the range end, `$4` list after this key ('' for the first page),
@@ -228,10 +229,13 @@ pub const LIST_LIVE: &str = "SELECT n.ms AS now, k.* FROM keys k, (SELECT now_ms
        AND k.live_fence IS NOT NULL AND k.live_expires_at_ms > n.ms
      ORDER BY k.key LIMIT $5";
 
-/// List RECOVERABLE, parameters as [`LIST_ALL`]: the two halves each read
-/// through their own partial index (`keys_recoverable`: last term expired
-/// or suspended; `keys_deadline`: terms past their deadline the sweeper has
-/// not moved yet).
+/// List RECOVERABLE, parameters as [`LIST_ALL`]. Each half reads through
+/// its own partial index: `keys_recoverable` (last term expired or
+/// suspended) in key order, and `keys_deadline` for terms past their
+/// deadline that the sweeper has not moved yet (at most 1000 of them, the
+/// earliest; a mass expiry beyond that shows up as the sweeper catches up).
+/// `now` is read once, and used as a plan parameter (an InitPlan), so the
+/// deadline half is an index range, not a scan of every live key.
 pub const LIST_RECOVERABLE: &str = "WITH n AS (SELECT now_ms() AS ms)
      SELECT * FROM (
          (SELECT n.ms AS now, k.* FROM keys k, n
@@ -239,10 +243,12 @@ pub const LIST_RECOVERABLE: &str = "WITH n AS (SELECT now_ms() AS ms)
             AND k.key >= $2 AND k.key < $3 AND k.key LIKE $1 AND k.key > $4
           ORDER BY k.key LIMIT $5)
          UNION ALL
-         (SELECT n.ms AS now, k.* FROM keys k, n
-          WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= n.ms
-            AND k.key >= $2 AND k.key < $3 AND k.key LIKE $1 AND k.key > $4
-          ORDER BY k.key LIMIT $5)
+         (SELECT n.ms AS now, d.* FROM n,
+                 (SELECT * FROM keys k
+                  WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= (SELECT ms FROM n)
+                  ORDER BY k.live_expires_at_ms LIMIT 1000) d
+          WHERE d.key >= $2 AND d.key < $3 AND d.key LIKE $1 AND d.key > $4
+          ORDER BY d.key LIMIT $5)
      ) r ORDER BY r.key LIMIT $5";
 
 /// Locks the live term for the rest of the transaction, so no release or
