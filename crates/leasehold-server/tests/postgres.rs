@@ -1094,3 +1094,69 @@ fn bad_store_arguments_are_refused() {
         assert!(!output.stderr.is_empty());
     }
 }
+
+/// On one Session stream, operations on a key take effect in the order they
+/// were sent, even when sent without waiting: a Release, then another
+/// owner's Acquire, then a Check of the released fence, then a Renew of it.
+#[tokio::test]
+async fn a_session_stream_applies_in_arrival_order() {
+    use leasehold_wire::pb::session_request::Op;
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let (tx, outbound) = tokio::sync::mpsc::unbounded_channel();
+    let mut rx = c
+        .session(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            outbound,
+        ))
+        .await
+        .expect("open Session")
+        .into_inner();
+    for round in 0..10 {
+        let key = format!("k{round}");
+        let lease = lease_of(c.acquire(acquire(&key, "a", 5_000)).await.unwrap());
+        let ops = [
+            Op::Release(release(&lease, false)),
+            Op::Acquire(acquire(&key, "b", 5_000)),
+            Op::Check(check(&key, lease.fence)),
+            Op::Renew(renew(&lease, 0)),
+        ];
+        for (id, op) in ops.into_iter().enumerate() {
+            tx.send(pb::SessionRequest {
+                op: Some(op),
+                id: id as u64,
+            })
+            .unwrap();
+        }
+        let mut answers = std::collections::HashMap::new();
+        for _ in 0..4 {
+            let answer = tokio::time::timeout(Duration::from_secs(10), rx.message())
+                .await
+                .expect("an answer within 10 s")
+                .expect("no stream error")
+                .expect("stream open");
+            answers.insert(answer.id, answer);
+        }
+        assert_eq!(answers[&0].code, 0, "release: {:?}", answers[&0]);
+        assert_eq!(
+            answers[&1].code, 0,
+            "acquire after the release: {:?}",
+            answers[&1]
+        );
+        let taken = answers[&1].lease.as_ref().unwrap();
+        assert_eq!(taken.owner, "b");
+        for id in [2, 3] {
+            let refusal = &answers[&id];
+            assert_eq!(refusal.code, Code::FailedPrecondition as i32, "{refusal:?}");
+            let err = leasehold_wire::status::from_refusal(
+                refusal.code,
+                &refusal.message,
+                &refusal.details,
+            );
+            assert!(
+                matches!(err, Error::StaleFence { reason: StaleReason::Superseded { by }, .. } if by.0 == taken.fence),
+                "{err:?}"
+            );
+        }
+    }
+}
