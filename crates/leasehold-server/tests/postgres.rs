@@ -1160,3 +1160,131 @@ async fn a_session_stream_applies_in_arrival_order() {
         }
     }
 }
+
+/// A TCP relay to the database that can be cut (every connection dropped,
+/// new ones refused) and restored, to take the database away from a server.
+struct Relay {
+    addr: SocketAddr,
+    up: Arc<AtomicBool>,
+    /// Bumped on every cut, so relayed connections of an earlier epoch stop.
+    epoch: Arc<tokio::sync::watch::Sender<u64>>,
+    _task: JoinHandle<()>,
+}
+
+impl Relay {
+    async fn to(database: SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = Arc::new(AtomicBool::new(true));
+        let epoch = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        let task = tokio::spawn({
+            let (up, epoch) = (up.clone(), epoch.clone());
+            async move {
+                loop {
+                    let Ok((mut inbound, _)) = listener.accept().await else {
+                        return;
+                    };
+                    if !up.load(Ordering::SeqCst) {
+                        continue; // dropped: the database is "down"
+                    }
+                    let mut cut = epoch.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut outbound) = tokio::net::TcpStream::connect(database).await
+                        else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = cut.changed() => {}
+                        }
+                    });
+                }
+            }
+        });
+        Relay {
+            addr,
+            up,
+            epoch,
+            _task: task,
+        }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// While the database cannot be reached every request is refused with
+/// UNAVAILABLE, never answered from a guess; once it is back, service
+/// resumes by itself and nothing acknowledged was lost.
+#[tokio::test]
+async fn a_database_outage_is_unavailable_then_resumes() {
+    let schema = schema_or_skip!();
+    let parsed: tokio_postgres::Config = schema.url.parse().unwrap();
+    let host = match &parsed.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        other => panic!("the test needs a TCP database, not {other:?}"),
+    };
+    let port = parsed.get_ports().first().copied().unwrap_or(5432);
+    let database = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let relay = Relay::to(database).await;
+    let password = parsed
+        .get_password()
+        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+        .unwrap_or_default();
+    let url = format!(
+        "postgres://{}{password}@{}/{}",
+        parsed.get_user().unwrap_or("postgres"),
+        relay.addr,
+        parsed.get_dbname().unwrap_or("postgres")
+    );
+    let server = PgServer::start_with(PgConfig {
+        connect_timeout: Duration::from_millis(500),
+        op_timeout: Duration::from_secs(2),
+        ..PgConfig {
+            url,
+            ..schema.config()
+        }
+    })
+    .await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 60_000)).await.unwrap());
+
+    relay.cut();
+    let started = Instant::now();
+    let refused = c.renew(renew(&lease, 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let refused = c.acquire(acquire("k", "b", 5_000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let refused = c.check(check("k", lease.fence)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+
+    relay.restore();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let renewed = loop {
+        match c.renew(renew(&lease, 0)).await {
+            Ok(reply) => break reply.into_inner().lease.unwrap(),
+            Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => panic!("after the outage: {status:?}"),
+        }
+    };
+    assert_eq!(renewed.fence, lease.fence, "the grant outlived the outage");
+    let refused = c.acquire(acquire("k", "b", 5_000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted, "still held by a");
+}

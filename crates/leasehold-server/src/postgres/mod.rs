@@ -96,6 +96,11 @@ pub struct PgConfig {
     /// How long to wait for a connection (pool or database) before a
     /// request is refused with UNAVAILABLE.
     pub connect_timeout: Duration,
+    /// How long one operation may take (beyond an Acquire's own wait)
+    /// before it is refused with UNAVAILABLE: a database that stopped
+    /// answering (a partition, a hung failover) must not hold requests
+    /// forever. Its outcome is then unknown, as for any lost reply.
+    pub op_timeout: Duration,
 }
 
 impl PgConfig {
@@ -110,6 +115,7 @@ impl PgConfig {
             poll: Duration::from_millis(500),
             waiter_lease: Duration::from_secs(3),
             connect_timeout: Duration::from_secs(3),
+            op_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -178,6 +184,12 @@ impl PgBackend {
             .map_err(|e| open(format!("not a PostgreSQL URL: {e}")))?;
         pg.options(format!("-c search_path={}", config.schema));
         pg.connect_timeout(config.connect_timeout);
+        // Notice a database that vanished without closing the connection
+        // (a partition, a host that died) in seconds, not TCP's minutes.
+        pg.keepalives(true);
+        pg.keepalives_idle(Duration::from_secs(5));
+        pg.keepalives_interval(Duration::from_secs(2));
+        pg.keepalives_retries(3);
         if pg.get_application_name().is_none() {
             pg.application_name("leasehold");
         }
@@ -294,6 +306,19 @@ fn pool_error(e: deadpool_postgres::PoolError) -> Error {
         deadpool_postgres::PoolError::Backend(e) => db_error(e),
         other => Error::Unavailable(format!("database: {other}")),
     }
+}
+
+/// `op`, or UNAVAILABLE once `limit` has passed without an answer.
+async fn in_time<T>(
+    limit: Duration,
+    op: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, op).await.unwrap_or_else(|_| {
+        Err(Error::Unavailable(format!(
+            "the database did not answer within {} ms",
+            limit.as_millis()
+        )))
+    })
 }
 
 fn closed() -> Error {
@@ -985,7 +1010,7 @@ impl Inner {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if let Err(e) = self.sweep().await {
+            if let Err(e) = in_time(self.config.op_timeout, self.sweep()).await {
                 tracing::warn!(error = %e, "sweep failed; trying again");
             }
         }
@@ -1265,9 +1290,10 @@ impl PgBackend {
     {
         let (predecessor, turn, cleanup) = self.inner.turns.take(key);
         let inner = self.inner.clone();
+        let limit = inner.config.op_timeout;
         Box::pin(async move {
             predecessor.applied().await;
-            let out = op(inner).await;
+            let out = in_time(limit, op(inner)).await;
             drop(turn);
             drop(cleanup);
             out
@@ -1281,10 +1307,11 @@ impl Backend for PgBackend {
         // refused or in line, not when its wait ends.
         let (predecessor, turn, cleanup) = self.inner.turns.take(&request.key);
         let inner = self.inner.clone();
+        let limit = inner.config.op_timeout + Duration::from_millis(request.wait.as_millis());
         Box::pin(async move {
             predecessor.applied().await;
             let _cleanup = cleanup;
-            inner.acquire(request, turn).await
+            in_time(limit, inner.acquire(request, turn)).await
         })
     }
 
@@ -1330,7 +1357,10 @@ impl Backend for PgBackend {
     ) -> Pending<ListPage> {
         let inner = self.inner.clone();
         let (prefix, after) = (prefix.to_owned(), after.cloned());
-        Box::pin(async move { inner.list(prefix, filter, after, page_size).await })
+        let limit = inner.config.op_timeout;
+        Box::pin(in_time(limit, async move {
+            inner.list(prefix, filter, after, page_size).await
+        }))
     }
 
     fn begin_tool_calls(
