@@ -1288,3 +1288,65 @@ async fn a_database_outage_is_unavailable_then_resumes() {
     let refused = c.acquire(acquire("k", "b", 5_000)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Aborted, "still held by a");
 }
+
+/// A schema migrated by a newer leasehold is refused, not touched.
+#[tokio::test]
+async fn a_schema_from_a_newer_leasehold_is_refused() {
+    let schema = schema_or_skip!();
+    PgBackend::connect(schema.config())
+        .await
+        .expect("first start");
+    let (client, connection) = tokio_postgres::connect(&schema.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {}.leasehold_migrations (version) VALUES (999)",
+            schema.name
+        ))
+        .await
+        .unwrap();
+    let err = PgBackend::connect(schema.config()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            leasehold_core::store::StoreError::TooNew { found: 999, .. }
+        ),
+        "{err}"
+    );
+}
+
+/// The Rust client's guard works unchanged over the PostgreSQL backend:
+/// acquire over the shared Session stream, background renewal past the
+/// TTL, the fence check, and release.
+#[tokio::test]
+async fn the_rust_client_guard_holds_and_releases() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let client = leasehold_client::Client::connect(format!("http://{}", server.addr))
+        .await
+        .unwrap();
+    let guard = client
+        .acquire("guarded")
+        .owner("agent")
+        .ttl(Duration::from_millis(600))
+        .send()
+        .await
+        .expect("acquire");
+    let fence = guard.fence();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(guard.is_valid(), "renewed in the background");
+    guard.verify().await.expect("still the live term");
+    let mut c = server.client().await;
+    c.check(check("guarded", fence.0))
+        .await
+        .expect("live on the server");
+    let ended = guard.release().await.expect("release");
+    assert_eq!(ended.fence, fence);
+    let refused = c.check(check("guarded", fence.0)).await.unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Released { .. }
+    ));
+}

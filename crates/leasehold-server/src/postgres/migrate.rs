@@ -11,6 +11,8 @@
 use deadpool_postgres::Object;
 use leasehold_core::store::StoreError;
 
+use super::sql;
+
 /// The migrations, in order: entry `i` takes the schema to version `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../migrations/postgres/0001_leases.sql"),
@@ -23,53 +25,34 @@ pub const MIGRATIONS: &[&str] = &[
 /// [`StoreError::TooNew`] when the schema is newer than this build;
 /// [`StoreError::Io`] when a statement fails.
 pub async fn migrate(client: &mut Object, schema: &str, origin: &str) -> Result<(), StoreError> {
-    let io =
-        |what: &'static str| move |e: tokio_postgres::Error| StoreError::Io(format!("{what}: {e}"));
     let lock_name = format!("leasehold-migrate:{schema}");
     client
-        .execute(
-            "SELECT pg_advisory_lock(hashtextextended($1, 0))",
-            &[&lock_name],
-        )
+        .execute(sql::MIGRATION_LOCK, &[&lock_name])
         .await
         .map_err(io("taking the migration lock"))?;
     let migrated = apply(client, schema, origin).await;
     // Unlock even after a failure; a dropped connection unlocks by itself.
     let unlocked = client
-        .execute(
-            "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-            &[&lock_name],
-        )
+        .execute(sql::MIGRATION_UNLOCK, &[&lock_name])
         .await
         .map_err(io("releasing the migration lock"));
     migrated.and(unlocked.map(drop))
 }
 
 async fn apply(client: &mut Object, schema: &str, origin: &str) -> Result<(), StoreError> {
-    let io =
-        |what: &'static str| move |e: tokio_postgres::Error| StoreError::Io(format!("{what}: {e}"));
     client
-        .batch_execute(&format!(
-            "CREATE SCHEMA IF NOT EXISTS {schema};
-             CREATE TABLE IF NOT EXISTS {schema}.leasehold_migrations (
-                 version    integer PRIMARY KEY,
-                 applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
-             );"
-        ))
+        .batch_execute(&sql::create_schema(schema))
         .await
         .map_err(io("creating the schema"))?;
     let found: i32 = client
-        .query_one(
-            &format!("SELECT coalesce(max(version), 0) FROM {schema}.leasehold_migrations"),
-            &[],
-        )
+        .query_one(&sql::schema_version(schema), &[])
         .await
         .map_err(io("reading the schema version"))?
         .get(0);
     let supported = MIGRATIONS.len() as i32;
     if found > supported {
         return Err(StoreError::TooNew {
-            path: origin.to_owned(),
+            path: format!("{origin} (schema {schema})"),
             found: found.into(),
             supported: supported.into(),
         });
@@ -85,14 +68,16 @@ async fn apply(client: &mut Object, schema: &str, origin: &str) -> Result<(), St
         tx.batch_execute(migration)
             .await
             .map_err(|e| StoreError::Io(format!("migration {version}: {e}")))?;
-        tx.execute(
-            &format!("INSERT INTO {schema}.leasehold_migrations (version) VALUES ($1)"),
-            &[&version],
-        )
-        .await
-        .map_err(io("recording a migration"))?;
+        tx.execute(&sql::record_version(schema), &[&version])
+            .await
+            .map_err(io("recording a migration"))?;
         tx.commit().await.map_err(io("committing a migration"))?;
         tracing::info!(schema, version, "PostgreSQL schema migrated");
     }
     Ok(())
+}
+
+/// A failed statement, saying which step failed.
+fn io(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
+    move |e| StoreError::Io(format!("{what}: {e}"))
 }

@@ -1419,3 +1419,68 @@ impl Backend for PgBackend {
         Box::pin(std::future::pending())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_become_literal_like_patterns() {
+        assert_eq!(like_prefix(""), "%");
+        assert_eq!(like_prefix("a%b_c\\"), "a\\%b\\_c\\\\%");
+    }
+
+    #[test]
+    fn the_prefix_end_is_above_every_key_with_the_prefix() {
+        assert_eq!(prefix_end("ab"), "ac");
+        assert_eq!(prefix_end("a\u{10FFFF}"), "b");
+        let end = prefix_end("");
+        let largest = "\u{10FFFF}".repeat(256); // 1024 bytes, the longest key
+        assert!(largest.as_str() < end.as_str());
+        for key in ["ab", "ab\u{10FFFF}", "abzzz", "ab\u{7f}"] {
+            assert!(key < prefix_end("ab").as_str(), "{key:?}");
+        }
+        assert!("ac" >= prefix_end("ab").as_str());
+    }
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for good in ["leasehold", "_x", "lh_test_1"] {
+            assert!(check_schema_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "1x",
+            "Leasehold",
+            "a-b",
+            "a;drop",
+            "a b",
+            &"x".repeat(64),
+        ] {
+            assert!(check_schema_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn descriptions_leave_the_password_out() {
+        let text = describe("postgres://me:secret@db.internal:6543/leases");
+        assert_eq!(text, "postgres://me@db.internal:6543/leases");
+    }
+
+    #[test]
+    fn duplicates_follow_the_ledger_rule() {
+        let spec = |id: &str| CallSpec {
+            call_id: id.into(),
+            name: "n".into(),
+            input_digest: String::new(),
+        };
+        assert_eq!(duplicates(&[spec("a"), spec("b")], Vec::new()), None);
+        let Some(BeginOutcome::Duplicate { ids, existing }) =
+            duplicates(&[spec("a"), spec("b"), spec("b")], Vec::new())
+        else {
+            panic!("expected a duplicate");
+        };
+        assert_eq!(ids, ["b"]);
+        assert!(existing.is_empty());
+    }
+}

@@ -301,3 +301,31 @@ pub const CALLS: &str = "SELECT * FROM tool_calls WHERE key = $1 ORDER BY ordina
 /// The key's running calls in registration order: `$1` key.
 pub const RUNNING_CALLS: &str =
     "SELECT * FROM tool_calls WHERE key = $1 AND state = 1 ORDER BY ordinal";
+
+/// Migrations, step 0: the schema and the table of versions applied. `{schema}`
+/// is a checked plain identifier (see `check_schema_name`).
+pub fn create_schema(schema: &str) -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.leasehold_migrations (
+             version    integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+         );"
+    )
+}
+
+/// The schema's version (0 when new).
+pub fn schema_version(schema: &str) -> String {
+    format!("SELECT coalesce(max(version), 0) FROM {schema}.leasehold_migrations")
+}
+
+/// Records migration `$1` as applied.
+pub fn record_version(schema: &str) -> String {
+    format!("INSERT INTO {schema}.leasehold_migrations (version) VALUES ($1)")
+}
+
+/// The advisory lock that serialises migrations of one schema across
+/// servers (session-level: taken and released on one connection): `$1` a
+/// name naming the schema.
+pub const MIGRATION_LOCK: &str = "SELECT pg_advisory_lock(hashtextextended($1, 0))";
+pub const MIGRATION_UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
