@@ -828,6 +828,22 @@ async fn released_keys_are_forgotten_and_fences_never_repeat() {
     assert!(again.lease.unwrap().fence > other.fence.max(lease.fence));
 }
 
+/// A schema name at PostgreSQL's 63-byte limit works, wake-ups included
+/// (its NOTIFY channel is shortened).
+#[tokio::test]
+async fn a_schema_name_of_63_bytes_works() {
+    let mut schema = schema_or_skip!();
+    schema.name = format!("{:_<63}", schema.name);
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let mut b = server.client().await;
+    let waiting = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.release(release(&lease, false)).await.unwrap();
+    assert_eq!(lease_of(waiting.await.unwrap().unwrap()).owner, "b");
+}
+
 /// Two servers applying their migrations at the same moment on one fresh
 /// schema both start (the advisory lock serialises them), and a third
 /// start finds nothing left to do.

@@ -211,7 +211,7 @@ impl PgBackend {
         let mut client = pool.get().await.map_err(|e| open(e.to_string()))?;
         migrate::migrate(&mut client, &config.schema, &origin).await?;
         drop(client);
-        let channel = format!("leasehold.{}", config.schema);
+        let channel = channel_of(&config.schema);
         let (wakes, _) = broadcast::channel(1024);
         let inner = Arc::new(Inner {
             pool,
@@ -263,6 +263,21 @@ fn describe(url: &str) -> String {
         }
         Err(_) => "a PostgreSQL database".into(),
     }
+}
+
+/// The NOTIFY channel of `schema`: `leasehold.<schema>`, or a stable hash
+/// of it when that would pass PostgreSQL's 63-byte identifier limit (a
+/// longer channel name is an error in `pg_notify`).
+fn channel_of(schema: &str) -> String {
+    let channel = format!("leasehold.{schema}");
+    if channel.len() <= 63 {
+        return channel;
+    }
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = schema.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("leasehold.{hash:016x}")
 }
 
 /// A schema name goes into SQL text (`search_path`, `CREATE SCHEMA`), so
@@ -1459,6 +1474,16 @@ mod tests {
         ] {
             assert!(check_schema_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn channels_fit_the_identifier_limit() {
+        assert_eq!(channel_of("leasehold"), "leasehold.leasehold");
+        let long = "s".repeat(63);
+        let channel = channel_of(&long);
+        assert!(channel.len() <= 63, "{channel}");
+        assert_eq!(channel, channel_of(&long), "stable");
+        assert_ne!(channel, channel_of(&"t".repeat(63)));
     }
 
     #[test]
