@@ -799,6 +799,42 @@ async fn the_tool_call_ledger() {
     );
 }
 
+/// A waiter row whose server stopped its heartbeat (the server died) drops
+/// out of line once its lease lapses: it neither gets the key nor holds up
+/// the waiters behind it or newcomers.
+#[tokio::test]
+async fn a_dead_servers_waiters_lapse() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let (db, connection) = tokio_postgres::connect(&schema.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // A waiter of a server that is gone: in line, heartbeat due in 200 ms.
+    db.batch_execute(&format!(
+        "INSERT INTO {0}.waiters (key, owner, ttl_ms, wait_until_ms, alive_until_ms)
+         SELECT 'k', 'ghost', 10000, {0}.now_ms() + 60000, {0}.now_ms() + 200",
+        schema.name
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut b = server.client().await;
+    let b_wait = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.release(release(&lease, false)).await.unwrap();
+    let b_lease = lease_of(b_wait.await.unwrap().unwrap());
+    assert_eq!(b_lease.owner, "b", "the ghost was skipped");
+    c.release(release(&b_lease, false)).await.unwrap();
+    let newcomer = lease_of(c.acquire(acquire("k", "c", 5_000)).await.unwrap());
+    assert_eq!(
+        newcomer.owner, "c",
+        "a lapsed row does not make a free key busy"
+    );
+}
+
 /// A key released cleanly is forgotten after its retention: NOT_FOUND, its
 /// old fence unknown, and a fresh grant's fence above every earlier one.
 #[tokio::test]
