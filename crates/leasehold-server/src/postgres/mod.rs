@@ -10,7 +10,7 @@
 //! whichever statement locks the row first wins, and the other re-checks
 //! its condition against what the first left. A write that finds its
 //! condition false reads the row and explains the refusal exactly as the
-//! SQLite engine does ([`row::KeyNow`]).
+//! SQLite engine does (`row::KeyNow`).
 //!
 //! # Waiting
 //! A waiting Acquire is a row of `waiters`. Whoever finds a key free with
