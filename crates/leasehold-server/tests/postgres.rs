@@ -1148,8 +1148,8 @@ fn bad_store_arguments_are_refused() {
 }
 
 /// On one Session stream, operations on a key take effect in the order they
-/// were sent, even when sent without waiting: a Release, then another
-/// owner's Acquire, then a Check of the released fence, then a Renew of it.
+/// were sent, even when sent without waiting: a Check, a Release, another
+/// owner's Acquire, then a Check and a Renew of the released fence.
 #[tokio::test]
 async fn a_session_stream_applies_in_arrival_order() {
     use leasehold_wire::pb::session_request::Op;
@@ -1168,6 +1168,7 @@ async fn a_session_stream_applies_in_arrival_order() {
         let key = format!("k{round}");
         let lease = lease_of(c.acquire(acquire(&key, "a", 5_000)).await.unwrap());
         let ops = [
+            Op::Check(check(&key, lease.fence)),
             Op::Release(release(&lease, false)),
             Op::Acquire(acquire(&key, "b", 5_000)),
             Op::Check(check(&key, lease.fence)),
@@ -1181,7 +1182,7 @@ async fn a_session_stream_applies_in_arrival_order() {
             .unwrap();
         }
         let mut answers = std::collections::HashMap::new();
-        for _ in 0..4 {
+        for _ in 0..5 {
             let answer = tokio::time::timeout(Duration::from_secs(10), rx.message())
                 .await
                 .expect("an answer within 10 s")
@@ -1189,15 +1190,14 @@ async fn a_session_stream_applies_in_arrival_order() {
                 .expect("stream open");
             answers.insert(answer.id, answer);
         }
-        assert_eq!(answers[&0].code, 0, "release: {:?}", answers[&0]);
-        assert_eq!(
-            answers[&1].code, 0,
-            "acquire after the release: {:?}",
-            answers[&1]
-        );
-        let taken = answers[&1].lease.as_ref().unwrap();
+        let ok =
+            |id: u64, what: &str| assert_eq!(answers[&id].code, 0, "{what}: {:?}", answers[&id]);
+        ok(0, "check before the release");
+        ok(1, "release");
+        ok(2, "acquire after the release");
+        let taken = answers[&2].lease.as_ref().unwrap();
         assert_eq!(taken.owner, "b");
-        for id in [2, 3] {
+        for id in [3, 4] {
             let refusal = &answers[&id];
             assert_eq!(refusal.code, Code::FailedPrecondition as i32, "{refusal:?}");
             let err = leasehold_wire::status::from_refusal(

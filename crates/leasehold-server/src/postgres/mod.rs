@@ -54,13 +54,12 @@ mod row;
 pub mod sql;
 mod terms;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::future::BoxFuture;
-use tokio::sync::{broadcast, oneshot, watch};
+use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
@@ -75,7 +74,7 @@ use leasehold_core::lessor::{Acquire, DEFAULT_RETENTION_MS, Grant, KeyView, List
 use leasehold_core::store::StoreError;
 
 use crate::backend::{Backend, Pending};
-use order::Turns;
+use order::{Access, Turns};
 use row::{KeyNow, KeyRow, millis};
 
 /// The largest List page, and the one given when a request names none (as
@@ -396,18 +395,19 @@ impl Inner {
 }
 
 impl PgBackend {
-    /// Runs `op` on `key` in call order (see the module docs); the next
-    /// operation on the key starts once `op` is done.
+    /// Runs `op` on `key` in call order (see `order`): a write after
+    /// everything called before it on the key, a read after the writes.
     fn ordered<T, F>(
         &self,
         key: &Key,
+        access: Access,
         op: impl FnOnce(Arc<Inner>) -> F + Send + 'static,
     ) -> Pending<T>
     where
         F: std::future::Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        let (predecessor, turn, cleanup) = self.inner.turns.take(key);
+        let (predecessor, turn, cleanup) = self.inner.turns.take(key, access);
         let inner = self.inner.clone();
         let limit = inner.config.op_timeout;
         Box::pin(async move {
@@ -424,7 +424,7 @@ impl Backend for PgBackend {
     fn acquire(&self, request: Acquire) -> Pending<Grant> {
         // The next operation on the key starts once this one is granted,
         // refused or in line, not when its wait ends.
-        let (predecessor, turn, cleanup) = self.inner.turns.take(&request.key);
+        let (predecessor, turn, cleanup) = self.inner.turns.take(&request.key, Access::Write);
         let inner = self.inner.clone();
         let limit = inner.config.op_timeout + Duration::from_millis(request.wait.as_millis());
         Box::pin(async move {
@@ -436,7 +436,7 @@ impl Backend for PgBackend {
 
     fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term> {
         let k = key.clone();
-        self.ordered(key, move |inner| async move {
+        self.ordered(key, Access::Write, move |inner| async move {
             inner.renew(&k, fence, lease_id, ttl).await
         })
     }
@@ -449,22 +449,23 @@ impl Backend for PgBackend {
         suspend: bool,
     ) -> Pending<EndedTerm> {
         let k = key.clone();
-        self.ordered(key, move |inner| async move {
+        self.ordered(key, Access::Write, move |inner| async move {
             inner.release(&k, fence, lease_id, suspend).await
         })
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {
         let k = key.clone();
-        self.ordered(
-            key,
-            move |inner| async move { inner.check(&k, fence).await },
-        )
+        self.ordered(key, Access::Read, move |inner| async move {
+            inner.check(&k, fence).await
+        })
     }
 
     fn get(&self, key: &Key) -> Pending<KeyView> {
         let k = key.clone();
-        self.ordered(key, move |inner| async move { inner.get(&k).await })
+        self.ordered(key, Access::Read, move |inner| async move {
+            inner.get(&k).await
+        })
     }
 
     fn list(
@@ -490,7 +491,7 @@ impl Backend for PgBackend {
         specs: Vec<CallSpec>,
     ) -> Pending<BeginOutcome> {
         let k = key.clone();
-        self.ordered(key, move |inner| async move {
+        self.ordered(key, Access::Write, move |inner| async move {
             inner.begin_tool_calls(&k, fence, lease_id, specs).await
         })
     }
@@ -503,7 +504,7 @@ impl Backend for PgBackend {
         settlement: Settlement,
     ) -> Pending<(ToolCall, bool)> {
         let k = key.clone();
-        self.ordered(key, move |inner| async move {
+        self.ordered(key, Access::Write, move |inner| async move {
             inner
                 .settle_tool_call(&k, fence, lease_id, settlement)
                 .await
@@ -512,7 +513,7 @@ impl Backend for PgBackend {
 
     fn list_tool_calls(&self, key: &Key, filter: CallFilter) -> Pending<Vec<ToolCall>> {
         let k = key.clone();
-        self.ordered(key, move |inner| async move {
+        self.ordered(key, Access::Read, move |inner| async move {
             inner.list_tool_calls(&k, filter).await
         })
     }
