@@ -470,6 +470,34 @@ async fn waiters_are_served_in_order() {
     assert!(d_lease.fence > b_lease.fence);
 }
 
+/// A retry (same owner and request id) sent while the original still waits
+/// in line gets the same grant, replayed, when the original is served.
+#[tokio::test]
+async fn a_retry_waiting_behind_its_original_gets_the_replay() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let request = pb::AcquireRequest {
+        request_id: "r".into(),
+        ..waiting("k", "b", 5_000, 5_000)
+    };
+    let mut first = server.client().await;
+    let original = {
+        let request = request.clone();
+        tokio::spawn(async move { first.acquire(request).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut second = server.client().await;
+    let retry = tokio::spawn(async move { second.acquire(request).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.release(release(&lease, false)).await.unwrap();
+    let original = original.await.unwrap().unwrap().into_inner();
+    let retry = retry.await.unwrap().unwrap().into_inner();
+    assert!(!original.replayed && retry.replayed);
+    assert_eq!(original.lease, retry.lease);
+}
+
 /// A waiter whose request is cancelled leaves the line at once: the key
 /// goes to the next waiter, not to nobody.
 #[tokio::test]
