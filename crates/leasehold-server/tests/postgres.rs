@@ -908,6 +908,26 @@ async fn a_schema_name_of_63_bytes_works() {
     assert_eq!(lease_of(waiting.await.unwrap().unwrap()).owner, "b");
 }
 
+/// Connection options in the URL are kept beside the schema's search_path:
+/// here one that makes every transaction read-only, so the start fails.
+#[tokio::test]
+async fn url_options_are_kept() {
+    let schema = schema_or_skip!();
+    let separator = if schema.url.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{separator}options=-c%20default_transaction_read_only%3Don",
+        schema.url
+    );
+    let err = PgBackend::connect(PgConfig {
+        url,
+        ..schema.config()
+    })
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("read-only"), "{err}");
+}
+
 /// Two servers applying their migrations at the same moment on one fresh
 /// schema both start (the advisory lock serialises them), and a third
 /// start finds nothing left to do.

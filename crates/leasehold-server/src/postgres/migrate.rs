@@ -65,9 +65,9 @@ async fn apply(client: &mut Object, schema: &str, origin: &str) -> Result<(), St
             .map_err(io("starting a migration"))?;
         // The connection's search_path names the schema, so the migration's
         // unqualified names land in it.
-        tx.batch_execute(migration)
-            .await
-            .map_err(|e| StoreError::Io(format!("migration {version}: {e}")))?;
+        tx.batch_execute(migration).await.map_err(|e| {
+            StoreError::Io(format!("migration {version}: {}", super::pg_message(&e)))
+        })?;
         tx.execute(&sql::record_version(schema), &[&version])
             .await
             .map_err(io("recording a migration"))?;
@@ -79,5 +79,5 @@ async fn apply(client: &mut Object, schema: &str, origin: &str) -> Result<(), St
 
 /// A failed statement, saying which step failed.
 fn io(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
-    move |e| StoreError::Io(format!("{what}: {e}"))
+    move |e| StoreError::Io(format!("{what}: {}", super::pg_message(&e)))
 }

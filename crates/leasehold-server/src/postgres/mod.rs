@@ -194,7 +194,14 @@ impl PgBackend {
             .url
             .parse()
             .map_err(|e| open(format!("not a PostgreSQL URL: {e}")))?;
-        pg.options(format!("-c search_path={}", config.schema));
+        // Every connection resolves leasehold's names in its schema; options
+        // given in the URL are kept.
+        let search_path = format!("-c search_path={}", config.schema);
+        let options = match pg.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {search_path}"),
+            _ => search_path,
+        };
+        pg.options(options);
         pg.connect_timeout(config.connect_timeout);
         // Notice a database that vanished without closing the connection
         // (a partition, a host that died) in seconds, not TCP's minutes.
@@ -220,7 +227,12 @@ impl PgBackend {
             .recycle_timeout(Some(config.connect_timeout))
             .build()
             .map_err(|e| open(format!("connection pool: {e}")))?;
-        let mut client = pool.get().await.map_err(|e| open(e.to_string()))?;
+        let mut client = pool.get().await.map_err(|e| {
+            open(match e {
+                deadpool_postgres::PoolError::Backend(e) => pg_message(&e),
+                other => other.to_string(),
+            })
+        })?;
         migrate::migrate(&mut client, &config.schema, &origin).await?;
         drop(client);
         let channel = channel_of(&config.schema);
@@ -325,6 +337,15 @@ fn db_error(e: tokio_postgres::Error) -> Error {
         Error::Unavailable(format!("database: {}", db.message()))
     } else {
         Error::Storage(format!("database: {} ({code})", db.message()))
+    }
+}
+
+/// What went wrong, with the server's message when it sent one (a
+/// `tokio_postgres::Error` alone only says "db error").
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
     }
 }
 
