@@ -89,6 +89,34 @@ impl Schema {
     }
 }
 
+impl Schema {
+    /// Waits until `n` Acquires are in line for `key` (alive, not granted),
+    /// so a test can queue waiters in a known order.
+    async fn in_line(&self, key: &str, n: usize) {
+        let (db, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        let count = format!(
+            "SELECT count(*) FROM {0}.waiters
+             WHERE key = $1 AND granted_fence IS NULL AND alive_until_ms > {0}.now_ms()",
+            self.name
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let queued: i64 = db.query_one(&count, &[&key]).await.unwrap().get(0);
+            if queued as usize >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{queued} of {n} in line for {key}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 impl Drop for Schema {
     fn drop(&mut self) {
         let (url, name) = (self.url.clone(), self.name.clone());
@@ -443,10 +471,10 @@ async fn waiters_are_served_in_order() {
 
     let mut b = server.client().await;
     let b_wait = tokio::spawn(async move { b.acquire(waiting("k", "b", 10_000, 10_000)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    schema.in_line("k", 1).await;
     let mut d = server.client().await;
     let d_wait = tokio::spawn(async move { d.acquire(waiting("k", "d", 10_000, 10_000)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    schema.in_line("k", 2).await;
 
     let started = Instant::now();
     c.release(release(&lease, false)).await.unwrap();
@@ -487,10 +515,10 @@ async fn a_retry_waiting_behind_its_original_gets_the_replay() {
         let request = request.clone();
         tokio::spawn(async move { first.acquire(request).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    schema.in_line("k", 1).await;
     let mut second = server.client().await;
     let retry = tokio::spawn(async move { second.acquire(request).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    schema.in_line("k", 2).await;
     c.release(release(&lease, false)).await.unwrap();
     let original = original.await.unwrap().unwrap().into_inner();
     let retry = retry.await.unwrap().unwrap().into_inner();
@@ -851,7 +879,7 @@ async fn a_dead_servers_waiters_lapse() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut b = server.client().await;
     let b_wait = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    schema.in_line("k", 1).await;
     c.release(release(&lease, false)).await.unwrap();
     let b_lease = lease_of(b_wait.await.unwrap().unwrap());
     assert_eq!(b_lease.owner, "b", "the ghost was skipped");
@@ -903,7 +931,7 @@ async fn a_schema_name_of_63_bytes_works() {
     let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
     let mut b = server.client().await;
     let waiting = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    schema.in_line("k", 1).await;
     c.release(release(&lease, false)).await.unwrap();
     assert_eq!(lease_of(waiting.await.unwrap().unwrap()).owner, "b");
 }
@@ -1045,8 +1073,8 @@ async fn the_line_is_shared_across_servers() {
         waits.push(tokio::spawn(async move {
             client.acquire(waiting("k", &owner, 10_000, 10_000)).await
         }));
-        // Let it get in line before the next one.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // In line before the next one comes.
+        schema.in_line("k", i + 1).await;
     }
     let mut current = lease;
     let mut served = Vec::new();
