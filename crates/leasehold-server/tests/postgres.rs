@@ -581,6 +581,29 @@ async fn waiters_get_expired_keys_and_give_up_in_time() {
     );
 }
 
+/// A fence whose term expired while someone waited is superseded by the
+/// waiter's grant (as on SQLite, where a key is handed on before anything
+/// else looks at it), and Get shows the waiter as the holder.
+#[tokio::test]
+async fn an_expired_fence_with_a_waiter_is_superseded() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let held = lease_of(c.acquire(acquire("k", "a", 300)).await.unwrap());
+    let mut b = server.client().await;
+    let b_wait = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
+    schema.in_line("k", 1).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let refused = c.check(check("k", held.fence)).await.unwrap_err();
+    let StaleReason::Superseded { by } = stale_reason(&refused) else {
+        panic!("{refused:?}");
+    };
+    let state = c.get(get("k")).await.unwrap().into_inner();
+    assert_eq!(state.lease.as_ref().unwrap().owner, "b");
+    assert_eq!(state.lease.unwrap().fence, by.0);
+    assert_eq!(lease_of(b_wait.await.unwrap().unwrap()).fence, by.0);
+}
+
 /// Expired and suspended keys are recoverable: Get says so, List RECOVERABLE
 /// finds them (before and after the sweeper moves them), and the next grant
 /// carries the ended term as `previous`.

@@ -28,7 +28,10 @@ impl Inner {
                 .map_err(db_error)?
             else {
                 tx.rollback().await.map_err(db_error)?;
-                match self.holder_refusal(&client, key, fence, lease_id).await? {
+                match self
+                    .holder_refusal(&mut client, key, fence, lease_id)
+                    .await?
+                {
                     Some(refusal) => return Err(refusal),
                     None => continue,
                 }
@@ -115,7 +118,7 @@ impl Inner {
         settlement: Settlement,
     ) -> Result<(ToolCall, bool)> {
         validate_settlement(&settlement)?;
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let settle = client.prepare_cached(sql::SETTLE).await.map_err(db_error)?;
         let call = client.prepare_cached(sql::CALL).await.map_err(db_error)?;
         for _ in 0..RACE_RETRIES {
@@ -137,7 +140,10 @@ impl Inner {
             if let Some(row) = settled {
                 return Ok((row::tool_call(&row)?, false));
             }
-            if let Some(refusal) = self.holder_refusal(&client, key, fence, lease_id).await? {
+            if let Some(refusal) = self
+                .holder_refusal(&mut client, key, fence, lease_id)
+                .await?
+            {
                 return Err(refusal);
             }
             // The term is live: the call is unknown or settled already.

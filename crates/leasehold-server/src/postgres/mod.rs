@@ -394,6 +394,20 @@ impl Inner {
         self.pool.get().await.map_err(pool_error)
     }
 
+    /// The key as [`Inner::read_key`] reads it, after handing it to the
+    /// first waiter in line if it is free: as the SQLite engine brings a key
+    /// up to date before every operation, so a refusal or a Get never shows
+    /// a free key that someone waits for (a fence whose term expired with
+    /// people in line is then superseded, on either backend).
+    async fn read_key_served(&self, client: &mut Client, key: &Key) -> Result<Snapshot> {
+        let snapshot = self.read_key(client, key).await?;
+        if snapshot.key.live.is_some() || !snapshot.line {
+            return Ok(snapshot);
+        }
+        self.serve_first(client, key).await?;
+        self.read_key(client, key).await
+    }
+
     async fn read_key(&self, client: &Client, key: &Key) -> Result<Snapshot> {
         let stmt = client
             .prepare_cached(sql::READ_KEY)

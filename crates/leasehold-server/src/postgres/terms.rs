@@ -12,7 +12,7 @@ impl Inner {
         lease_id: LeaseId,
         ttl: Option<Ttl>,
     ) -> Result<Term> {
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let stmt = client.prepare_cached(sql::RENEW).await.map_err(db_error)?;
         let ttl = ttl.map(|t| t.as_millis() as i64);
         for _ in 0..RACE_RETRIES {
@@ -28,7 +28,10 @@ impl Inner {
                     .live
                     .ok_or_else(|| Error::Storage("a renewal returned no term".into()));
             }
-            if let Some(refusal) = self.holder_refusal(&client, key, fence, lease_id).await? {
+            if let Some(refusal) = self
+                .holder_refusal(&mut client, key, fence, lease_id)
+                .await?
+            {
                 return Err(refusal);
             }
         }
@@ -78,7 +81,7 @@ impl Inner {
                 return Ok(ended);
             }
             tx.rollback().await.map_err(db_error)?;
-            let snapshot = self.read_key(&client, key).await?;
+            let snapshot = self.read_key_served(&mut client, key).await?;
             let state = &snapshot.key;
             match (&state.live, &state.last_ended) {
                 // A retried release: the term as it first ended, while no
@@ -103,18 +106,18 @@ impl Inner {
     /// now is.
     pub(super) async fn holder_refusal(
         &self,
-        client: &Client,
+        client: &mut Client,
         key: &Key,
         fence: Fence,
         lease_id: LeaseId,
     ) -> Result<Option<Error>> {
-        let snapshot = self.read_key(client, key).await?;
+        let snapshot = self.read_key_served(client, key).await?;
         Ok(snapshot.key.holder_refusal(key, fence, lease_id))
     }
 
     pub(super) async fn check(&self, key: &Key, fence: Fence) -> Result<Term> {
-        let client = self.client().await?;
-        let snapshot = self.read_key(&client, key).await?;
+        let mut client = self.client().await?;
+        let snapshot = self.read_key_served(&mut client, key).await?;
         match snapshot.key.live {
             Some(term) if term.fence == fence => Ok(term),
             _ => Err(row::stale(key, fence, snapshot.key.stale_reason(fence))),
@@ -122,8 +125,8 @@ impl Inner {
     }
 
     pub(super) async fn get(&self, key: &Key) -> Result<KeyView> {
-        let client = self.client().await?;
-        let snapshot = self.read_key(&client, key).await?;
+        let mut client = self.client().await?;
+        let snapshot = self.read_key_served(&mut client, key).await?;
         if !snapshot.found {
             return Err(Error::NotFound(key.clone()));
         }
