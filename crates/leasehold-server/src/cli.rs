@@ -14,7 +14,9 @@ use leasehold_client::{Client, ClientError};
 use leasehold_core::SystemClock;
 use leasehold_core::lease::{Ended, Fence, Key, Lease, LeaseId, TermEnd, Ttl};
 use leasehold_core::lessor::ListFilter;
+use leasehold_server::Backend;
 use leasehold_server::engine::EngineConfig;
+use leasehold_server::postgres::{PgBackend, PgConfig};
 use leasehold_server::server;
 use leasehold_server::sqlite::SyncMode;
 use leasehold_transcript as transcript;
@@ -23,7 +25,7 @@ use leasehold_wire::{convert, pb};
 /// How long `leasehold check` waits for its answer.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite.
+/// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite or PostgreSQL.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -38,10 +40,25 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:7420", env = "LEASEHOLD_LISTEN")]
         listen: SocketAddr,
-        /// SQLite database file (created if missing).
+        /// SQLite database file (created if missing); the same as
+        /// `--store sqlite:PATH`.
         #[arg(long, default_value = "./leasehold.db", env = "LEASEHOLD_DB")]
         db: PathBuf,
-        /// full: every acknowledged write survives power loss; normal: survives crashes only.
+        /// Where the leases live: `sqlite:PATH` (one server, the default:
+        /// `--db`), or `postgres://user@host:port/database` (any number of
+        /// servers on one database; see docs/deploy.md).
+        #[arg(long, env = "LEASEHOLD_STORE", value_parser = parse_store, conflicts_with = "db")]
+        store: Option<Store>,
+        /// PostgreSQL only: the schema holding leasehold's tables (created if
+        /// missing). Every server of one deployment names the same schema.
+        #[arg(long, default_value = "leasehold", env = "LEASEHOLD_PG_SCHEMA")]
+        pg_schema: String,
+        /// PostgreSQL only: connections in the pool.
+        #[arg(long, default_value_t = 16)]
+        pg_pool_size: usize,
+        /// SQLite only. full: every acknowledged write survives power loss;
+        /// normal: survives crashes only. (PostgreSQL commits as the
+        /// database's synchronous_commit says.)
         #[arg(long, value_enum, default_value_t = Sync::Full)]
         sync: Sync,
         /// On SIGINT/SIGTERM, how long to wait for open connections to finish.
@@ -235,6 +252,31 @@ struct Target {
     token: Option<String>,
 }
 
+/// Where `serve` keeps the leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Store {
+    /// One server over a SQLite file.
+    Sqlite(PathBuf),
+    /// Any number of servers over one PostgreSQL database (its URL).
+    Postgres(String),
+}
+
+/// Parses `--store`: `sqlite:PATH` or a `postgres://` / `postgresql://` URL.
+fn parse_store(text: &str) -> Result<Store, String> {
+    if let Some(path) = text.strip_prefix("sqlite:") {
+        if path.is_empty() {
+            return Err("sqlite: needs a file path, e.g. sqlite:./leasehold.db".into());
+        }
+        return Ok(Store::Sqlite(PathBuf::from(path)));
+    }
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        return Ok(Store::Postgres(text.to_owned()));
+    }
+    Err(format!(
+        "{text:?} is not a store: use sqlite:PATH or postgres://user@host:port/database"
+    ))
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Sync {
     Full,
@@ -280,6 +322,9 @@ async fn run(command: Command) -> ExitCode {
         Command::Serve {
             listen,
             db,
+            store,
+            pg_schema,
+            pg_pool_size,
             sync,
             drain_timeout_ms,
             retention_ms,
@@ -288,20 +333,35 @@ async fn run(command: Command) -> ExitCode {
             tls,
         } => {
             init_logging(log_format);
-            let config = EngineConfig {
-                retention_ms,
-                ..EngineConfig::default()
+            let drain_timeout = Duration::from_millis(drain_timeout_ms);
+            let Some((server_tls, auth)) = prepare_security(listen, &tls) else {
+                return ExitCode::FAILURE;
             };
-            serve(
+            let edge = Edge {
                 listen,
-                db,
-                sync,
-                config,
-                Duration::from_millis(drain_timeout_ms),
                 metrics_listen,
-                tls,
-            )
-            .await
+                server_tls,
+                auth,
+                drain_timeout,
+            };
+            match store.unwrap_or(Store::Sqlite(db)) {
+                Store::Sqlite(db) => {
+                    let config = EngineConfig {
+                        retention_ms,
+                        ..EngineConfig::default()
+                    };
+                    serve(db, sync, config, edge).await
+                }
+                Store::Postgres(url) => {
+                    let config = PgConfig {
+                        schema: pg_schema,
+                        pool_size: pg_pool_size,
+                        retention_ms,
+                        ..PgConfig::new(url)
+                    };
+                    serve_postgres(config, edge).await
+                }
+            }
         }
         Command::Transcript { command } => transcript_command(command),
         other => match operate(other).await {
@@ -314,48 +374,57 @@ async fn run(command: Command) -> ExitCode {
     }
 }
 
-async fn serve(
+/// Where and how the server meets its clients, whatever the backend.
+struct Edge {
     listen: SocketAddr,
-    db: PathBuf,
-    sync: Sync,
-    config: EngineConfig,
-    drain_timeout: Duration,
     metrics_listen: Option<SocketAddr>,
-    tls: ServeSecurity,
-) -> ExitCode {
+    server_tls: Option<Arc<leasehold_server::tls::ServerTls>>,
+    auth: Option<Arc<leasehold_server::auth::AuthConfig>>,
+    drain_timeout: Duration,
+}
+
+/// Checks and loads the TLS and auth set-up; `None` (after saying why on
+/// stderr) when the server must not start.
+/// The server's TLS set-up and auth file, each when configured.
+type Security = (
+    Option<Arc<leasehold_server::tls::ServerTls>>,
+    Option<Arc<leasehold_server::auth::AuthConfig>>,
+);
+
+fn prepare_security(listen: SocketAddr, security: &ServeSecurity) -> Option<Security> {
     // Off loopback, every lease_id crosses the network and anyone who can
     // reach the port can take any key: insist on authenticated clients
-    // (mutual TLS) or an explicit --insecure.
-    let authenticated = tls.client_ca.is_some() || tls.auth.is_some();
-    if !listen.ip().is_loopback() && !authenticated && !tls.insecure {
+    // (--auth or mutual TLS) or an explicit --insecure.
+    let authenticated = security.client_ca.is_some() || security.auth.is_some();
+    if !listen.ip().is_loopback() && !authenticated && !security.insecure {
         eprintln!(
             "error: refusing to serve on {listen}, which is not a loopback address, without \
              client authentication: give --auth FILE (tokens or certificate subjects) or \
              --tls-cert/--tls-key with --client-ca (mutual TLS), or --insecure to accept any client"
         );
-        return ExitCode::FAILURE;
+        return None;
     }
-    let auth = match &tls.auth {
+    let auth = match &security.auth {
         None => None,
         Some(path) => match leasehold_server::auth::AuthConfig::load(path) {
             Ok(config) => Some(Arc::new(config)),
             Err(e) => {
                 eprintln!("error: {e}");
-                return ExitCode::FAILURE;
+                return None;
             }
         },
     };
-    if auth.is_some() && tls.tls_cert.is_none() && !listen.ip().is_loopback() {
+    if auth.is_some() && security.tls_cert.is_none() && !listen.ip().is_loopback() {
         tracing::warn!(
             "--auth without TLS: bearer tokens and lease ids cross the network in clear text"
         );
     }
-    let server_tls = match (&tls.tls_cert, &tls.tls_key) {
+    let server_tls = match (&security.tls_cert, &security.tls_key) {
         (Some(cert), Some(key)) => {
             let files = leasehold_server::tls::TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
-                client_ca: tls.client_ca.clone(),
+                client_ca: security.client_ca.clone(),
             };
             match leasehold_server::tls::ServerTls::load(files) {
                 Ok(loaded) => {
@@ -366,12 +435,16 @@ async fn serve(
                 }
                 Err(e) => {
                     eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
+                    return None;
                 }
             }
         }
         _ => None,
     };
+    Some((server_tls, auth))
+}
+
+async fn serve(db: PathBuf, sync: Sync, config: EngineConfig, edge: Edge) -> ExitCode {
     let sync = match sync {
         Sync::Full => SyncMode::Full,
         Sync::Normal => SyncMode::Normal,
@@ -383,6 +456,43 @@ async fn serve(
             return ExitCode::FAILURE;
         }
     };
+    let announce = |addr: SocketAddr| {
+        tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
+    };
+    serve_backend(engine, announce, edge).await
+}
+
+/// `serve --store postgres://…`: connects (migrating the schema if needed),
+/// then serves.
+async fn serve_postgres(config: PgConfig, edge: Edge) -> ExitCode {
+    let schema = config.schema.clone();
+    let backend = match PgBackend::connect(config).await {
+        Ok(backend) => backend,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let announce = |addr: SocketAddr| {
+        tracing::info!(%addr, store = "postgres", %schema, "leasehold serving");
+    };
+    serve_backend(backend, announce, edge).await
+}
+
+/// Listens where `edge` says and serves `backend` until SIGINT/SIGTERM;
+/// `announce` logs the start-up line.
+async fn serve_backend(
+    backend: impl Backend,
+    announce: impl FnOnce(SocketAddr),
+    edge: Edge,
+) -> ExitCode {
+    let Edge {
+        listen,
+        metrics_listen,
+        server_tls,
+        auth,
+        drain_timeout,
+    } = edge;
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -410,7 +520,7 @@ async fn serve(
     // as soon as it reads the line below gets a clean shutdown, not the
     // signal's default action.
     let shutdown = shutdown_signal();
-    tracing::info!(%addr, db = %db.display(), ?sync, "leasehold serving");
+    announce(addr);
     // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
     println!("listening on {addr}");
     let options = server::ServeOptions {
@@ -423,8 +533,7 @@ async fn serve(
         tls: server_tls,
         auth,
     };
-    let served = server::serve_on(listeners, engine, shutdown, options).await;
-    match served {
+    match server::serve_on(listeners, backend, shutdown, options).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

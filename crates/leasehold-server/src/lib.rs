@@ -5,6 +5,8 @@
 //!   commit) and the expiry timer; the SQLite-backed [`Backend`].
 //! - [`backend`]: the seam the gRPC services talk through ([`Backend`]).
 //! - [`sqlite`]: the SQLite implementation of the core's `Store` trait.
+//! - [`postgres`]: the PostgreSQL [`Backend`], for several stateless servers
+//!   on one database.
 //! - [`grpc`]: the tonic services (leases, the Session stream, transcripts).
 //! - [`server`]: running it all on a listener, with health and reflection.
 //!
@@ -16,6 +18,7 @@ pub mod backend;
 pub mod engine;
 pub mod grpc;
 pub mod metrics;
+pub mod postgres;
 pub mod server;
 pub mod sqlite;
 pub mod tls;

@@ -1,0 +1,380 @@
+//! Waiting in line: a waiting Acquire is a row of `waiters`; whoever finds
+//! a key free with someone alive in line grants it to the first of them (in
+//! the transaction that marks the row granted and notifies the key), and
+//! the waiting request picks its grant up when woken, at its holder's
+//! deadline, or after a poll interval.
+
+use super::order::Turn;
+use super::*;
+
+impl Inner {
+    /// Grants `key` to the first waiter alive in line if it is free, in one
+    /// transaction with the waiter's row and the notification.
+    pub(super) async fn serve_first(&self, client: &mut Client, key: &Key) -> Result<()> {
+        let tx = client.transaction().await.map_err(db_error)?;
+        let served = serve_first_in(&tx, &self.channel, key).await?;
+        tx.commit().await.map_err(db_error)?;
+        if served {
+            tracing::debug!(key = %key, "handed to the first waiter");
+        }
+        Ok(())
+    }
+
+    /// The part of an Acquire that does not wait: the grant, a replay, or
+    /// the busy refusal (a free key with people in line goes to them first).
+    pub(super) async fn acquire_now(
+        &self,
+        client: &mut Client,
+        request: &Acquire,
+    ) -> Result<Grant> {
+        let key = request.key.as_str();
+        let request_id = request.request_id.as_ref().map(|r| r.as_str());
+        let ttl = request.ttl.as_millis() as i64;
+        let grant = client.prepare_cached(sql::GRANT).await.map_err(db_error)?;
+        for _ in 0..RACE_RETRIES {
+            let lease_id = LeaseId::random();
+            let granted = client
+                .query_opt(
+                    &grant,
+                    &[
+                        &key,
+                        &request.owner.as_str(),
+                        &lease_id.0,
+                        &request_id,
+                        &ttl,
+                    ],
+                )
+                .await
+                .map_err(db_error)?;
+            if let Some(row) = granted {
+                let stored = KeyRow::from_row(&row)?;
+                let term = stored
+                    .live
+                    .ok_or_else(|| Error::Storage("a grant returned no term".into()))?;
+                return Ok(Grant {
+                    key: request.key.clone(),
+                    term,
+                    previous: stored.last_ended,
+                    replayed: false,
+                    unsettled_tool_calls: row.get::<_, i64>("unsettled") as usize,
+                    visible_seq: 0,
+                });
+            }
+            let snapshot = self.read_key(client, &request.key).await?;
+            if let Some(term) = &snapshot.key.live {
+                if let Some(replay) = replay_of(request, &snapshot) {
+                    return Ok(replay);
+                }
+                return Err(Error::Busy {
+                    key: request.key.clone(),
+                    holder: term.owner.clone(),
+                    fence: term.fence,
+                    remaining_ms: term.expires_at.saturating_sub(snapshot.now),
+                });
+            }
+            if snapshot.line {
+                // Free, with people in line: they go first; the next look
+                // finds the key held by the first of them.
+                self.serve_first(client, &request.key).await?;
+            }
+        }
+        Err(Error::Unavailable(format!(
+            "key {:?} changed {RACE_RETRIES} times while acquiring it; retry",
+            request.key
+        )))
+    }
+
+    /// An Acquire, waiting in line up to `request.wait` when the key is
+    /// held. `applied` is signalled once the request is granted, refused or
+    /// in line.
+    pub(super) async fn acquire(self: Arc<Self>, request: Acquire, applied: Turn) -> Result<Grant> {
+        let mut client = self.client().await?;
+        let wakes = self.wakes.subscribe();
+        let first = self.acquire_now(&mut client, &request).await;
+        let wait = request.wait.as_millis();
+        let busy = match first {
+            Err(busy @ Error::Busy { .. }) if wait > 0 => busy,
+            other => return other,
+        };
+        if *self.closing.borrow() {
+            return Err(closed());
+        }
+        let enqueue = client
+            .prepare_cached(sql::ENQUEUE)
+            .await
+            .map_err(db_error)?;
+        let lease = self.config.waiter_lease.as_millis() as i64;
+        let row = client
+            .query_one(
+                &enqueue,
+                &[
+                    &request.key.as_str(),
+                    &request.owner.as_str(),
+                    &(request.ttl.as_millis() as i64),
+                    &request.request_id.as_ref().map(|r| r.as_str()),
+                    &(wait as i64),
+                    &lease,
+                ],
+            )
+            .await
+            .map_err(db_error)?;
+        let place = PlaceInLine {
+            inner: self.clone(),
+            id: row.get("id"),
+            armed: true,
+        };
+        drop(applied);
+        drop(busy);
+        let until = millis(row.get("wait_until_ms"));
+        self.wait_in_line(client, request, place, until, wakes)
+            .await
+    }
+
+    /// Waits in line until granted, replayed, the wait runs out (then one
+    /// last look, as the SQLite engine), or the server closes.
+    pub(super) async fn wait_in_line(
+        &self,
+        mut client: Client,
+        request: Acquire,
+        mut place: PlaceInLine,
+        until: Millis,
+        mut wakes: broadcast::Receiver<listen::Wake>,
+    ) -> Result<Grant> {
+        let mut closing = self.closing.subscribe();
+        let lease = self.config.waiter_lease.as_millis() as i64;
+        loop {
+            if *closing.borrow() {
+                return match self.leave_line(&client, &mut place, &request).await? {
+                    Some(grant) => Ok(grant),
+                    None => Err(closed()),
+                };
+            }
+            self.serve_first(&mut client, &request.key).await?;
+            let heartbeat = client
+                .prepare_cached(sql::HEARTBEAT)
+                .await
+                .map_err(db_error)?;
+            let mine = client
+                .query_opt(&heartbeat, &[&place.id, &lease])
+                .await
+                .map_err(db_error)?;
+            let snapshot = self.read_key(&client, &request.key).await?;
+            let Some(mine) = mine else {
+                // Our row is gone (removed as dead after a long stall): take
+                // one last look instead of waiting on nothing.
+                place.armed = false;
+                return self.acquire_now(&mut client, &request).await;
+            };
+            if let Some(fence) = mine.get::<_, Option<i64>>("granted_fence") {
+                let grant = granted(&request, &mine, fence, &snapshot)?;
+                place.leave(&client).await;
+                return Ok(grant);
+            }
+            if let Some(replay) = replay_of(&request, &snapshot) {
+                place.leave(&client).await;
+                return Ok(replay);
+            }
+            let now = snapshot.now;
+            if now >= until {
+                return match self.leave_line(&client, &mut place, &request).await? {
+                    Some(grant) => Ok(grant),
+                    None => self.acquire_now(&mut client, &request).await,
+                };
+            }
+            let mut sleep = Duration::from_millis(until - now).min(self.config.poll);
+            if let Some(term) = &snapshot.key.live {
+                // Wake when the holder's term runs out, if nobody renews it.
+                let left = Duration::from_millis(term.expires_at.saturating_sub(now) + 1);
+                sleep = sleep.min(left);
+            }
+            // Return the connection to the pool while asleep.
+            drop(client);
+            let woken = async {
+                loop {
+                    match wakes.recv().await {
+                        Ok(key) if key == request.key.as_str() || key == listen::WAKE_ALL => {
+                            return;
+                        }
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => return,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                () = woken => {}
+                () = tokio::time::sleep(sleep) => {}
+                _ = closing.changed() => {}
+            }
+            client = self.client().await?;
+        }
+    }
+
+    /// Leaves the line; returns the grant if one raced in first.
+    pub(super) async fn leave_line(
+        &self,
+        client: &Client,
+        place: &mut PlaceInLine,
+        request: &Acquire,
+    ) -> Result<Option<Grant>> {
+        let leave = client
+            .prepare_cached(sql::LEAVE_UNGRANTED)
+            .await
+            .map_err(db_error)?;
+        let left = client
+            .query_opt(&leave, &[&place.id])
+            .await
+            .map_err(db_error)?;
+        if left.is_some() {
+            place.armed = false;
+            return Ok(None);
+        }
+        let fetch = client
+            .prepare_cached(sql::WAITER_GRANT)
+            .await
+            .map_err(db_error)?;
+        let Some(mine) = client
+            .query_opt(&fetch, &[&place.id])
+            .await
+            .map_err(db_error)?
+        else {
+            place.armed = false;
+            return Ok(None);
+        };
+        let Some(fence) = mine.get::<_, Option<i64>>("granted_fence") else {
+            return Ok(None);
+        };
+        let snapshot = self.read_key(client, &request.key).await?;
+        let grant = granted(request, &mine, fence, &snapshot)?;
+        place.leave(client).await;
+        Ok(Some(grant))
+    }
+}
+
+/// Grants `key` to its first waiter alive in line, inside `tx`: the grant,
+/// the waiter's row and the notification commit together. Returns whether
+/// it granted.
+pub(super) async fn serve_first_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    channel: &str,
+    key: &Key,
+) -> Result<bool> {
+    let serve = tx
+        .prepare_cached(sql::SERVE_FIRST)
+        .await
+        .map_err(db_error)?;
+    let lease_id = LeaseId::random();
+    let Some(row) = tx
+        .query_opt(&serve, &[&key.as_str(), &lease_id.0])
+        .await
+        .map_err(db_error)?
+    else {
+        return Ok(false);
+    };
+    let mark = tx
+        .prepare_cached(sql::MARK_GRANTED)
+        .await
+        .map_err(db_error)?;
+    let waiter: i64 = row.get("waiter_id");
+    let fence: i64 = row.get("live_fence");
+    let acquired: i64 = row.get("live_acquired_at_ms");
+    let expires: i64 = row.get("live_expires_at_ms");
+    tx.execute(&mark, &[&waiter, &fence, &lease_id.0, &acquired, &expires])
+        .await
+        .map_err(db_error)?;
+    let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
+    tx.execute(&notify, &[&channel, &key.as_str()])
+        .await
+        .map_err(db_error)?;
+    Ok(true)
+}
+
+/// The replay of `request` if the key's live term is its earlier grant
+/// (same owner and request id).
+pub(super) fn replay_of(request: &Acquire, snapshot: &Snapshot) -> Option<Grant> {
+    let term = snapshot.key.live.as_ref()?;
+    (request.request_id.is_some()
+        && term.request_id == request.request_id
+        && term.owner == request.owner)
+        .then(|| Grant {
+            key: request.key.clone(),
+            term: term.clone(),
+            previous: snapshot.key.last_ended.clone(),
+            replayed: true,
+            unsettled_tool_calls: snapshot.unsettled,
+            visible_seq: 0,
+        })
+}
+
+/// The grant a waiter row received. `previous` is known while the term is
+/// still the key's live one (it nearly always is: the waiter picks it up at
+/// once).
+pub(super) fn granted(
+    request: &Acquire,
+    mine: &tokio_postgres::Row,
+    fence: i64,
+    snapshot: &Snapshot,
+) -> Result<Grant> {
+    let fence = row::fence_of(fence);
+    let term = Term {
+        fence,
+        owner: request.owner.clone(),
+        lease_id: LeaseId(mine.get("granted_lease_id")),
+        request_id: request.request_id.clone(),
+        ttl: request.ttl,
+        acquired_at: millis(mine.get("granted_acquired_at_ms")),
+        expires_at: millis(mine.get("granted_expires_at_ms")),
+    };
+    let current = snapshot.key.live.as_ref().is_some_and(|t| t.fence == fence);
+    Ok(Grant {
+        key: request.key.clone(),
+        term,
+        previous: if current {
+            snapshot.key.last_ended.clone()
+        } else {
+            None
+        },
+        replayed: false,
+        unsettled_tool_calls: snapshot.unsettled,
+        visible_seq: 0,
+    })
+}
+
+/// A waiting Acquire's row in `waiters`. Dropping it (the request's future
+/// was dropped: the client cancelled, its deadline passed, its stream
+/// closed) deletes the row, so the line moves on at once.
+pub(super) struct PlaceInLine {
+    inner: Arc<Inner>,
+    id: i64,
+    /// False once the row is gone some other way.
+    armed: bool,
+}
+
+impl PlaceInLine {
+    /// Deletes the row now (after its grant was picked up).
+    pub(super) async fn leave(&mut self, client: &Client) {
+        self.armed = false;
+        if let Ok(stmt) = client.prepare_cached(sql::LEAVE).await {
+            // A row left behind lapses with its heartbeat and is swept.
+            let _ = client.execute(&stmt, &[&self.id]).await;
+        }
+    }
+}
+
+impl Drop for PlaceInLine {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (inner, id) = (self.inner.clone(), self.id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Ok(client) = inner.pool.get().await {
+                    let _ = client.execute(sql::LEAVE, &[&id]).await;
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,653 @@
+//! The PostgreSQL [`Backend`]: any number of stateless leasehold servers on
+//! one database schema.
+//!
+//! Every rule of the contract is enforced inside PostgreSQL, by one
+//! conditional write on one row (all statements are in [`sql`]): a grant is
+//! an `INSERT … ON CONFLICT (key) DO UPDATE … WHERE <free or expired>`,
+//! renew and release are `UPDATE … WHERE fence = $ AND lease_id = $ AND
+//! <not expired>`, fences come from one database sequence, and every time
+//! is the database clock's. Two servers never need to agree on anything:
+//! whichever statement locks the row first wins, and the other re-checks
+//! its condition against what the first left. A write that finds its
+//! condition false reads the row and explains the refusal exactly as the
+//! SQLite engine does (`row::KeyNow`).
+//!
+//! # Waiting
+//! A waiting Acquire is a row of `waiters`. Whoever finds a key free with
+//! someone alive in line (a release, an expiry sweep, a newcomer, a waiter
+//! waking up) grants it to the first waiter in the same transaction that
+//! marks that row granted, and `NOTIFY`s the key; the waiting request picks
+//! its grant up when woken (`listen`), at its holder's deadline, or at the
+//! latest after [`PgConfig::poll`]. A waiting request keeps its row alive
+//! with a heartbeat; dropping its future deletes the row, and rows of a
+//! server that died lapse after [`PgConfig::waiter_lease`].
+//!
+//! # Order
+//! Operations take effect in the order they are called on this server for
+//! each key (the Session stream pipelines on it): each operation on a key
+//! waits until the one called before it on the same key has been applied
+//! (for a waiting Acquire: until it is in line). Lists are not ordered
+//! against writes in flight.
+//!
+//! # Parts
+//! - this module: configuration, start-up, the [`Backend`] implementation;
+//! - [`sql`]: every statement; [`migrate`]: the versioned schema;
+//! - `terms`: renew, release, check, get, list and the sweeper;
+//! - `line`: Acquire and waiting in line; `listen`: the NOTIFY wake-ups;
+//! - `ledger`: the tool-call ledger; `order`: per-key call order;
+//! - `row`: rows to domain values, and the refusals a row implies.
+//!
+//! # Durability
+//! A reply is sent only after its statement committed, and refusals read
+//! committed rows only, so nothing a client is told can be undone by a
+//! crash of a leasehold server. Whether a commit survives the database's
+//! own failover is the database's replication setting (see
+//! `docs/deploy.md`). When the database cannot be reached every request is
+//! refused with UNAVAILABLE; nothing is guessed.
+
+mod ledger;
+mod line;
+mod listen;
+pub mod migrate;
+mod order;
+mod row;
+pub mod sql;
+mod terms;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::future::BoxFuture;
+use tokio::sync::{broadcast, watch};
+use tokio::task::AbortHandle;
+use tokio_postgres::NoTls;
+use tokio_postgres::error::SqlState;
+
+use leasehold_core::clock::Millis;
+use leasehold_core::error::{Error, Result};
+use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Term, TermEnd, Ttl};
+use leasehold_core::ledger::{
+    BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
+};
+use leasehold_core::lessor::{Acquire, DEFAULT_RETENTION_MS, Grant, KeyView, ListFilter, ListPage};
+use leasehold_core::store::StoreError;
+
+use crate::backend::{Backend, Pending};
+use order::{Access, Turns};
+use row::{KeyNow, KeyRow, millis};
+
+/// The largest List page, and the one given when a request names none (as
+/// the SQLite engine).
+const MAX_PAGE_SIZE: usize = 1000;
+const DEFAULT_PAGE_SIZE: usize = 100;
+
+/// How many times an operation re-reads a key that changed under it before
+/// it gives up with UNAVAILABLE (only under extreme contention).
+const RACE_RETRIES: usize = 16;
+
+/// How to reach the database, and the tuning of this backend.
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    /// `postgres://user[:password]@host[:port]/database[?options]`.
+    pub url: String,
+    /// The schema holding leasehold's tables (created if missing), so tests
+    /// and several deployments can share one database.
+    pub schema: String,
+    /// Connections in the pool.
+    pub pool_size: usize,
+    /// How long a cleanly released key is remembered before it is forgotten.
+    pub retention_ms: u64,
+    /// How often this server moves expired terms to ended (waking their
+    /// waiters) and forgets released keys past their retention.
+    pub sweep_interval: Duration,
+    /// How often a waiting Acquire looks again without a notification.
+    pub poll: Duration,
+    /// How long a waiter row stays in line without its server's heartbeat.
+    pub waiter_lease: Duration,
+    /// How long to wait for a connection (pool or database) before a
+    /// request is refused with UNAVAILABLE.
+    pub connect_timeout: Duration,
+    /// How long one operation may take (beyond an Acquire's own wait)
+    /// before it is refused with UNAVAILABLE: a database that stopped
+    /// answering (a partition, a hung failover) must not hold requests
+    /// forever. Its outcome is then unknown, as for any lost reply.
+    pub op_timeout: Duration,
+}
+
+impl PgConfig {
+    /// Defaults for the database at `url`, schema `leasehold`.
+    pub fn new(url: impl Into<String>) -> PgConfig {
+        PgConfig {
+            url: url.into(),
+            schema: "leasehold".into(),
+            pool_size: 16,
+            retention_ms: DEFAULT_RETENTION_MS,
+            sweep_interval: Duration::from_millis(500),
+            poll: Duration::from_millis(500),
+            waiter_lease: Duration::from_secs(3),
+            connect_timeout: Duration::from_secs(3),
+            op_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A cheap, cloneable handle to the PostgreSQL backend. The background
+/// tasks (notification listener, sweeper) stop with the last handle.
+#[derive(Clone)]
+pub struct PgBackend {
+    inner: Arc<Inner>,
+    /// Stops the background tasks when the last handle goes.
+    _tasks: Arc<Tasks>,
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("schema", &self.inner.config.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    /// Connections for every statement (never for LISTEN).
+    pool: Pool,
+    /// The NOTIFY channel of this schema.
+    channel: String,
+    /// Keys notified by any server; waiters subscribe and filter.
+    wakes: broadcast::Sender<listen::Wake>,
+    /// Set when the server begins to shut down: waiting Acquires give up.
+    closing: watch::Sender<bool>,
+    /// Per-key call order (see the module docs).
+    turns: Arc<Turns>,
+    config: PgConfig,
+}
+
+/// The background tasks, aborted when the last handle is dropped.
+struct Tasks(Vec<AbortHandle>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+impl PgBackend {
+    /// Connects to the database, creates the schema or migrates it under an
+    /// advisory lock, and starts the notification listener and the
+    /// sweeper. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] for a bad URL or schema name or an unreachable
+    /// database; [`StoreError::TooNew`] for a schema written by a newer
+    /// leasehold; [`StoreError::Io`] when a migration fails.
+    pub async fn connect(config: PgConfig) -> std::result::Result<PgBackend, StoreError> {
+        let origin = describe(&config.url);
+        let open = |reason: String| StoreError::Open {
+            path: origin.clone(),
+            reason,
+        };
+        check_schema_name(&config.schema).map_err(open)?;
+        let mut pg: tokio_postgres::Config = config
+            .url
+            .parse()
+            .map_err(|e| open(format!("not a PostgreSQL URL: {e}")))?;
+        // Every connection resolves leasehold's names in its schema; options
+        // given in the URL are kept.
+        let search_path = format!("-c search_path={}", config.schema);
+        let options = match pg.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {search_path}"),
+            _ => search_path,
+        };
+        pg.options(options);
+        pg.connect_timeout(config.connect_timeout);
+        // Notice a database that vanished without closing the connection
+        // (a partition, a host that died) in seconds, not TCP's minutes.
+        pg.keepalives(true);
+        pg.keepalives_idle(Duration::from_secs(5));
+        pg.keepalives_interval(Duration::from_secs(2));
+        pg.keepalives_retries(3);
+        if pg.get_application_name().is_none() {
+            pg.application_name("leasehold");
+        }
+        let manager = Manager::from_config(
+            pg.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(config.connect_timeout))
+            .create_timeout(Some(config.connect_timeout))
+            .recycle_timeout(Some(config.connect_timeout))
+            .build()
+            .map_err(|e| open(format!("connection pool: {e}")))?;
+        let mut client = pool.get().await.map_err(|e| {
+            open(match e {
+                deadpool_postgres::PoolError::Backend(e) => pg_message(&e),
+                other => other.to_string(),
+            })
+        })?;
+        migrate::migrate(&mut client, &config.schema, &origin).await?;
+        drop(client);
+        let channel = channel_of(&config.schema);
+        let (wakes, _) = broadcast::channel(1024);
+        let inner = Arc::new(Inner {
+            pool,
+            channel: channel.clone(),
+            wakes: wakes.clone(),
+            closing: watch::Sender::new(false),
+            turns: Arc::default(),
+            config,
+        });
+        let listener = tokio::spawn(listen::run(pg, channel, wakes)).abort_handle();
+        let sweeper = tokio::spawn(inner.clone().sweep_loop()).abort_handle();
+        tracing::info!(database = %origin, schema = %inner.config.schema, "PostgreSQL backend ready");
+        Ok(PgBackend {
+            inner,
+            _tasks: Arc::new(Tasks(vec![listener, sweeper])),
+        })
+    }
+
+    /// Runs one sweep now: moves expired terms to ended and forgets keys
+    /// past their retention (the background task does this every
+    /// [`PgConfig::sweep_interval`]).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the database cannot be reached.
+    pub async fn sweep(&self) -> Result<()> {
+        self.inner.sweep().await
+    }
+}
+
+/// `postgres://user@host:port/db` without the password, for messages.
+fn describe(url: &str) -> String {
+    match url.parse::<tokio_postgres::Config>() {
+        Ok(config) => {
+            let hosts: Vec<String> = config
+                .get_hosts()
+                .iter()
+                .map(|h| match h {
+                    tokio_postgres::config::Host::Tcp(host) => host.clone(),
+                    tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+                })
+                .collect();
+            let port = config.get_ports().first().copied().unwrap_or(5432);
+            format!(
+                "postgres://{}@{}:{port}/{}",
+                config.get_user().unwrap_or(""),
+                hosts.join(","),
+                config.get_dbname().unwrap_or("")
+            )
+        }
+        Err(_) => "a PostgreSQL database".into(),
+    }
+}
+
+/// The NOTIFY channel of `schema`: `leasehold.<schema>`, or a stable hash
+/// of it when that would pass PostgreSQL's 63-byte identifier limit (a
+/// longer channel name is an error in `pg_notify`).
+fn channel_of(schema: &str) -> String {
+    let channel = format!("leasehold.{schema}");
+    if channel.len() <= 63 {
+        return channel;
+    }
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = schema.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("leasehold.{hash:016x}")
+}
+
+/// A schema name goes into SQL text (`search_path`, `CREATE SCHEMA`), so
+/// only plain lower-case identifiers are accepted.
+fn check_schema_name(schema: &str) -> std::result::Result<(), String> {
+    let mut chars = schema.chars();
+    let valid = schema.len() <= 63
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "schema {schema:?} must be 1-63 characters of a-z, 0-9 and _, not starting with a digit"
+        ))
+    }
+}
+
+/// A database failure as the client sees it: the database could not be
+/// reached or refused for a transient reason (UNAVAILABLE, retry), or a
+/// fault of ours (INTERNAL). Never a guess about the lease.
+fn db_error(e: tokio_postgres::Error) -> Error {
+    let Some(db) = e.as_db_error() else {
+        return Error::Unavailable(format!("database: {e}"));
+    };
+    let code = db.code().code();
+    let transient = ["08", "40", "53", "55", "57", "58", "25"]
+        .iter()
+        .any(|class| code.starts_with(class));
+    if transient || *db.code() == SqlState::READ_ONLY_SQL_TRANSACTION {
+        Error::Unavailable(format!("database: {}", db.message()))
+    } else {
+        Error::Storage(format!("database: {} ({code})", db.message()))
+    }
+}
+
+/// What went wrong, with the server's message when it sent one (a
+/// `tokio_postgres::Error` alone only says "db error").
+fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+fn pool_error(e: deadpool_postgres::PoolError) -> Error {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => db_error(e),
+        other => Error::Unavailable(format!("database: {other}")),
+    }
+}
+
+/// `op`, or UNAVAILABLE once `limit` has passed without an answer.
+async fn in_time<T>(
+    limit: Duration,
+    op: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, op).await.unwrap_or_else(|_| {
+        Err(Error::Unavailable(format!(
+            "the database did not answer within {} ms",
+            limit.as_millis()
+        )))
+    })
+}
+
+fn closed() -> Error {
+    Error::Unavailable("the server is shutting down".into())
+}
+
+type Client = deadpool_postgres::Object;
+
+/// A `keys` row read with [`sql::READ_KEY`].
+struct Snapshot {
+    now: Millis,
+    /// Whether the key has a row at all.
+    found: bool,
+    key: KeyNow,
+    unsettled: usize,
+    /// Whether someone alive waits in line.
+    line: bool,
+}
+
+impl Inner {
+    async fn client(&self) -> Result<Client> {
+        if self.pool.is_closed() {
+            return Err(closed());
+        }
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    /// The key as [`Inner::read_key`] reads it, after handing it to the
+    /// first waiter in line if it is free: as the SQLite engine brings a key
+    /// up to date before every operation, so a refusal or a Get never shows
+    /// a free key that someone waits for (a fence whose term expired with
+    /// people in line is then superseded, on either backend).
+    async fn read_key_served(&self, client: &mut Client, key: &Key) -> Result<Snapshot> {
+        let snapshot = self.read_key(client, key).await?;
+        if snapshot.key.live.is_some() || !snapshot.line {
+            return Ok(snapshot);
+        }
+        self.serve_first(client, key).await?;
+        self.read_key(client, key).await
+    }
+
+    async fn read_key(&self, client: &Client, key: &Key) -> Result<Snapshot> {
+        let stmt = client
+            .prepare_cached(sql::READ_KEY)
+            .await
+            .map_err(db_error)?;
+        let row = client
+            .query_one(&stmt, &[&key.as_str()])
+            .await
+            .map_err(db_error)?;
+        let now = millis(row.get("now"));
+        let found = row.get::<_, Option<String>>("found").is_some();
+        Ok(Snapshot {
+            now,
+            found,
+            key: KeyRow::from_row(&row)?.at(now),
+            unsettled: row.get::<_, i64>("unsettled") as usize,
+            line: row.get("line"),
+        })
+    }
+}
+
+impl PgBackend {
+    /// Runs `op` on `key` in call order (see `order`): a write after
+    /// everything called before it on the key, a read after the writes.
+    fn ordered<T, F>(
+        &self,
+        key: &Key,
+        access: Access,
+        op: impl FnOnce(Arc<Inner>) -> F + Send + 'static,
+    ) -> Pending<T>
+    where
+        F: std::future::Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (predecessor, turn, cleanup) = self.inner.turns.take(key, access);
+        let inner = self.inner.clone();
+        let limit = inner.config.op_timeout;
+        Box::pin(async move {
+            predecessor.applied().await;
+            let out = in_time(limit, op(inner)).await;
+            drop(turn);
+            drop(cleanup);
+            out
+        })
+    }
+}
+
+impl Backend for PgBackend {
+    fn acquire(&self, request: Acquire) -> Pending<Grant> {
+        // The next operation on the key starts once this one is granted,
+        // refused or in line, not when its wait ends.
+        let (predecessor, turn, cleanup) = self.inner.turns.take(&request.key, Access::Write);
+        let inner = self.inner.clone();
+        let limit = inner.config.op_timeout + Duration::from_millis(request.wait.as_millis());
+        Box::pin(async move {
+            predecessor.applied().await;
+            let _cleanup = cleanup;
+            in_time(limit, inner.acquire(request, turn)).await
+        })
+    }
+
+    fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term> {
+        let k = key.clone();
+        self.ordered(key, Access::Write, move |inner| async move {
+            inner.renew(&k, fence, lease_id, ttl).await
+        })
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        suspend: bool,
+    ) -> Pending<EndedTerm> {
+        let k = key.clone();
+        self.ordered(key, Access::Write, move |inner| async move {
+            inner.release(&k, fence, lease_id, suspend).await
+        })
+    }
+
+    fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {
+        let k = key.clone();
+        self.ordered(key, Access::Read, move |inner| async move {
+            inner.check(&k, fence).await
+        })
+    }
+
+    fn get(&self, key: &Key) -> Pending<KeyView> {
+        let k = key.clone();
+        self.ordered(key, Access::Read, move |inner| async move {
+            inner.get(&k).await
+        })
+    }
+
+    fn list(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        after: Option<&Key>,
+        page_size: usize,
+    ) -> Pending<ListPage> {
+        let inner = self.inner.clone();
+        let (prefix, after) = (prefix.to_owned(), after.cloned());
+        let limit = inner.config.op_timeout;
+        Box::pin(in_time(limit, async move {
+            inner.list(prefix, filter, after, page_size).await
+        }))
+    }
+
+    fn begin_tool_calls(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        specs: Vec<CallSpec>,
+    ) -> Pending<BeginOutcome> {
+        let k = key.clone();
+        self.ordered(key, Access::Write, move |inner| async move {
+            inner.begin_tool_calls(&k, fence, lease_id, specs).await
+        })
+    }
+
+    fn settle_tool_call(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        settlement: Settlement,
+    ) -> Pending<(ToolCall, bool)> {
+        let k = key.clone();
+        self.ordered(key, Access::Write, move |inner| async move {
+            inner
+                .settle_tool_call(&k, fence, lease_id, settlement)
+                .await
+        })
+    }
+
+    fn list_tool_calls(&self, key: &Key, filter: CallFilter) -> Pending<Vec<ToolCall>> {
+        let k = key.clone();
+        self.ordered(key, Access::Read, move |inner| async move {
+            inner.list_tool_calls(&k, filter).await
+        })
+    }
+
+    fn begin_shutdown(&self) {
+        self.inner.closing.send_replace(true);
+    }
+
+    fn shutdown(&self) -> BoxFuture<'static, ()> {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            inner.closing.send_replace(true);
+            // Nothing is pending: every acknowledged write is committed.
+            // Later requests find the pool closed: UNAVAILABLE.
+            inner.pool.close();
+        })
+    }
+
+    fn failed(&self) -> BoxFuture<'static, String> {
+        // The database going away is not this server's failure: requests get
+        // UNAVAILABLE while it is down and succeed again once it is back, so
+        // there is nothing a restart of this process would fix.
+        Box::pin(std::future::pending())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ledger::duplicates;
+    use super::terms::{like_prefix, prefix_end};
+    use super::*;
+
+    #[test]
+    fn prefixes_become_literal_like_patterns() {
+        assert_eq!(like_prefix(""), "%");
+        assert_eq!(like_prefix("a%b_c\\"), "a\\%b\\_c\\\\%");
+    }
+
+    #[test]
+    fn the_prefix_end_is_above_every_key_with_the_prefix() {
+        assert_eq!(prefix_end("ab"), "ac");
+        assert_eq!(prefix_end("a\u{10FFFF}"), "b");
+        let end = prefix_end("");
+        let largest = "\u{10FFFF}".repeat(256); // 1024 bytes, the longest key
+        assert!(largest.as_str() < end.as_str());
+        for key in ["ab", "ab\u{10FFFF}", "abzzz", "ab\u{7f}"] {
+            assert!(key < prefix_end("ab").as_str(), "{key:?}");
+        }
+        assert!("ac" >= prefix_end("ab").as_str());
+    }
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for good in ["leasehold", "_x", "lh_test_1"] {
+            assert!(check_schema_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "1x",
+            "Leasehold",
+            "a-b",
+            "a;drop",
+            "a b",
+            &"x".repeat(64),
+        ] {
+            assert!(check_schema_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn channels_fit_the_identifier_limit() {
+        assert_eq!(channel_of("leasehold"), "leasehold.leasehold");
+        let long = "s".repeat(63);
+        let channel = channel_of(&long);
+        assert!(channel.len() <= 63, "{channel}");
+        assert_eq!(channel, channel_of(&long), "stable");
+        assert_ne!(channel, channel_of(&"t".repeat(63)));
+    }
+
+    #[test]
+    fn descriptions_leave_the_password_out() {
+        let text = describe("postgres://me:secret@db.internal:6543/leases");
+        assert_eq!(text, "postgres://me@db.internal:6543/leases");
+    }
+
+    #[test]
+    fn duplicates_follow_the_ledger_rule() {
+        let spec = |id: &str| CallSpec {
+            call_id: id.into(),
+            name: "n".into(),
+            input_digest: String::new(),
+        };
+        assert_eq!(duplicates(&[spec("a"), spec("b")], Vec::new()), None);
+        let Some(BeginOutcome::Duplicate { ids, existing }) =
+            duplicates(&[spec("a"), spec("b"), spec("b")], Vec::new())
+        else {
+            panic!("expected a duplicate");
+        };
+        assert_eq!(ids, ["b"]);
+        assert!(existing.is_empty());
+    }
+}

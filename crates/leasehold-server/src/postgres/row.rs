@@ -1,0 +1,240 @@
+//! Reading rows into domain values, and the refusals a key's state implies.
+//!
+//! The rules mirror the lessor's (`leasehold_core::lessor`): a term whose
+//! deadline has passed is over even while its row still shows it live (the
+//! sweeper moves it later), and a stale fence is explained the same way, a
+//! newer term first, so clients get the same statuses and reasons from
+//! either backend.
+
+use leasehold_core::clock::Millis;
+use leasehold_core::error::{Error, Result, StaleReason};
+use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Owner, RequestId, Term, TermEnd, Ttl};
+use leasehold_core::ledger::{CallState, ToolCall};
+use tokio_postgres::Row;
+
+/// A key's row as stored (possibly with a term past its deadline).
+#[derive(Debug, Clone, Default)]
+pub struct KeyRow {
+    pub live: Option<Term>,
+    pub last_ended: Option<EndedTerm>,
+}
+
+/// A key as it stands at the database's `now`.
+#[derive(Debug, Clone, Default)]
+pub struct KeyNow {
+    /// The live term, if any is live at `now`.
+    pub live: Option<Term>,
+    /// The last ended term (an expired live term counts as ended at its deadline).
+    pub last_ended: Option<EndedTerm>,
+}
+
+impl KeyRow {
+    /// Reads the `live_*` and `ended_*` columns of `row`.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when a stored value breaks the domain's rules.
+    pub fn from_row(row: &Row) -> Result<KeyRow> {
+        let live = match row
+            .try_get::<_, Option<i64>>("live_fence")
+            .map_err(storage)?
+        {
+            None => None,
+            Some(fence) => Some(Term {
+                fence: fence_of(fence),
+                owner: owner_of(row.try_get("live_owner").map_err(storage)?)?,
+                lease_id: LeaseId(row.try_get("live_lease_id").map_err(storage)?),
+                request_id: RequestId::parse_optional(
+                    row.try_get::<_, Option<String>>("live_request_id")
+                        .map_err(storage)?
+                        .unwrap_or_default(),
+                )
+                .map_err(|e| Error::Storage(format!("stored request_id: {e}")))?,
+                ttl: Ttl::from_millis(millis(row.try_get("live_ttl_ms").map_err(storage)?))
+                    .map_err(|e| Error::Storage(format!("stored ttl: {e}")))?,
+                acquired_at: millis(row.try_get("live_acquired_at_ms").map_err(storage)?),
+                expires_at: millis(row.try_get("live_expires_at_ms").map_err(storage)?),
+            }),
+        };
+        let last_ended = match row
+            .try_get::<_, Option<i64>>("ended_fence")
+            .map_err(storage)?
+        {
+            None => None,
+            Some(fence) => Some(EndedTerm {
+                fence: fence_of(fence),
+                owner: owner_of(row.try_get("ended_owner").map_err(storage)?)?,
+                lease_id: LeaseId(row.try_get("ended_lease_id").map_err(storage)?),
+                end: term_end(row.try_get("ended_end").map_err(storage)?)?,
+                ended_at: millis(row.try_get("ended_at_ms").map_err(storage)?),
+            }),
+        };
+        Ok(KeyRow { live, last_ended })
+    }
+
+    /// The key at `now`: a term past its deadline shows as ended, expired.
+    pub fn at(self, now: Millis) -> KeyNow {
+        match self.live {
+            Some(term) if !term.is_live_at(now) => KeyNow {
+                last_ended: Some(EndedTerm {
+                    fence: term.fence,
+                    owner: term.owner,
+                    lease_id: term.lease_id,
+                    end: TermEnd::Expired,
+                    ended_at: term.expires_at,
+                }),
+                live: None,
+            },
+            live => KeyNow {
+                live,
+                last_ended: self.last_ended,
+            },
+        }
+    }
+}
+
+impl KeyNow {
+    /// No live term, and the last one ended expired or suspended.
+    pub fn recoverable(&self) -> bool {
+        self.live.is_none()
+            && self
+                .last_ended
+                .as_ref()
+                .is_some_and(|e| e.end.is_recoverable())
+    }
+
+    /// Why `fence` is not the key's live term (as the lessor says it).
+    pub fn stale_reason(&self, fence: Fence) -> StaleReason {
+        if let Some(live) = &self.live {
+            if fence < live.fence {
+                return StaleReason::Superseded { by: live.fence };
+            }
+        }
+        if let Some(ended) = &self.last_ended {
+            if ended.fence == fence {
+                return match ended.end {
+                    TermEnd::Expired => StaleReason::Expired { at: ended.ended_at },
+                    TermEnd::Released => StaleReason::Released { at: ended.ended_at },
+                    TermEnd::Suspended => StaleReason::Suspended { at: ended.ended_at },
+                };
+            }
+        }
+        let latest = self
+            .live
+            .as_ref()
+            .map(|t| t.fence)
+            .or(self.last_ended.as_ref().map(|e| e.fence));
+        match latest {
+            Some(latest) if fence < latest => StaleReason::Superseded { by: latest },
+            _ => StaleReason::Unknown,
+        }
+    }
+
+    /// The refusal of an operation that needs `fence` to be the live term
+    /// with secret `lease_id` (renew, release, the ledger), or `None` when it
+    /// is (the operation lost a race and may be tried again).
+    pub fn holder_refusal(&self, key: &Key, fence: Fence, lease_id: LeaseId) -> Option<Error> {
+        match &self.live {
+            Some(term) if term.fence == fence => {
+                (term.lease_id != lease_id).then(|| denied(key, fence))
+            }
+            _ => Some(stale(key, fence, self.stale_reason(fence))),
+        }
+    }
+}
+
+pub fn stale(key: &Key, fence: Fence, reason: StaleReason) -> Error {
+    Error::StaleFence {
+        key: key.clone(),
+        fence,
+        reason,
+    }
+}
+
+pub fn denied(key: &Key, fence: Fence) -> Error {
+    Error::PermissionDenied {
+        key: key.clone(),
+        fence,
+    }
+}
+
+/// Reads a `tool_calls` row.
+///
+/// # Errors
+/// [`Error::Storage`] for a value outside the domain.
+pub fn tool_call(row: &Row) -> Result<ToolCall> {
+    Ok(ToolCall {
+        call_id: row.try_get("call_id").map_err(storage)?,
+        name: row.try_get("name").map_err(storage)?,
+        input_digest: row.try_get("input_digest").map_err(storage)?,
+        fence: fence_of(row.try_get("fence").map_err(storage)?),
+        state: call_state(row.try_get("state").map_err(storage)?)?,
+        settled_fence: row
+            .try_get::<_, Option<i64>>("settled_fence")
+            .map_err(storage)?
+            .map(fence_of),
+        result_digest: row.try_get("result_digest").map_err(storage)?,
+        result: row.try_get("result").map_err(storage)?,
+        begun_at: millis(row.try_get("begun_at_ms").map_err(storage)?),
+        settled_at: row
+            .try_get::<_, Option<i64>>("settled_at_ms")
+            .map_err(storage)?
+            .map(millis),
+        ordinal: row.try_get::<_, i64>("ordinal").map_err(storage)? as u64,
+    })
+}
+
+/// The stored code of a terminal call state.
+pub fn call_state_code(state: CallState) -> i16 {
+    match state {
+        CallState::Running => 1,
+        CallState::Succeeded => 2,
+        CallState::Failed => 3,
+        CallState::Unknown => 4,
+    }
+}
+
+fn call_state(code: i16) -> Result<CallState> {
+    match code {
+        1 => Ok(CallState::Running),
+        2 => Ok(CallState::Succeeded),
+        3 => Ok(CallState::Failed),
+        4 => Ok(CallState::Unknown),
+        other => Err(Error::Storage(format!("unknown stored call state {other}"))),
+    }
+}
+
+/// The stored code of how a term ended.
+pub fn term_end_code(end: TermEnd) -> i16 {
+    match end {
+        TermEnd::Released => 1,
+        TermEnd::Suspended => 2,
+        TermEnd::Expired => 3,
+    }
+}
+
+fn term_end(code: i16) -> Result<TermEnd> {
+    match code {
+        1 => Ok(TermEnd::Released),
+        2 => Ok(TermEnd::Suspended),
+        3 => Ok(TermEnd::Expired),
+        other => Err(Error::Storage(format!("unknown stored term end {other}"))),
+    }
+}
+
+fn owner_of(owner: String) -> Result<Owner> {
+    Owner::parse(owner).map_err(|e| Error::Storage(format!("stored owner: {e}")))
+}
+
+/// Fences and times are positive `bigint`s in the database.
+pub fn fence_of(value: i64) -> Fence {
+    Fence(value.max(0) as u64)
+}
+
+pub fn millis(value: i64) -> Millis {
+    value.max(0) as Millis
+}
+
+/// A column that does not decode is a fault of the store, not the client.
+fn storage(e: tokio_postgres::Error) -> Error {
+    Error::Storage(format!("reading a row: {e}"))
+}

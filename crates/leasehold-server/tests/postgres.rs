@@ -1,0 +1,1503 @@
+//! The PostgreSQL backend through real gRPC calls: in-process servers on
+//! 127.0.0.1:0 over a fresh schema of the database named by
+//! `LEASEHOLD_TEST_POSTGRES` (e.g. `postgres://postgres@127.0.0.1:5432/test`),
+//! dropped after each test. Without the variable every test prints that the
+//! suite was skipped, and passes.
+//!
+//! Expiry runs on the database's clock, which cannot be injected: those
+//! tests use TTLs of a few hundred milliseconds and bounded waits.
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{acquire, lease_of};
+use leasehold_core::error::{Error, StaleReason};
+use leasehold_server::postgres::{PgBackend, PgConfig};
+use leasehold_server::server;
+use leasehold_wire::pb;
+use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use leasehold_wire::status::from_status;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// The database URL, or `None` (and a note on stderr) to skip.
+fn database() -> Option<String> {
+    match std::env::var("LEASEHOLD_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            // Once per run, and past the test harness's output capture, so a
+            // plain `cargo test` shows it.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                let _ = std::io::Write::write_all(
+                    &mut std::io::stderr(),
+                    b"PostgreSQL suite skipped: LEASEHOLD_TEST_POSTGRES is not set \
+                      (e.g. postgres://postgres@127.0.0.1:5432/test)\n",
+                );
+            });
+            None
+        }
+    }
+}
+
+/// Skips the test (it passes) when no database is configured.
+macro_rules! schema_or_skip {
+    () => {
+        match database() {
+            Some(url) => Schema::fresh(url),
+            None => return,
+        }
+    };
+}
+
+/// A schema of its own for one test, dropped when the test ends (passed or not).
+struct Schema {
+    url: String,
+    name: String,
+}
+
+impl Schema {
+    fn fresh(url: String) -> Schema {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!(
+            "lh_test_{}_{}_{nanos}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Schema { url, name }
+    }
+
+    fn config(&self) -> PgConfig {
+        PgConfig {
+            schema: self.name.clone(),
+            pool_size: 4,
+            sweep_interval: Duration::from_millis(100),
+            poll: Duration::from_millis(200),
+            ..PgConfig::new(self.url.clone())
+        }
+    }
+}
+
+impl Schema {
+    /// Waits until `n` Acquires are in line for `key` (alive, not granted),
+    /// so a test can queue waiters in a known order.
+    async fn in_line(&self, key: &str, n: usize) {
+        let (db, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(connection);
+        let count = format!(
+            "SELECT count(*) FROM {0}.waiters
+             WHERE key = $1 AND granted_fence IS NULL AND alive_until_ms > {0}.now_ms()",
+            self.name
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let queued: i64 = db.query_one(&count, &[&key]).await.unwrap().get(0);
+            if queued as usize >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{queued} of {n} in line for {key}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let (url, name) = (self.url.clone(), self.name.clone());
+        // Its own thread and runtime: this may run while a test panics.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .expect("connect to drop the test schema");
+                tokio::spawn(connection);
+                client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                    .await
+                    .expect("drop the test schema");
+            });
+        })
+        .join();
+        if dropped.is_err() && !std::thread::panicking() {
+            panic!("could not drop schema {}", self.name);
+        }
+    }
+}
+
+/// An in-process leasehold server on the PostgreSQL backend.
+struct PgServer {
+    addr: SocketAddr,
+    backend: PgBackend,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl PgServer {
+    async fn start(schema: &Schema) -> PgServer {
+        Self::start_with(schema.config()).await
+    }
+
+    async fn start_with(config: PgConfig) -> PgServer {
+        let backend = PgBackend::connect(config).await.expect("connect backend");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let options = server::ServeOptions {
+            drain_timeout: Duration::from_millis(300),
+            ..server::ServeOptions::default()
+        };
+        let task = tokio::spawn({
+            let backend = backend.clone();
+            async move {
+                server::serve_with(
+                    listener,
+                    backend,
+                    async {
+                        let _ = stopped.await;
+                    },
+                    options,
+                )
+                .await
+                .expect("serve");
+            }
+        });
+        PgServer {
+            addr,
+            backend,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    async fn client(&self) -> LeaseholdClient<Channel> {
+        LeaseholdClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect")
+    }
+
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("server task");
+        }
+    }
+}
+
+fn renew(lease: &pb::Lease, ttl_ms: u64) -> pb::RenewRequest {
+    pb::RenewRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        ttl_ms,
+    }
+}
+
+fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        suspend,
+    }
+}
+
+fn check(key: &str, fence: u64) -> pb::CheckRequest {
+    pb::CheckRequest {
+        key: key.into(),
+        fence,
+    }
+}
+
+fn get(key: &str) -> pb::GetRequest {
+    pb::GetRequest { key: key.into() }
+}
+
+fn waiting(key: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        wait_ms,
+        ..acquire(key, owner, ttl_ms)
+    }
+}
+
+/// The stale reason of a FAILED_PRECONDITION status.
+fn stale_reason(status: &tonic::Status) -> StaleReason {
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    match from_status(status) {
+        Error::StaleFence { reason, .. } => reason,
+        other => panic!("not a stale fence: {other:?}"),
+    }
+}
+
+/// A term's lifecycle: grant, check, renew (longer), release, and what
+/// Check and Get say afterwards.
+#[tokio::test]
+async fn acquire_check_renew_release() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+
+    let granted = c
+        .acquire(acquire("k", "a", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let lease = granted.lease.unwrap();
+    assert!(lease.fence >= 1);
+    assert_eq!(lease.owner, "a");
+    assert_eq!(lease.ttl_ms, 5_000);
+    assert_eq!(lease.expires_at_ms - lease.acquired_at_ms, 5_000);
+    assert!(!lease.lease_id.is_empty());
+    assert!(granted.previous.is_none() && !granted.replayed);
+
+    let checked = c.check(check("k", lease.fence)).await.unwrap().into_inner();
+    let checked = checked.lease.unwrap();
+    assert_eq!(checked.fence, lease.fence);
+    assert!(
+        checked.lease_id.is_empty(),
+        "Check never shows the lease id"
+    );
+
+    let renewed = c.renew(renew(&lease, 60_000)).await.unwrap().into_inner();
+    let renewed = renewed.lease.unwrap();
+    assert_eq!(renewed.ttl_ms, 60_000);
+    assert!(renewed.expires_at_ms >= lease.expires_at_ms + 50_000);
+    // A shorter TTL is stored but never moves the deadline earlier.
+    let shorter = c.renew(renew(&lease, 1_000)).await.unwrap().into_inner();
+    let shorter = shorter.lease.unwrap();
+    assert_eq!(shorter.ttl_ms, 1_000);
+    assert_eq!(shorter.expires_at_ms, renewed.expires_at_ms);
+
+    let ended = c
+        .release(release(&lease, false))
+        .await
+        .unwrap()
+        .into_inner();
+    let ended = ended.ended.unwrap();
+    assert_eq!(ended.fence, lease.fence);
+    assert_eq!(ended.end(), pb::TermEnd::Released);
+
+    let refused = c.check(check("k", lease.fence)).await.unwrap_err();
+    assert!(
+        matches!(stale_reason(&refused), StaleReason::Released { at } if at == ended.ended_at_ms)
+    );
+    let state = c.get(get("k")).await.unwrap().into_inner();
+    assert!(state.lease.is_none());
+    assert_eq!(state.last_ended.unwrap().end(), pb::TermEnd::Released);
+    assert!(!state.recoverable);
+}
+
+/// A held key is refused as ABORTED with the holder, its fence and the time left.
+#[tokio::test]
+async fn a_held_key_is_busy_with_holder_fence_and_remaining() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+
+    let refused = c.acquire(acquire("k", "b", 1_000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+    match from_status(&refused) {
+        Error::Busy {
+            key,
+            holder,
+            fence,
+            remaining_ms,
+        } => {
+            assert_eq!(key, "k");
+            assert_eq!(holder, "a");
+            assert_eq!(fence.0, lease.fence);
+            assert!(
+                remaining_ms > 8_000 && remaining_ms <= 10_000,
+                "{remaining_ms}"
+            );
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    // Not re-entrant: the same owner without its request id is busy too.
+    let again = c.acquire(acquire("k", "a", 1_000)).await.unwrap_err();
+    assert_eq!(again.code(), Code::Aborted);
+}
+
+/// Every stale reason, and PERMISSION_DENIED for a live fence with the wrong lease id.
+#[tokio::test]
+async fn refusals_name_the_same_reasons_as_sqlite() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+
+    // unknown: a key never acquired, and a fence the key never had.
+    let refused = c.check(check("never", 7)).await.unwrap_err();
+    assert_eq!(stale_reason(&refused), StaleReason::Unknown);
+    let lease = lease_of(c.acquire(acquire("k", "a", 5_000)).await.unwrap());
+    let refused = c.check(check("k", lease.fence + 1000)).await.unwrap_err();
+    assert_eq!(stale_reason(&refused), StaleReason::Unknown);
+
+    // permission denied: the live fence with another lease id.
+    let mut forged = lease.clone();
+    forged.lease_id = uuid::Uuid::new_v4().to_string();
+    let refused = c.renew(renew(&forged, 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    let refused = c.release(release(&forged, false)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+
+    // suspended, then superseded once the key is taken again.
+    let ended = c.release(release(&lease, true)).await.unwrap().into_inner();
+    let at = ended.ended.unwrap().ended_at_ms;
+    let refused = c.renew(renew(&lease, 0)).await.unwrap_err();
+    assert_eq!(stale_reason(&refused), StaleReason::Suspended { at });
+    let next = lease_of(c.acquire(acquire("k", "b", 5_000)).await.unwrap());
+    assert!(next.fence > lease.fence);
+    let refused = c.check(check("k", lease.fence)).await.unwrap_err();
+    assert_eq!(
+        stale_reason(&refused),
+        StaleReason::Superseded {
+            by: leasehold_core::Fence(next.fence)
+        }
+    );
+    // A retried release of the old term is told the truth: superseded.
+    let refused = c.release(release(&lease, true)).await.unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Superseded { .. }
+    ));
+
+    // expired: by the database clock.
+    let short = lease_of(c.acquire(acquire("short", "a", 300)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let refused = c.renew(renew(&short, 0)).await.unwrap_err();
+    assert_eq!(
+        stale_reason(&refused),
+        StaleReason::Expired {
+            at: short.expires_at_ms
+        }
+    );
+    let refused = c.release(release(&short, false)).await.unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Expired { .. }
+    ));
+}
+
+/// NOT_FOUND for Get and ListToolCalls of a key never acquired.
+#[tokio::test]
+async fn unknown_keys_are_not_found() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    assert_eq!(c.get(get("nope")).await.unwrap_err().code(), Code::NotFound);
+    let listed = c
+        .list_tool_calls(pb::ListToolCallsRequest {
+            key: "nope".into(),
+            filter: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(listed.code(), Code::NotFound);
+}
+
+/// A retry with the same owner and request id gets the same term back; a
+/// retried release returns the term as it first ended.
+#[tokio::test]
+async fn retries_replay() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let request = pb::AcquireRequest {
+        request_id: "r1".into(),
+        ..acquire("k", "a", 5_000)
+    };
+    let first = c.acquire(request.clone()).await.unwrap().into_inner();
+    let retry = c
+        .acquire(pb::AcquireRequest {
+            ttl_ms: 9_000,
+            ..request.clone()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(retry.replayed && !first.replayed);
+    assert_eq!(retry.lease, first.lease, "the term as first granted");
+    let other = pb::AcquireRequest {
+        request_id: "r2".into(),
+        ..request.clone()
+    };
+    assert_eq!(c.acquire(other).await.unwrap_err().code(), Code::Aborted);
+
+    let lease = first.lease.unwrap();
+    let ended = c
+        .release(release(&lease, false))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = c.release(release(&lease, true)).await.unwrap().into_inner();
+    assert_eq!(
+        again.ended, ended.ended,
+        "a retry returns the term as it first ended"
+    );
+}
+
+/// Waiters are served first come, first served, and a newcomer does not
+/// jump the line.
+#[tokio::test]
+async fn waiters_are_served_in_order() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+
+    let mut b = server.client().await;
+    let b_wait = tokio::spawn(async move { b.acquire(waiting("k", "b", 10_000, 10_000)).await });
+    schema.in_line("k", 1).await;
+    let mut d = server.client().await;
+    let d_wait = tokio::spawn(async move { d.acquire(waiting("k", "d", 10_000, 10_000)).await });
+    schema.in_line("k", 2).await;
+
+    let started = Instant::now();
+    c.release(release(&lease, false)).await.unwrap();
+    let b_got = b_wait.await.unwrap().unwrap().into_inner();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "woken by the release"
+    );
+    let b_lease = b_got.lease.unwrap();
+    assert_eq!(b_lease.owner, "b");
+    assert!(b_lease.fence > lease.fence);
+    assert_eq!(b_got.previous.unwrap().fence, lease.fence);
+
+    // The line is not empty: a newcomer that would not wait is busy, named b.
+    let refused = c.acquire(acquire("k", "e", 1_000)).await.unwrap_err();
+    assert!(matches!(from_status(&refused), Error::Busy { holder, .. } if holder == "b"));
+
+    c.release(release(&b_lease, false)).await.unwrap();
+    let d_lease = lease_of(d_wait.await.unwrap().unwrap());
+    assert_eq!(d_lease.owner, "d");
+    assert!(d_lease.fence > b_lease.fence);
+}
+
+/// A retry (same owner and request id) sent while the original still waits
+/// in line gets the same grant, replayed, when the original is served.
+#[tokio::test]
+async fn a_retry_waiting_behind_its_original_gets_the_replay() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let request = pb::AcquireRequest {
+        request_id: "r".into(),
+        ..waiting("k", "b", 5_000, 5_000)
+    };
+    let mut first = server.client().await;
+    let original = {
+        let request = request.clone();
+        tokio::spawn(async move { first.acquire(request).await })
+    };
+    schema.in_line("k", 1).await;
+    let mut second = server.client().await;
+    let retry = tokio::spawn(async move { second.acquire(request).await });
+    schema.in_line("k", 2).await;
+    c.release(release(&lease, false)).await.unwrap();
+    let original = original.await.unwrap().unwrap().into_inner();
+    let retry = retry.await.unwrap().unwrap().into_inner();
+    assert!(!original.replayed && retry.replayed);
+    assert_eq!(original.lease, retry.lease);
+}
+
+/// A waiter whose request is cancelled leaves the line at once: the key
+/// goes to the next waiter, not to nobody.
+#[tokio::test]
+async fn a_cancelled_waiter_leaves_the_line() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+
+    let mut b = server.client().await;
+    let mut request = tonic::Request::new(waiting("k", "b", 10_000, 10_000));
+    request.set_timeout(Duration::from_millis(300));
+    let cancelled = b.acquire(request).await.unwrap_err();
+    assert!(
+        matches!(cancelled.code(), Code::Cancelled | Code::DeadlineExceeded),
+        "{cancelled:?}"
+    );
+    let mut d = server.client().await;
+    let d_wait = tokio::spawn(async move { d.acquire(waiting("k", "d", 10_000, 10_000)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.release(release(&lease, false)).await.unwrap();
+    let d_lease = lease_of(d_wait.await.unwrap().unwrap());
+    assert_eq!(d_lease.owner, "d", "b's place was given up");
+}
+
+/// A waiter gets the key when its holder's term expires, with `previous`
+/// saying so; a wait that runs out first is busy.
+#[tokio::test]
+async fn waiters_get_expired_keys_and_give_up_in_time() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let held = lease_of(c.acquire(acquire("k", "a", 300)).await.unwrap());
+    let started = Instant::now();
+    let got = c
+        .acquire(waiting("k", "b", 5_000, 3_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let previous = got.previous.unwrap();
+    assert_eq!(previous.fence, held.fence);
+    assert_eq!(previous.end(), pb::TermEnd::Expired);
+    assert_eq!(previous.ended_at_ms, held.expires_at_ms);
+
+    let started = Instant::now();
+    let refused = c.acquire(waiting("k", "c", 5_000, 300)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+}
+
+/// A fence whose term expired while someone waited is superseded by the
+/// waiter's grant (as on SQLite, where a key is handed on before anything
+/// else looks at it), and Get shows the waiter as the holder.
+#[tokio::test]
+async fn an_expired_fence_with_a_waiter_is_superseded() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let held = lease_of(c.acquire(acquire("k", "a", 300)).await.unwrap());
+    let mut b = server.client().await;
+    let b_wait = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
+    schema.in_line("k", 1).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let refused = c.check(check("k", held.fence)).await.unwrap_err();
+    let StaleReason::Superseded { by } = stale_reason(&refused) else {
+        panic!("{refused:?}");
+    };
+    let state = c.get(get("k")).await.unwrap().into_inner();
+    assert_eq!(state.lease.as_ref().unwrap().owner, "b");
+    assert_eq!(state.lease.unwrap().fence, by.0);
+    assert_eq!(lease_of(b_wait.await.unwrap().unwrap()).fence, by.0);
+}
+
+/// Expired and suspended keys are recoverable: Get says so, List RECOVERABLE
+/// finds them (before and after the sweeper moves them), and the next grant
+/// carries the ended term as `previous`.
+#[tokio::test]
+async fn recovery() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let expired = lease_of(c.acquire(acquire("s/expired", "a", 300)).await.unwrap());
+    let suspended = lease_of(c.acquire(acquire("s/suspended", "a", 5_000)).await.unwrap());
+    let released = lease_of(c.acquire(acquire("s/released", "a", 5_000)).await.unwrap());
+    let _live = lease_of(c.acquire(acquire("s/live", "a", 5_000)).await.unwrap());
+    c.release(release(&suspended, true)).await.unwrap();
+    c.release(release(&released, false)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let state = c.get(get("s/expired")).await.unwrap().into_inner();
+    assert!(state.recoverable && state.lease.is_none());
+    assert_eq!(state.last_ended.unwrap().end(), pb::TermEnd::Expired);
+
+    let list = |filter: pb::ListFilter| pb::ListRequest {
+        prefix: "s/".into(),
+        filter: filter as i32,
+        page_size: 0,
+        page_token: String::new(),
+    };
+    let keys = |r: pb::ListResponse| r.keys.into_iter().map(|k| k.key).collect::<Vec<_>>();
+    let recoverable = keys(
+        c.list(list(pb::ListFilter::Recoverable))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(recoverable, ["s/expired", "s/suspended"]);
+    server.backend.sweep().await.unwrap();
+    let recoverable = keys(
+        c.list(list(pb::ListFilter::Recoverable))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(
+        recoverable,
+        ["s/expired", "s/suspended"],
+        "the same after the sweep"
+    );
+    let live = keys(
+        c.list(list(pb::ListFilter::Live))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(live, ["s/live"]);
+    let all = keys(
+        c.list(list(pb::ListFilter::All))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert_eq!(all, ["s/expired", "s/live", "s/released", "s/suspended"]);
+
+    let taken = c
+        .acquire(acquire("s/expired", "b", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let previous = taken.previous.unwrap();
+    assert_eq!(previous.fence, expired.fence);
+    assert_eq!(previous.end(), pb::TermEnd::Expired);
+    let taken = c
+        .acquire(acquire("s/suspended", "b", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(taken.previous.unwrap().end(), pb::TermEnd::Suspended);
+    let recoverable = keys(
+        c.list(list(pb::ListFilter::Recoverable))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    assert!(recoverable.is_empty(), "{recoverable:?}");
+}
+
+/// List pages through a prefix in key (byte) order with page tokens;
+/// LIKE wildcards in the prefix are plain characters.
+#[tokio::test]
+async fn list_pages() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let mut expected = Vec::new();
+    for i in 0..7 {
+        let key = format!("p%_{i}");
+        c.acquire(acquire(&key, "a", 5_000)).await.unwrap();
+        expected.push(key);
+    }
+    for other in ["p%x", "pa_1", "q", "p%"] {
+        c.acquire(acquire(other, "a", 5_000)).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let page = c
+            .list(pb::ListRequest {
+                prefix: "p%_".into(),
+                filter: pb::ListFilter::All as i32,
+                page_size: 3,
+                page_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        assert!(page.keys.len() <= 3);
+        seen.extend(page.keys.into_iter().map(|k| k.key));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, expected);
+    assert_eq!(pages, 3);
+    let too_big = c
+        .list(pb::ListRequest {
+            page_size: 1001,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_big.code(), Code::InvalidArgument);
+}
+
+fn spec(id: &str) -> pb::ToolCallSpec {
+    pb::ToolCallSpec {
+        call_id: id.into(),
+        name: "shell".into(),
+        input_digest: format!("in-{id}"),
+    }
+}
+
+fn settle(lease: &pb::Lease, id: &str, outcome: pb::ToolCallState) -> pb::SettleToolCallRequest {
+    pb::SettleToolCallRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        call_id: id.into(),
+        outcome: outcome as i32,
+        result_digest: "out".into(),
+        result: b"ok".to_vec(),
+    }
+}
+
+/// The tool-call ledger: begin all-or-none, the first settle wins, only
+/// under the live term, and a recoverer learns of calls left running.
+#[tokio::test]
+async fn the_tool_call_ledger() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 5_000)).await.unwrap());
+    let begin = |calls: Vec<pb::ToolCallSpec>| pb::BeginToolCallsRequest {
+        key: "k".into(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        calls,
+    };
+    let begun = c
+        .begin_tool_calls(begin(vec![spec("a"), spec("b"), spec("c")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!begun.duplicate);
+    let ids: Vec<_> = begun.calls.iter().map(|c| c.call_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert!(begun.calls.windows(2).all(|w| w[0].ordinal < w[1].ordinal));
+    assert!(
+        begun
+            .calls
+            .iter()
+            .all(|c| c.state() == pb::ToolCallState::Running)
+    );
+
+    // A batch with a known id records nothing.
+    let dup = c
+        .begin_tool_calls(begin(vec![spec("d"), spec("a")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dup.duplicate);
+    assert_eq!(dup.duplicate_call_ids, ["a"]);
+    assert_eq!(dup.calls[0].call_id, "a");
+    let dup = c
+        .begin_tool_calls(begin(vec![spec("e"), spec("e")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dup.duplicate && dup.calls.is_empty());
+
+    let first = c
+        .settle_tool_call(settle(&lease, "a", pb::ToolCallState::Succeeded))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!first.already_settled);
+    let first = first.call.unwrap();
+    assert_eq!(first.state(), pb::ToolCallState::Succeeded);
+    assert_eq!(first.settled_fence, lease.fence);
+    assert_eq!(first.result, b"ok");
+    let second = c
+        .settle_tool_call(settle(&lease, "a", pb::ToolCallState::Failed))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(second.already_settled);
+    assert_eq!(second.call.unwrap(), first);
+    let missing = c
+        .settle_tool_call(settle(&lease, "zz", pb::ToolCallState::Failed))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+
+    let list = |filter| pb::ListToolCallsRequest {
+        key: "k".into(),
+        filter,
+    };
+    let all = c.list_tool_calls(list(2)).await.unwrap().into_inner().calls;
+    let ids: Vec<_> = all.iter().map(|c| c.call_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"], "d was never recorded");
+    let running = c.list_tool_calls(list(1)).await.unwrap().into_inner().calls;
+    assert_eq!(running.len(), 2);
+
+    // Only under the live term: after a suspend, settling is refused.
+    c.release(release(&lease, true)).await.unwrap();
+    let refused = c
+        .settle_tool_call(settle(&lease, "b", pb::ToolCallState::Failed))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Suspended { .. }
+    ));
+    let refused = c
+        .begin_tool_calls(begin(vec![spec("f")]))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Suspended { .. }
+    ));
+
+    // The recoverer sees what was left running and settles it under its fence.
+    let taken = c
+        .acquire(acquire("k", "b", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(taken.unsettled_tool_calls, 2);
+    let next = taken.lease.unwrap();
+    let settled = c
+        .settle_tool_call(settle(&next, "b", pb::ToolCallState::Unknown))
+        .await
+        .unwrap()
+        .into_inner()
+        .call
+        .unwrap();
+    assert_eq!(settled.fence, lease.fence, "begun under the old term");
+    assert_eq!(
+        settled.settled_fence, next.fence,
+        "settled under the new one"
+    );
+}
+
+/// A waiter row whose server stopped its heartbeat (the server died) drops
+/// out of line once its lease lapses: it neither gets the key nor holds up
+/// the waiters behind it or newcomers.
+#[tokio::test]
+async fn a_dead_servers_waiters_lapse() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let (db, connection) = tokio_postgres::connect(&schema.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    // A waiter of a server that is gone: in line, heartbeat due in 200 ms.
+    db.batch_execute(&format!(
+        "INSERT INTO {0}.waiters (key, owner, ttl_ms, wait_until_ms, alive_until_ms)
+         SELECT 'k', 'ghost', 10000, {0}.now_ms() + 60000, {0}.now_ms() + 200",
+        schema.name
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut b = server.client().await;
+    let b_wait = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
+    schema.in_line("k", 1).await;
+    c.release(release(&lease, false)).await.unwrap();
+    let b_lease = lease_of(b_wait.await.unwrap().unwrap());
+    assert_eq!(b_lease.owner, "b", "the ghost was skipped");
+    c.release(release(&b_lease, false)).await.unwrap();
+    let newcomer = lease_of(c.acquire(acquire("k", "c", 5_000)).await.unwrap());
+    assert_eq!(
+        newcomer.owner, "c",
+        "a lapsed row does not make a free key busy"
+    );
+}
+
+/// A key released cleanly is forgotten after its retention: NOT_FOUND, its
+/// old fence unknown, and a fresh grant's fence above every earlier one.
+#[tokio::test]
+async fn released_keys_are_forgotten_and_fences_never_repeat() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start_with(PgConfig {
+        retention_ms: 200,
+        ..schema.config()
+    })
+    .await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 5_000)).await.unwrap());
+    let other = lease_of(c.acquire(acquire("other", "a", 5_000)).await.unwrap());
+    c.release(release(&lease, false)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.backend.sweep().await.unwrap();
+
+    assert_eq!(c.get(get("k")).await.unwrap_err().code(), Code::NotFound);
+    let refused = c.check(check("k", lease.fence)).await.unwrap_err();
+    assert_eq!(stale_reason(&refused), StaleReason::Unknown);
+    let again = c
+        .acquire(acquire("k", "b", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.previous.is_none());
+    assert!(again.lease.unwrap().fence > other.fence.max(lease.fence));
+}
+
+/// A schema name at PostgreSQL's 63-byte limit works, wake-ups included
+/// (its NOTIFY channel is shortened).
+#[tokio::test]
+async fn a_schema_name_of_63_bytes_works() {
+    let mut schema = schema_or_skip!();
+    schema.name = format!("{:_<63}", schema.name);
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let mut b = server.client().await;
+    let waiting = tokio::spawn(async move { b.acquire(waiting("k", "b", 5_000, 5_000)).await });
+    schema.in_line("k", 1).await;
+    c.release(release(&lease, false)).await.unwrap();
+    assert_eq!(lease_of(waiting.await.unwrap().unwrap()).owner, "b");
+}
+
+/// Connection options in the URL are kept beside the schema's search_path:
+/// here one that makes every transaction read-only, so the start fails.
+#[tokio::test]
+async fn url_options_are_kept() {
+    let schema = schema_or_skip!();
+    let separator = if schema.url.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{separator}options=-c%20default_transaction_read_only%3Don",
+        schema.url
+    );
+    let err = PgBackend::connect(PgConfig {
+        url,
+        ..schema.config()
+    })
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("read-only"), "{err}");
+}
+
+/// Two servers applying their migrations at the same moment on one fresh
+/// schema both start (the advisory lock serialises them), and a third
+/// start finds nothing left to do.
+#[tokio::test]
+async fn servers_starting_together_migrate_once() {
+    let schema = schema_or_skip!();
+    let (a, b) = tokio::join!(
+        PgBackend::connect(schema.config()),
+        PgBackend::connect(schema.config())
+    );
+    a.expect("first server");
+    b.expect("second server");
+    PgBackend::connect(schema.config())
+        .await
+        .expect("third server");
+}
+
+/// An unreachable database fails the start, naming the database and not the password.
+#[tokio::test]
+async fn an_unreachable_database_fails_the_start() {
+    let Some(_) = database() else { return };
+    let config = PgConfig {
+        connect_timeout: Duration::from_millis(500),
+        ..PgConfig::new("postgres://postgres:secret@127.0.0.1:1/test")
+    };
+    let err = PgBackend::connect(config).await.unwrap_err().to_string();
+    assert!(err.contains("127.0.0.1"), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+}
+
+/// Two servers on one schema, clients on both contending for the same keys:
+/// never two live terms at once, and fences rise with every grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_keep_mutual_exclusion_and_rising_fences() {
+    let schema = schema_or_skip!();
+    let servers = [
+        PgServer::start(&schema).await,
+        PgServer::start(&schema).await,
+    ];
+    let keys = ["shared/0", "shared/1"];
+    let holding: Arc<Vec<AtomicBool>> =
+        Arc::new(keys.iter().map(|_| AtomicBool::new(false)).collect());
+    let last_fence: Arc<Vec<AtomicU64>> =
+        Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let grants = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for worker in 0..8 {
+        let mut client = servers[worker % 2].client().await;
+        let (holding, last_fence, grants) = (holding.clone(), last_fence.clone(), grants.clone());
+        workers.push(tokio::spawn(async move {
+            let owner = format!("w{worker}");
+            let deadline = Instant::now() + Duration::from_secs(4);
+            let mut round = 0;
+            while Instant::now() < deadline {
+                round += 1;
+                let k = (worker + round) % keys.len();
+                let request = pb::AcquireRequest {
+                    request_id: format!("{owner}-{round}"),
+                    ..waiting(keys[k], &owner, 5_000, 2_000)
+                };
+                let lease = match client.acquire(request).await {
+                    Ok(reply) => lease_of(reply),
+                    Err(status) if status.code() == Code::Aborted => continue,
+                    Err(status) => panic!("acquire: {status:?}"),
+                };
+                assert!(
+                    !holding[k].swap(true, Ordering::SeqCst),
+                    "two live terms on {}",
+                    keys[k]
+                );
+                let previous = last_fence[k].swap(lease.fence, Ordering::SeqCst);
+                assert!(
+                    lease.fence > previous,
+                    "fence {} after {previous}",
+                    lease.fence
+                );
+                grants.fetch_add(1, Ordering::Relaxed);
+                client
+                    .check(check(keys[k], lease.fence))
+                    .await
+                    .expect("holder's check");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                holding[k].store(false, Ordering::SeqCst);
+                client
+                    .release(release(&lease, false))
+                    .await
+                    .expect("release");
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    assert!(
+        grants.load(Ordering::Relaxed) > 20,
+        "too few grants to mean anything"
+    );
+}
+
+/// FIFO holds across servers: waiters queued through different servers are
+/// served in the order they queued.
+#[tokio::test]
+async fn the_line_is_shared_across_servers() {
+    let schema = schema_or_skip!();
+    let one = PgServer::start(&schema).await;
+    let two = PgServer::start(&schema).await;
+    let mut c = one.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let mut order = Vec::new();
+    let mut waits = Vec::new();
+    for (i, server) in [&two, &one, &two].into_iter().enumerate() {
+        let mut client = server.client().await;
+        let owner = format!("w{i}");
+        order.push(owner.clone());
+        waits.push(tokio::spawn(async move {
+            client.acquire(waiting("k", &owner, 10_000, 10_000)).await
+        }));
+        // In line before the next one comes.
+        schema.in_line("k", i + 1).await;
+    }
+    let mut current = lease;
+    let mut served = Vec::new();
+    let mut fences = HashSet::new();
+    for wait in waits {
+        c.release(release(&current, false)).await.unwrap();
+        current = lease_of(wait.await.unwrap().unwrap());
+        assert!(fences.insert(current.fence));
+        served.push(current.owner.clone());
+    }
+    assert_eq!(served, order);
+}
+
+/// Servers are stateless: a term granted through one server is renewed,
+/// checked and released through another after the first has stopped.
+#[tokio::test]
+async fn a_stopped_server_loses_nothing() {
+    let schema = schema_or_skip!();
+    let mut one = PgServer::start(&schema).await;
+    let two = PgServer::start(&schema).await;
+    let lease = lease_of(
+        one.client()
+            .await
+            .acquire(acquire("k", "a", 5_000))
+            .await
+            .unwrap(),
+    );
+    one.stop().await;
+
+    let mut c = two.client().await;
+    let renewed = c
+        .renew(renew(&lease, 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .lease
+        .unwrap();
+    assert_eq!(renewed.fence, lease.fence);
+    c.check(check("k", lease.fence)).await.unwrap();
+    c.release(release(&lease, false)).await.unwrap();
+    let next = lease_of(c.acquire(acquire("k", "b", 5_000)).await.unwrap());
+    assert!(next.fence > lease.fence);
+}
+
+/// `leasehold serve` with `args`, until it prints its address.
+fn spawn_serve(args: &[&str]) -> (std::process::Child, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(common::binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout-ms",
+            "300",
+        ])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("LEASEHOLD_DB")
+        .env_remove("LEASEHOLD_STORE")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn leasehold serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .expect("address");
+    (child, addr)
+}
+
+/// SIGTERM, and a clean exit.
+fn terminate(mut child: std::process::Child) {
+    let pid = child.id().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+/// `serve --store postgres://…` serves leases from the database, in the
+/// schema `--pg-schema` names.
+#[tokio::test]
+async fn serve_with_a_postgres_store() {
+    let schema = schema_or_skip!();
+    let (child, addr) = spawn_serve(&["--store", &schema.url, "--pg-schema", &schema.name]);
+    let mut c = LeaseholdClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let lease = lease_of(c.acquire(acquire("k", "a", 5_000)).await.unwrap());
+    // The same state through an in-process server on the same schema.
+    let other = PgServer::start(&schema).await;
+    let refused = other
+        .client()
+        .await
+        .check(check("k", lease.fence + 1))
+        .await;
+    assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
+    other
+        .client()
+        .await
+        .check(check("k", lease.fence))
+        .await
+        .unwrap();
+    terminate(child);
+}
+
+/// `serve --store sqlite:PATH` is the SQLite engine on PATH (no database needed).
+#[tokio::test]
+async fn serve_with_a_sqlite_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("store.db");
+    let store = format!("sqlite:{}", db.display());
+    let (child, addr) = spawn_serve(&["--store", &store]);
+    let mut c = LeaseholdClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    c.acquire(acquire("k", "a", 5_000)).await.unwrap();
+    terminate(child);
+    assert!(db.exists());
+}
+
+/// A store that is neither, or `--store` together with `--db`, is refused.
+#[test]
+fn bad_store_arguments_are_refused() {
+    for args in [
+        &["--store", "mysql://x"][..],
+        &["--store", "sqlite:"],
+        &["--store", "sqlite:a.db", "--db", "b.db"],
+    ] {
+        let output = std::process::Command::new(common::binary())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env_remove("LEASEHOLD_DB")
+            .env_remove("LEASEHOLD_STORE")
+            .output()
+            .expect("run leasehold serve");
+        assert!(!output.status.success(), "{args:?} was accepted");
+        assert!(!output.stderr.is_empty());
+    }
+}
+
+/// On one Session stream, operations on a key take effect in the order they
+/// were sent, even when sent without waiting: a Check, a Release, another
+/// owner's Acquire, then a Check and a Renew of the released fence.
+#[tokio::test]
+async fn a_session_stream_applies_in_arrival_order() {
+    use leasehold_wire::pb::session_request::Op;
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let (tx, outbound) = tokio::sync::mpsc::unbounded_channel();
+    let mut rx = c
+        .session(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            outbound,
+        ))
+        .await
+        .expect("open Session")
+        .into_inner();
+    for round in 0..10 {
+        let key = format!("k{round}");
+        let lease = lease_of(c.acquire(acquire(&key, "a", 5_000)).await.unwrap());
+        let ops = [
+            Op::Check(check(&key, lease.fence)),
+            Op::Release(release(&lease, false)),
+            Op::Acquire(acquire(&key, "b", 5_000)),
+            Op::Check(check(&key, lease.fence)),
+            Op::Renew(renew(&lease, 0)),
+        ];
+        for (id, op) in ops.into_iter().enumerate() {
+            tx.send(pb::SessionRequest {
+                op: Some(op),
+                id: id as u64,
+            })
+            .unwrap();
+        }
+        let mut answers = std::collections::HashMap::new();
+        for _ in 0..5 {
+            let answer = tokio::time::timeout(Duration::from_secs(10), rx.message())
+                .await
+                .expect("an answer within 10 s")
+                .expect("no stream error")
+                .expect("stream open");
+            answers.insert(answer.id, answer);
+        }
+        let ok =
+            |id: u64, what: &str| assert_eq!(answers[&id].code, 0, "{what}: {:?}", answers[&id]);
+        ok(0, "check before the release");
+        ok(1, "release");
+        ok(2, "acquire after the release");
+        let taken = answers[&2].lease.as_ref().unwrap();
+        assert_eq!(taken.owner, "b");
+        for id in [3, 4] {
+            let refusal = &answers[&id];
+            assert_eq!(refusal.code, Code::FailedPrecondition as i32, "{refusal:?}");
+            let err = leasehold_wire::status::from_refusal(
+                refusal.code,
+                &refusal.message,
+                &refusal.details,
+            );
+            assert!(
+                matches!(err, Error::StaleFence { reason: StaleReason::Superseded { by }, .. } if by.0 == taken.fence),
+                "{err:?}"
+            );
+        }
+    }
+}
+
+/// A TCP relay to the database that can be cut (every connection dropped,
+/// new ones refused) and restored, to take the database away from a server.
+struct Relay {
+    addr: SocketAddr,
+    up: Arc<AtomicBool>,
+    /// Bumped on every cut, so relayed connections of an earlier epoch stop.
+    epoch: Arc<tokio::sync::watch::Sender<u64>>,
+    _task: JoinHandle<()>,
+}
+
+impl Relay {
+    async fn to(database: SocketAddr) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = Arc::new(AtomicBool::new(true));
+        let epoch = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        let task = tokio::spawn({
+            let (up, epoch) = (up.clone(), epoch.clone());
+            async move {
+                loop {
+                    let Ok((mut inbound, _)) = listener.accept().await else {
+                        return;
+                    };
+                    if !up.load(Ordering::SeqCst) {
+                        continue; // dropped: the database is "down"
+                    }
+                    let mut cut = epoch.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut outbound) = tokio::net::TcpStream::connect(database).await
+                        else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = cut.changed() => {}
+                        }
+                    });
+                }
+            }
+        });
+        Relay {
+            addr,
+            up,
+            epoch,
+            _task: task,
+        }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// While the database cannot be reached every request is refused with
+/// UNAVAILABLE, never answered from a guess; once it is back, service
+/// resumes by itself and nothing acknowledged was lost.
+#[tokio::test]
+async fn a_database_outage_is_unavailable_then_resumes() {
+    let schema = schema_or_skip!();
+    let parsed: tokio_postgres::Config = schema.url.parse().unwrap();
+    let host = match &parsed.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(host) => host.clone(),
+        other => panic!("the test needs a TCP database, not {other:?}"),
+    };
+    let port = parsed.get_ports().first().copied().unwrap_or(5432);
+    let database = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let relay = Relay::to(database).await;
+    let password = parsed
+        .get_password()
+        .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+        .unwrap_or_default();
+    let url = format!(
+        "postgres://{}{password}@{}/{}",
+        parsed.get_user().unwrap_or("postgres"),
+        relay.addr,
+        parsed.get_dbname().unwrap_or("postgres")
+    );
+    let server = PgServer::start_with(PgConfig {
+        connect_timeout: Duration::from_millis(500),
+        op_timeout: Duration::from_secs(2),
+        ..PgConfig {
+            url,
+            ..schema.config()
+        }
+    })
+    .await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 60_000)).await.unwrap());
+
+    relay.cut();
+    let started = Instant::now();
+    let refused = c.renew(renew(&lease, 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let refused = c.acquire(acquire("k", "b", 5_000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let refused = c.check(check("k", lease.fence)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+
+    relay.restore();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let renewed = loop {
+        match c.renew(renew(&lease, 0)).await {
+            Ok(reply) => break reply.into_inner().lease.unwrap(),
+            Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => panic!("after the outage: {status:?}"),
+        }
+    };
+    assert_eq!(renewed.fence, lease.fence, "the grant outlived the outage");
+    let refused = c.acquire(acquire("k", "b", 5_000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted, "still held by a");
+}
+
+/// A schema migrated by a newer leasehold is refused, not touched.
+#[tokio::test]
+async fn a_schema_from_a_newer_leasehold_is_refused() {
+    let schema = schema_or_skip!();
+    PgBackend::connect(schema.config())
+        .await
+        .expect("first start");
+    let (client, connection) = tokio_postgres::connect(&schema.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {}.leasehold_migrations (version) VALUES (999)",
+            schema.name
+        ))
+        .await
+        .unwrap();
+    let err = PgBackend::connect(schema.config()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            leasehold_core::store::StoreError::TooNew { found: 999, .. }
+        ),
+        "{err}"
+    );
+}
+
+/// The Rust client's guard works unchanged over the PostgreSQL backend:
+/// acquire over the shared Session stream, background renewal past the
+/// TTL, the fence check, and release.
+#[tokio::test]
+async fn the_rust_client_guard_holds_and_releases() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let client = leasehold_client::Client::connect(format!("http://{}", server.addr))
+        .await
+        .unwrap();
+    let guard = client
+        .acquire("guarded")
+        .owner("agent")
+        .ttl(Duration::from_millis(600))
+        .send()
+        .await
+        .expect("acquire");
+    let fence = guard.fence();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(guard.is_valid(), "renewed in the background");
+    guard.verify().await.expect("still the live term");
+    let mut c = server.client().await;
+    c.check(check("guarded", fence.0))
+        .await
+        .expect("live on the server");
+    let ended = guard.release().await.expect("release");
+    assert_eq!(ended.fence, fence);
+    let refused = c.check(check("guarded", fence.0)).await.unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Released { .. }
+    ));
+}
