@@ -1,7 +1,11 @@
-//! Throughput of diagnosis and repair on a generated million-message
-//! transcript per format.
+//! Throughput of diagnosis and repair per format: first on the transcript
+//! shape of issue 18 (200,000 messages as one JSON array, three parallel
+//! tool calls per turn, 200-byte results), side by side with a plain
+//! `serde_json::from_slice::<serde_json::Value>` of the same bytes; then on a
+//! generated million-message JSONL transcript.
 //!
-//! Run with `cargo bench --bench transcript`. It checks its own results (the
+//! Run with `cargo bench --bench transcript`. `TRANSCRIPT_BENCH=issue` runs
+//! only the first part, `TRANSCRIPT_BENCH=million` only the second. It checks its own results (the
 //! healthy transcript is healthy, the repaired one is healthy) but is never
 //! part of the test suite's pass/fail: timing on a shared machine is noise
 //! for a test. Under `cargo test --benches` (no `--bench` argument) it runs
@@ -11,7 +15,15 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use leasehold_transcript::{Format, RepairOptions, Transcript, diagnose, repair};
+use leasehold_transcript::{Format, RepairOptions, Transcript, check, diagnose, repair};
+
+#[path = "support/shape.rs"]
+mod shape;
+
+/// Messages in the issue-18 shape, as the issue measured.
+const ISSUE_MESSAGES: usize = 200_000;
+/// Timed rounds per row of the issue-18 part; the best one is printed.
+const ROUNDS: usize = 3;
 
 /// Messages per generated transcript in a real benchmark run.
 const MESSAGES: usize = 1_000_000;
@@ -25,9 +37,93 @@ fn main() {
     } else {
         SMOKE_MESSAGES
     };
-    for format in Format::ALL {
-        bench_format(format, size);
+    let part = std::env::var("TRANSCRIPT_BENCH").unwrap_or_default();
+    if part != "million" {
+        let size = if benchmarking {
+            ISSUE_MESSAGES
+        } else {
+            SMOKE_MESSAGES
+        };
+        for format in Format::ALL {
+            bench_issue_shape(format, size);
+        }
     }
+    if part != "issue" {
+        for format in Format::ALL {
+            bench_format(format, size);
+        }
+    }
+}
+
+/// The issue-18 rows: the `serde_json::Value` floor, then parse, check and
+/// repair through the public API, each the best of [`ROUNDS`].
+fn bench_issue_shape(format: Format, size: usize) {
+    let healthy = shape::issue_shape(format, size, false);
+    let corrupted = shape::issue_shape(format, size, true);
+    let messages = healthy.messages;
+    println!(
+        "{format}, issue-18 shape: {messages} messages, {:.1} MB JSON array ({:.0} bytes/message), best of {ROUNDS}",
+        healthy.text.len() as f64 / 1e6,
+        healthy.text.len() as f64 / messages as f64
+    );
+    let bytes = healthy.text.as_bytes();
+    let floor = best(|| {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{e}"));
+        black_box(value);
+    });
+    line_mb(
+        "serde_json::from_slice::<Value>",
+        messages,
+        bytes.len(),
+        floor,
+    );
+    let parse_time = best(|| drop(black_box(parse(&healthy.text))));
+    line_mb("Transcript::parse", messages, bytes.len(), parse_time);
+    let transcript = parse(&healthy.text);
+    let check_time = best(|| {
+        let report = check(&transcript, None).unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert!(report.is_some_and(|report| report.is_healthy()));
+    });
+    line_mb("check", messages, bytes.len(), check_time);
+    drop(transcript);
+    let both = best(|| {
+        let transcript = parse(&healthy.text);
+        let report = check(&transcript, None).unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert!(report.is_some_and(|report| report.is_healthy()));
+    });
+    line_mb("parse + check", messages, bytes.len(), both);
+    let repair_all = best(|| {
+        let transcript = parse(&corrupted.text);
+        let repaired = repair(&transcript, Some(format), &RepairOptions::default())
+            .unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert!(repaired.unrecoverable.is_empty());
+        black_box(repaired.transcript.to_text());
+    });
+    line_mb(
+        "parse + repair + write",
+        corrupted.messages,
+        corrupted.text.len(),
+        repair_all,
+    );
+    println!();
+}
+
+/// The fastest of [`ROUNDS`] runs of `work`.
+fn best(mut work: impl FnMut()) -> Duration {
+    (0..ROUNDS)
+        .map(|_| timed(&mut work).1)
+        .min()
+        .unwrap_or_default()
+}
+
+fn line_mb(what: &str, messages: usize, bytes: usize, took: Duration) {
+    let seconds = took.as_secs_f64();
+    println!(
+        "  {what:<32} {seconds:>8.3} s  {:>12.0} messages/s  {:>7.0} MB/s",
+        messages as f64 / seconds,
+        bytes as f64 / 1e6 / seconds
+    );
 }
 
 fn bench_format(format: Format, size: usize) {
