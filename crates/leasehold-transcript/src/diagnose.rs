@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 
 use super::TranscriptError;
-use super::format::{self, Format, resolve_format};
+use super::format::{self, Format};
 use super::pairing::{Pairing, Placement, ResultSite};
 use super::placeholder::{DEFAULT_PLACEHOLDER_MARKERS, is_placeholder};
 use super::text::Transcript;
@@ -114,7 +114,6 @@ pub fn diagnose(
     transcript: &Transcript,
     format: Option<Format>,
 ) -> Result<Report, TranscriptError> {
-    let format = resolve_format(transcript, format)?;
     let pairing = Pairing::build(transcript, format)?;
     Ok(report_from(transcript, &pairing))
 }

@@ -62,14 +62,15 @@
 //! messages.
 
 // Module order, each importing only modules before it (and the crate
-// root's `TranscriptError`): text, format, pairing, placeholder, diagnose,
-// repair.
+// root's `TranscriptError`): view, text, format, pairing, placeholder,
+// diagnose, repair.
 mod diagnose;
 mod format;
 mod pairing;
 mod placeholder;
 mod repair;
 mod text;
+mod view;
 
 pub use diagnose::{Finding, FindingKind, Report, diagnose, render_human};
 pub use format::{Format, detect};
@@ -113,7 +114,7 @@ fn tool_free_as_none<T>(
 ) -> Result<Option<T>, TranscriptError> {
     match result {
         Err(TranscriptError::FormatNotDetected) if format.is_none() => {
-            match transcript.messages().position(|m| !m.is_object()) {
+            match transcript.first_non_object() {
                 Some(index) => Err(TranscriptError::NotAnObject {
                     index,
                     line: transcript.line(index),

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use super::TranscriptError;
-use super::format::{CallRef, Format, Role, Scan};
+use super::format::{CallRef, Format, Read, Role, Scan, Seen, read_message};
 use super::text::Transcript;
+use super::view::View;
 
 /// Where a result stands relative to the reply its call needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,43 +148,114 @@ struct Walk {
     run_has_turn: bool,
 }
 
+/// One format's pairing while the pass is under way.
+struct Builder<'a> {
+    pairing: Pairing<'a>,
+    walk: Walk,
+    scan: Scan<'a>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(format: Format) -> Self {
+        Builder {
+            pairing: Pairing {
+                format,
+                ids: HashMap::new(),
+                entries: Vec::new(),
+                calls: Vec::new(),
+                results: Vec::new(),
+                turns: Vec::new(),
+            },
+            walk: Walk {
+                current_turn: None,
+                reply: Reply::Closed,
+                in_model_run: false,
+                run_has_turn: false,
+            },
+            scan: Scan::default(),
+        }
+    }
+}
+
 impl<'a> Pairing<'a> {
-    /// Walks the transcript once.
+    /// Walks the transcript once, pairing it in the named format, or, when
+    /// `format` is `None`, detecting the format in the same pass: each of
+    /// the three formats is paired alongside (a format with no tool activity
+    /// costs no memory, as nothing is recorded for it) and the one detected
+    /// is kept.
+    ///
+    /// Parsed messages whose tree was never built are read through borrowed
+    /// views of their text ([`View`]); the others from their tree.
     ///
     /// # Errors
     ///
-    /// [`TranscriptError::NotAnObject`] for the first message that is not a
-    /// JSON object.
+    /// - [`TranscriptError::FormatNotDetected`] or
+    ///   [`TranscriptError::FormatAmbiguous`] when `format` is `None` and
+    ///   the messages do not show exactly one format.
+    /// - [`TranscriptError::NotAnObject`] for the first message that is not
+    ///   a JSON object.
     pub(crate) fn build(
         transcript: &'a Transcript,
-        format: Format,
+        format: Option<Format>,
     ) -> Result<Pairing<'a>, TranscriptError> {
-        let mut pairing = Pairing {
-            format,
-            ids: HashMap::new(),
-            entries: Vec::new(),
-            calls: Vec::new(),
-            results: Vec::new(),
-            turns: Vec::new(),
+        let mut builders: Vec<Builder<'a>> = match format {
+            Some(format) => vec![Builder::new(format)],
+            None => Format::ALL.into_iter().map(Builder::new).collect(),
         };
-        let mut walk = Walk {
-            current_turn: None,
-            reply: Reply::Closed,
-            in_model_run: false,
-            run_has_turn: false,
-        };
-        let mut scan = Scan::default();
-        for (index, message) in transcript.messages().enumerate() {
-            let Some(object) = message.as_object() else {
-                return Err(TranscriptError::NotAnObject {
-                    index,
-                    line: transcript.line(index),
-                });
-            };
-            format.scan(object, &mut scan);
-            pairing.step(&mut walk, index, &scan);
+        let mut seen = Seen::default();
+        let mut non_object = None;
+        let mut view = View::default();
+        for (index, message) in transcript.raw_messages().iter().enumerate() {
+            match read_message(transcript, message, &mut view) {
+                Read::View => {
+                    if format.is_none() {
+                        seen.note_view(&view);
+                    }
+                    if non_object.is_none() {
+                        for builder in &mut builders {
+                            builder.pairing.format.scan_view(&view, &mut builder.scan);
+                            builder
+                                .pairing
+                                .step(&mut builder.walk, index, &builder.scan);
+                        }
+                    }
+                }
+                Read::Tree(object) => {
+                    if format.is_none() {
+                        seen.note_tree(object);
+                    }
+                    if non_object.is_none() {
+                        for builder in &mut builders {
+                            builder.pairing.format.scan(object, &mut builder.scan);
+                            builder
+                                .pairing
+                                .step(&mut builder.walk, index, &builder.scan);
+                        }
+                    }
+                }
+                Read::NotObject => {
+                    non_object.get_or_insert(index);
+                    if format.is_some() {
+                        break;
+                    }
+                }
+            }
         }
-        Ok(pairing)
+        let format = match format {
+            Some(format) => format,
+            None => seen.resolve()?,
+        };
+        if let Some(index) = non_object {
+            return Err(TranscriptError::NotAnObject {
+                index,
+                line: transcript.line(index),
+            });
+        }
+        builders
+            .into_iter()
+            .find(|builder| builder.pairing.format == format)
+            .map(|builder| builder.pairing)
+            .ok_or(TranscriptError::FormatNotDetected)
     }
 
     fn step(&mut self, walk: &mut Walk, index: usize, scan: &Scan<'a>) {

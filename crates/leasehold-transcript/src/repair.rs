@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::TranscriptError;
 use super::diagnose::{Finding, report_from};
-use super::format::{self, Format, resolve_format};
+use super::format::{self, Format};
 use super::pairing::{Pairing, Placement};
 use super::placeholder::{DEFAULT_PLACEHOLDER_MARKERS, PLACEHOLDER_TEXT, is_placeholder};
 use super::text::{Message, Transcript};
@@ -104,8 +104,8 @@ pub fn repair(
     format: Option<Format>,
     options: &RepairOptions,
 ) -> Result<Repaired, TranscriptError> {
-    let format = resolve_format(transcript, format)?;
     let pairing = Pairing::build(transcript, format)?;
+    let format = pairing.format;
     let plan = Plan::new(transcript, &pairing, options);
     if !plan.changes_anything {
         // Whatever is still wrong concerns reused ids only, which repair
@@ -129,7 +129,7 @@ pub fn repair(
     }
     let Writer { out, actions, .. } = writer;
     let repaired = Transcript::rebuilt(out, transcript.layout(), transcript.source().clone());
-    let unrecoverable = report_from(&repaired, &Pairing::build(&repaired, format)?).findings;
+    let unrecoverable = report_from(&repaired, &Pairing::build(&repaired, Some(format))?).findings;
     Ok(Repaired {
         transcript: repaired,
         actions,
@@ -337,7 +337,7 @@ impl Writer<'_, '_> {
                     if self.plan.touched[turn_at] {
                         let next_holds_results = messages
                             .get(index + 1)
-                            .is_some_and(|next| holds_tool_results(&next.value));
+                            .is_some_and(|next| holds_tool_results(self.transcript.value_of(next)));
                         if next_holds_results {
                             rebuild_for = Some(turn_at);
                         } else {
@@ -372,7 +372,8 @@ impl Writer<'_, '_> {
             self.out.push(message.clone());
             return;
         }
-        let blocks = format::blocks_of(&message.value);
+        let value = self.transcript.value_of(message);
+        let blocks = format::blocks_of(value);
         let kept: Vec<Value> = blocks
             .iter()
             .enumerate()
@@ -380,8 +381,7 @@ impl Writer<'_, '_> {
             .map(|(_, value)| value.clone())
             .collect();
         if !kept.is_empty() {
-            self.out
-                .push(Message::new(with_content(&message.value, kept)));
+            self.out.push(Message::new(with_content(value, kept)));
         }
     }
 
@@ -389,7 +389,8 @@ impl Writer<'_, '_> {
     /// moved and inserted ones in call order, then every other block.
     fn write_reply(&mut self, message: &Message, results: std::ops::Range<usize>, turn: usize) {
         let to = self.out.len();
-        let blocks = format::blocks_of(&message.value);
+        let value = self.transcript.value_of(message);
+        let blocks = format::blocks_of(value);
         let mut content = Vec::with_capacity(blocks.len() + self.plan.additions[turn].len());
         let mut handled = vec![false; blocks.len()];
         for result in results {
@@ -421,8 +422,7 @@ impl Writer<'_, '_> {
                 .filter(|(_, handled)| !**handled)
                 .map(|(value, _)| value.clone()),
         );
-        self.out
-            .push(Message::new(with_content(&message.value, content)));
+        self.out.push(Message::new(with_content(value, content)));
     }
 
     /// The blocks added to a turn's reply, recording each action.

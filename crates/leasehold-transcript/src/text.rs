@@ -2,11 +2,12 @@
 //! did not need to change.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
 use super::TranscriptError;
+use super::view::Validated;
 
 /// How a transcript is laid out as text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -21,11 +22,18 @@ pub enum Layout {
 /// A chat history: an ordered list of JSON messages and the text they came
 /// from.
 ///
-/// Messages are kept as [`serde_json::Value`]s (with key order preserved), so
+/// Messages are seen as [`serde_json::Value`]s (with key order preserved), so
 /// fields this module does not know survive a round trip. Each parsed
 /// message also remembers its exact source text: a repair that changes one
 /// message writes every other message back byte for byte, so numbers and
 /// string escapes in payloads are never reformatted.
+///
+/// [`Transcript::parse`] validates the text and records where each message
+/// is, but builds a message's `Value` only when something asks for it
+/// ([`Transcript::messages`], [`Transcript::message`], or a repair that
+/// rewrites the message). Diagnosis reads parsed messages through borrowed
+/// views of their text instead, so checking a transcript never builds the
+/// full tree.
 #[derive(Debug, Clone)]
 pub struct Transcript {
     /// The messages, in order.
@@ -43,9 +51,10 @@ pub struct Transcript {
 /// One message and where it came from.
 #[derive(Debug, Clone)]
 pub(crate) struct Message {
-    /// The parsed message, shared: a repaired transcript holds the same
-    /// untouched messages as its input without copying them.
-    pub(crate) value: Arc<Value>,
+    /// The parsed message, built from `span` on first use, and shared: a
+    /// repaired transcript holds the same untouched messages as its input
+    /// without copying them. Read it with [`Transcript::value_of`].
+    value: OnceLock<Arc<Value>>,
     /// Byte range of the message's own text in the transcript's source, or
     /// `None` for a message built or changed in memory.
     pub(crate) span: Option<Range<usize>>,
@@ -57,7 +66,7 @@ impl Message {
     /// A message created in memory (a placeholder, a rebuilt reply).
     pub(crate) fn new(value: Value) -> Self {
         Message {
-            value: Arc::new(value),
+            value: OnceLock::from(Arc::new(value)),
             span: None,
             line: None,
         }
@@ -80,7 +89,13 @@ impl Transcript {
         let body = text.trim_start_matches('\u{feff}');
         let offset = text.len() - body.len();
         let (messages, layout) = if body.trim_start().starts_with('[') {
-            (parse_array(body, offset)?, Layout::JsonArray)
+            let messages = match scan_array(body, offset) {
+                Some(messages) => messages,
+                // Not valid JSON (or a shape the scan does not follow): the
+                // full parse gives the error, and its line, as it always has.
+                None => parse_array(body, offset)?,
+            };
+            (messages, Layout::JsonArray)
         } else {
             (parse_lines(body, offset)?, Layout::Jsonl)
         };
@@ -123,6 +138,40 @@ impl Transcript {
         &self.messages
     }
 
+    /// The text of a parsed message whose tree has not been built, for a
+    /// borrowed view of it.
+    pub(crate) fn unbuilt_text(&self, message: &Message) -> Option<&str> {
+        match (message.value.get(), &message.span) {
+            (None, Some(span)) => self.source.get(span.clone()),
+            _ => None,
+        }
+    }
+
+    /// The tree of a message, built from its text on first use.
+    pub(crate) fn value_of<'t>(&'t self, message: &'t Message) -> &'t Value {
+        message.value.get_or_init(|| {
+            let text = message
+                .span
+                .as_ref()
+                .and_then(|span| self.source.get(span.clone()))
+                .unwrap_or("null");
+            // The text was validated as one JSON value that a `Value` accepts
+            // (see `view::Validated`), so this cannot fail.
+            Arc::new(serde_json::from_str(text).unwrap_or(Value::Null))
+        })
+    }
+
+    /// The index of the first message that is not a JSON object, read from
+    /// the message's text when its tree is not built.
+    pub(crate) fn first_non_object(&self) -> Option<usize> {
+        self.messages
+            .iter()
+            .position(|message| match self.unbuilt_text(message) {
+                Some(text) => !text.trim_start().starts_with('{'),
+                None => !self.value_of(message).is_object(),
+            })
+    }
+
     /// Whether the input was an array or JSONL.
     pub fn layout(&self) -> Layout {
         self.layout
@@ -145,12 +194,14 @@ impl Transcript {
 
     /// The messages, in order.
     pub fn messages(&self) -> impl ExactSizeIterator<Item = &Value> {
-        self.messages.iter().map(|message| &*message.value)
+        self.messages.iter().map(|message| self.value_of(message))
     }
 
     /// The message at a 0-based index.
     pub fn message(&self, index: usize) -> Option<&Value> {
-        self.messages.get(index).map(|message| &*message.value)
+        self.messages
+            .get(index)
+            .map(|message| self.value_of(message))
     }
 
     /// The 1-based line of a message, for JSONL transcripts.
@@ -201,7 +252,7 @@ impl Transcript {
                         // JSON strings never hold a raw newline, so every
                         // newline here is layout and can take the indent.
                         None if pretty => out.push_str(
-                            &serde_json::to_string_pretty(&*message.value)
+                            &serde_json::to_string_pretty(self.value_of(message))
                                 .unwrap_or_default()
                                 .replace('\n', "\n  "),
                         ),
@@ -218,7 +269,9 @@ impl Transcript {
         match &message.span {
             Some(span) => out.push_str(&self.source[span.clone()]),
             // Serialising a `Value` cannot fail: its map keys are strings.
-            None => out.push_str(&serde_json::to_string(&*message.value).unwrap_or_default()),
+            None => {
+                out.push_str(&serde_json::to_string(self.value_of(message)).unwrap_or_default())
+            }
         }
     }
 }
@@ -233,7 +286,7 @@ impl PartialEq for Transcript {
                 .messages
                 .iter()
                 .zip(&other.messages)
-                .all(|(left, right)| left.value == right.value)
+                .all(|(left, right)| self.value_of(left) == other.value_of(right))
     }
 }
 
@@ -247,12 +300,18 @@ fn parse_lines(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
         if line.trim().is_empty() {
             continue;
         }
-        let value = serde_json::from_str(line).map_err(|source| TranscriptError::InvalidJson {
-            line: number + 1,
-            source,
-        })?;
+        if serde_json::from_str::<Validated>(line).is_err() {
+            // The error `Value` parsing gives, as it always has.
+            let error = serde_json::from_str::<Value>(line).err();
+            if let Some(source) = error {
+                return Err(TranscriptError::InvalidJson {
+                    line: number + 1,
+                    source,
+                });
+            }
+        }
         messages.push(Message {
-            value: Arc::new(value),
+            value: OnceLock::new(),
             span: Some(offset + line_start..offset + line_start + line.len()),
             line: Some(number + 1),
         });
@@ -281,11 +340,53 @@ fn parse_array(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
         .into_iter()
         .zip(spans)
         .map(|(value, span)| Message {
-            value: Arc::new(value),
+            value: OnceLock::from(Arc::new(value)),
             span,
             line: None,
         })
         .collect())
+}
+
+/// Validates a JSON array of messages element by element, recording where
+/// each is without building its tree. `None` when the text is not a valid
+/// array; the caller then parses it fully for the error.
+fn scan_array(body: &str, offset: usize) -> Option<Vec<Message>> {
+    let bytes = body.as_bytes();
+    let skip_space = |mut at: usize| {
+        while bytes
+            .get(at)
+            .is_some_and(|byte| matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            at += 1;
+        }
+        at
+    };
+    let mut at = skip_space(0);
+    if bytes.get(at) != Some(&b'[') {
+        return None;
+    }
+    at = skip_space(at + 1);
+    let mut messages = Vec::new();
+    if bytes.get(at) != Some(&b']') {
+        loop {
+            let rest = body.get(at..)?;
+            let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Validated>();
+            stream.next()?.ok()?;
+            let end = at + stream.byte_offset();
+            messages.push(Message {
+                value: OnceLock::new(),
+                span: Some(offset + at..offset + end),
+                line: None,
+            });
+            at = skip_space(end);
+            match bytes.get(at) {
+                Some(b',') => at = skip_space(at + 1),
+                Some(b']') => break,
+                _ => return None,
+            }
+        }
+    }
+    (skip_space(at + 1) == bytes.len()).then_some(messages)
 }
 
 /// Byte ranges of the top-level elements of a JSON array already known to be
