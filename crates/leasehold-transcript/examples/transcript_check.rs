@@ -4,7 +4,10 @@
 //! - `transcript_check generate FORMAT MESSAGES FILE` writes the issue-18
 //!   shape (see `benches/support/shape.rs`).
 //! - `transcript_check check FILE` does what `leasehold transcript check`
-//!   does: read the file in one go, parse, check, print the verdict.
+//!   does: read the file in one go, parse (`Transcript::parse`, which copies
+//!   the text), check, print the verdict.
+//! - `transcript_check check-owned FILE` the same with
+//!   `Transcript::parse_owned`, which keeps the text read instead of a copy.
 //! - `transcript_check repair FILE` parses, repairs and writes the result to
 //!   a sink.
 //! - `transcript_check value FILE` only parses the file into a
@@ -28,9 +31,14 @@ fn main() -> ExitCode {
             std::fs::write(file, &shaped.text).unwrap_or_else(|e| panic!("{file}: {e}"));
             println!("{} messages, {} bytes", shaped.messages, shaped.text.len());
         }
-        ["check", file] => {
+        [mode @ ("check" | "check-owned"), file] => {
             let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{file}: {e}"));
-            let transcript = Transcript::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+            let transcript = if *mode == "check" {
+                Transcript::parse(&text)
+            } else {
+                Transcript::parse_owned(text)
+            }
+            .unwrap_or_else(|e| panic!("{e}"));
             match check(&transcript, None) {
                 Ok(Some(report)) => println!(
                     "{} messages, format {}, {} finding(s)",
@@ -58,7 +66,7 @@ fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: transcript_check generate FORMAT MESSAGES FILE | check FILE | repair FILE | value FILE"
+                "usage: transcript_check generate FORMAT MESSAGES FILE | check FILE | check-owned FILE | repair FILE | value FILE"
             );
             return ExitCode::from(2);
         }

@@ -137,7 +137,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
         let id = site.call.id;
         let entry = pairing.entries[site.entry];
         if entry.calls > 1 {
-            let first = entry.first_call.unwrap_or(position);
+            let first = entry.first_call.get().unwrap_or(position);
             if first != position {
                 let first = &pairing.calls[first];
                 let turn = if first.turn == site.turn {
@@ -171,7 +171,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
         let id = site.id;
         let entry = pairing.entries[site.entry];
         let unexpected = || format::unexpected_result_error(format, id, site.index, site.block);
-        let Some(call) = entry.first_call.map(|call| &pairing.calls[call]) else {
+        let Some(call) = entry.first_call.get().map(|call| &pairing.calls[call]) else {
             push(
                 FindingKind::Orphan,
                 id,
@@ -186,7 +186,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
             // which call cannot be told.
             continue;
         }
-        let first_result = entry.first_result.unwrap_or(position);
+        let first_result = entry.first_result.get().unwrap_or(position);
         if first_result != position {
             let first = &pairing.results[first_result];
             push(

@@ -3,6 +3,7 @@
 //! the turn of its call.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 
 use super::TranscriptError;
 use super::format::{CallRef, Format, Read, Role, Scan, Seen, read_message};
@@ -71,7 +72,34 @@ pub(crate) struct ResultSite<'a> {
     /// The next result with the same id, as an index into
     /// [`Pairing::results`]; a linked list keeps every copy without an
     /// allocation per id.
-    pub(crate) next_same_id: Option<usize>,
+    pub(crate) next_same_id: Ix,
+}
+
+/// An optional index into one of the pairing's lists, in four bytes rather
+/// than the sixteen of an `Option<usize>`: the pairing keeps several per
+/// call, and its size per message is what a check's memory grows with.
+/// Lists are far shorter than `u32::MAX` (a transcript that long would be
+/// hundreds of gigabytes), but an index that does not fit is stored as none
+/// rather than wrapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ix(u32);
+
+impl Ix {
+    pub(crate) const NONE: Ix = Ix(u32::MAX);
+
+    pub(crate) fn new(index: usize) -> Ix {
+        u32::try_from(index).map_or(Ix::NONE, Ix)
+    }
+
+    pub(crate) fn get(self) -> Option<usize> {
+        (self != Ix::NONE).then_some(self.0 as usize)
+    }
+}
+
+impl Default for Ix {
+    fn default() -> Self {
+        Ix::NONE
+    }
 }
 
 /// Everything known about one call id.
@@ -80,15 +108,15 @@ pub(crate) struct IdEntry {
     /// How many calls use the id; more than one is a reused id.
     pub(crate) calls: u32,
     /// The first call with the id, as an index into [`Pairing::calls`].
-    pub(crate) first_call: Option<usize>,
+    pub(crate) first_call: Ix,
     /// The latest call with the id; a result answers the latest call.
-    pub(crate) last_call: Option<usize>,
+    pub(crate) last_call: Ix,
     /// How many results quote the id; counted, never overwritten.
     pub(crate) results: u32,
     /// Head of the linked list of results with the id.
-    pub(crate) first_result: Option<usize>,
+    pub(crate) first_result: Ix,
     /// Tail of that list, for appending.
-    pub(crate) last_result: Option<usize>,
+    pub(crate) last_result: Ix,
     /// True when at least one result sits in its reply.
     pub(crate) answered_in_place: bool,
 }
@@ -126,7 +154,7 @@ enum Reply {
 pub(crate) struct Pairing<'a> {
     pub(crate) format: Format,
     /// Call id to its index in `entries`: the only place an id is hashed.
-    ids: HashMap<&'a str, usize>,
+    ids: HashMap<&'a str, usize, IdHashState>,
     /// Everything known about each call id, in order of first sight.
     pub(crate) entries: Vec<IdEntry>,
     /// Every call, in message order.
@@ -160,7 +188,7 @@ impl<'a> Builder<'a> {
         Builder {
             pairing: Pairing {
                 format,
-                ids: HashMap::new(),
+                ids: HashMap::with_hasher(IdHashState::new()),
                 entries: Vec::new(),
                 calls: Vec::new(),
                 results: Vec::new(),
@@ -288,7 +316,7 @@ impl<'a> Pairing<'a> {
                 index,
                 block: result.block,
                 placement,
-                next_same_id: None,
+                next_same_id: Ix::NONE,
             });
         }
 
@@ -352,7 +380,7 @@ impl<'a> Pairing<'a> {
         after_other_block: bool,
         entry: usize,
     ) -> Placement {
-        let Some(call) = self.entries[entry].last_call else {
+        let Some(call) = self.entries[entry].last_call.get() else {
             return Placement::BeforeCall;
         };
         let turn = self.calls[call].turn;
@@ -382,8 +410,10 @@ impl<'a> Pairing<'a> {
         let position = self.calls.len();
         let entry = &mut self.entries[site.entry];
         entry.calls += 1;
-        entry.first_call.get_or_insert(position);
-        entry.last_call = Some(position);
+        if entry.first_call.get().is_none() {
+            entry.first_call = Ix::new(position);
+        }
+        entry.last_call = Ix::new(position);
         self.calls.push(site);
     }
 
@@ -392,10 +422,13 @@ impl<'a> Pairing<'a> {
         let entry = &mut self.entries[site.entry];
         entry.results += 1;
         entry.answered_in_place |= site.placement == Placement::InPlace;
-        if let Some(tail) = entry.last_result.replace(position) {
-            self.results[tail].next_same_id = Some(position);
+        let tail = std::mem::replace(&mut entry.last_result, Ix::new(position));
+        if entry.first_result.get().is_none() {
+            entry.first_result = Ix::new(position);
         }
-        entry.first_result.get_or_insert(position);
+        if let Some(tail) = tail.get() {
+            self.results[tail].next_same_id = Ix::new(position);
+        }
         self.results.push(site);
     }
 
@@ -411,8 +444,76 @@ impl<'a> Pairing<'a> {
 
     /// Every result quoting the id of `entry`, in message order.
     pub(crate) fn results_of(&self, entry: usize) -> impl Iterator<Item = usize> + '_ {
-        std::iter::successors(self.entries[entry].first_result, |&at| {
-            self.results[at].next_same_id
+        std::iter::successors(self.entries[entry].first_result.get(), |&at| {
+            self.results[at].next_same_id.get()
         })
+    }
+}
+
+/// Hashes call ids for [`Pairing::ids`]. The standard SipHash was about a
+/// tenth of a check's time; ids are short, so this folds eight bytes at a
+/// time with a multiply, from a seed drawn per pass (from the standard
+/// library's random keys) so ids cannot be chosen to collide in advance.
+#[derive(Debug, Clone, Copy)]
+struct IdHashState {
+    seed: u64,
+}
+
+impl IdHashState {
+    fn new() -> Self {
+        IdHashState {
+            seed: std::collections::hash_map::RandomState::new().hash_one(0u64) | 1,
+        }
+    }
+}
+
+impl BuildHasher for IdHashState {
+    type Hasher = IdHasher;
+
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher { hash: self.seed }
+    }
+}
+
+/// See [`IdHashState`].
+#[derive(Debug, Clone, Copy)]
+struct IdHasher {
+    hash: u64,
+}
+
+impl IdHasher {
+    const MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
+    /// Mixes one word in: a full 64 × 64 → 128-bit multiply, folded.
+    fn mix(&mut self, word: u64) {
+        let product = u128::from(self.hash ^ word) * u128::from(Self::MULTIPLIER);
+        self.hash = (product as u64) ^ ((product >> 64) as u64);
+    }
+}
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        // The length keeps "ab" and "ab\0" apart.
+        self.mix(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
+    }
+
+    fn write_u8(&mut self, byte: u8) {
+        self.mix(u64::from(byte));
+    }
+
+    fn finish(&self) -> u64 {
+        // One more round, so the top bits (which hashbrown uses for its
+        // control bytes) depend on every input bit.
+        let product = u128::from(self.hash) * u128::from(Self::MULTIPLIER);
+        (product as u64) ^ ((product >> 64) as u64)
     }
 }

@@ -210,7 +210,7 @@ impl Plan {
                     )
                 })
             } else {
-                entry.first_result
+                entry.first_result.get()
             };
             let Some(keeper) = keeper else {
                 plan.additions[site.turn].push(Source::Inserted(position));

@@ -42,7 +42,7 @@ pub struct Transcript {
     layout: Layout,
     /// The text the messages were parsed from; message spans point into it.
     /// Shared so a repaired transcript can reuse it without a copy.
-    source: Arc<str>,
+    source: Arc<String>,
     /// True while the messages are exactly those parsed from `source`, so
     /// [`Transcript::to_text`] can return the source unchanged.
     pristine: bool,
@@ -55,21 +55,50 @@ pub(crate) struct Message {
     /// repaired transcript holds the same untouched messages as its input
     /// without copying them. Read it with [`Transcript::value_of`].
     value: OnceLock<Arc<Value>>,
-    /// Byte range of the message's own text in the transcript's source, or
-    /// `None` for a message built or changed in memory.
-    pub(crate) span: Option<Range<usize>>,
-    /// 1-based line of the message, for JSONL; findings cite it.
-    pub(crate) line: Option<usize>,
+    /// Byte range of the message's own text in the transcript's source;
+    /// `NO_SPAN` for a message built or changed in memory. Read with
+    /// [`Message::span`]. Kept as two words (an `Option<Range>` takes three),
+    /// as a parsed transcript holds one `Message` per message.
+    start: usize,
+    end: usize,
+    /// 1-based line of the message, for JSONL, or 0; findings cite it. Read
+    /// with [`Message::line`].
+    line: u32,
 }
+
+/// `Message::start` of a message with no source text.
+const NO_SPAN: usize = usize::MAX;
 
 impl Message {
     /// A message created in memory (a placeholder, a rebuilt reply).
     pub(crate) fn new(value: Value) -> Self {
         Message {
             value: OnceLock::from(Arc::new(value)),
-            span: None,
-            line: None,
+            start: NO_SPAN,
+            end: NO_SPAN,
+            line: 0,
         }
+    }
+
+    /// A parsed message: its text's byte range in the source, and its line.
+    fn parsed(span: Range<usize>, line: Option<usize>) -> Self {
+        Message {
+            value: OnceLock::new(),
+            start: span.start,
+            end: span.end,
+            line: line.and_then(|line| u32::try_from(line).ok()).unwrap_or(0),
+        }
+    }
+
+    /// Byte range of the message's own text in the transcript's source, or
+    /// `None` for a message built or changed in memory.
+    pub(crate) fn span(&self) -> Option<Range<usize>> {
+        (self.start != NO_SPAN).then_some(self.start..self.end)
+    }
+
+    /// 1-based line of the message, for JSONL.
+    pub(crate) fn line(&self) -> Option<usize> {
+        (self.line != 0).then_some(self.line as usize)
     }
 }
 
@@ -85,7 +114,20 @@ impl Transcript {
     /// [`TranscriptError::InvalidJson`] with the 1-based line where the text
     /// stops being valid JSON.
     pub fn parse(text: &str) -> Result<Transcript, TranscriptError> {
-        let source: Arc<str> = Arc::from(text);
+        Transcript::parse_owned(text.to_string())
+    }
+
+    /// [`Transcript::parse`] on text the caller hands over, which the
+    /// transcript keeps as its source instead of copying it: for a caller
+    /// that read the text only to parse it (a file, a request body), this
+    /// halves the memory a large transcript needs.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Transcript::parse`].
+    pub fn parse_owned(text: String) -> Result<Transcript, TranscriptError> {
+        let source = Arc::new(text);
+        let text = source.as_str();
         let body = text.trim_start_matches('\u{feff}');
         let offset = text.len() - body.len();
         let (messages, layout) = if body.trim_start().starts_with('[') {
@@ -113,14 +155,17 @@ impl Transcript {
     /// them: message `i` on line `i + 1`.
     pub fn from_messages(messages: Vec<Value>, layout: Layout) -> Transcript {
         let messages = messages.into_iter().map(Message::new).collect();
-        Transcript::rebuilt(messages, layout, Arc::from(""))
+        Transcript::rebuilt(messages, layout, Arc::default())
     }
 
     /// A transcript whose messages no longer match its source as a whole;
     /// messages that kept a span still write their original bytes.
-    pub(crate) fn rebuilt(mut messages: Vec<Message>, layout: Layout, source: Arc<str>) -> Self {
+    pub(crate) fn rebuilt(mut messages: Vec<Message>, layout: Layout, source: Arc<String>) -> Self {
         for (index, message) in messages.iter_mut().enumerate() {
-            message.line = (layout == Layout::Jsonl).then_some(index + 1);
+            message.line = match layout {
+                Layout::Jsonl => u32::try_from(index + 1).unwrap_or(0),
+                Layout::JsonArray => 0,
+            };
         }
         Transcript {
             messages,
@@ -130,7 +175,7 @@ impl Transcript {
         }
     }
 
-    pub(crate) fn source(&self) -> &Arc<str> {
+    pub(crate) fn source(&self) -> &Arc<String> {
         &self.source
     }
 
@@ -141,8 +186,8 @@ impl Transcript {
     /// The text of a parsed message whose tree has not been built, for a
     /// borrowed view of it.
     pub(crate) fn unbuilt_text(&self, message: &Message) -> Option<&str> {
-        match (message.value.get(), &message.span) {
-            (None, Some(span)) => self.source.get(span.clone()),
+        match (message.value.get(), message.span()) {
+            (None, Some(span)) => self.source.get(span),
             _ => None,
         }
     }
@@ -151,9 +196,8 @@ impl Transcript {
     pub(crate) fn value_of<'t>(&'t self, message: &'t Message) -> &'t Value {
         message.value.get_or_init(|| {
             let text = message
-                .span
-                .as_ref()
-                .and_then(|span| self.source.get(span.clone()))
+                .span()
+                .and_then(|span| self.source.get(span))
                 .unwrap_or("null");
             // The text was validated as one JSON value that a `Value` accepts
             // (see `view::Validated`), so this cannot fail.
@@ -206,7 +250,7 @@ impl Transcript {
 
     /// The 1-based line of a message, for JSONL transcripts.
     pub fn line(&self, index: usize) -> Option<usize> {
-        self.messages.get(index).and_then(|message| message.line)
+        self.messages.get(index).and_then(Message::line)
     }
 
     /// Writes the transcript in the layout it was read in.
@@ -217,7 +261,7 @@ impl Transcript {
     /// their key order kept. Arrays are then written one message per line.
     pub fn to_text(&self) -> String {
         if self.pristine {
-            return self.source.to_string();
+            return self.source.as_str().to_string();
         }
         let mut out = String::with_capacity(self.source.len() + 64 * self.messages.len());
         match self.layout {
@@ -237,9 +281,8 @@ impl Transcript {
                 // onto one line.
                 let pretty = self.messages.iter().any(|message| {
                     message
-                        .span
-                        .as_ref()
-                        .is_some_and(|span| self.source[span.clone()].contains('\n'))
+                        .span()
+                        .is_some_and(|span| self.source[span].contains('\n'))
                 });
                 out.push_str("[\n");
                 for (index, message) in self.messages.iter().enumerate() {
@@ -247,7 +290,7 @@ impl Transcript {
                         out.push_str(",\n");
                     }
                     out.push_str("  ");
-                    match &message.span {
+                    match message.span() {
                         Some(_) => self.write_message(message, &mut out),
                         // JSON strings never hold a raw newline, so every
                         // newline here is layout and can take the indent.
@@ -266,8 +309,8 @@ impl Transcript {
     }
 
     fn write_message(&self, message: &Message, out: &mut String) {
-        match &message.span {
-            Some(span) => out.push_str(&self.source[span.clone()]),
+        match message.span() {
+            Some(span) => out.push_str(&self.source[span]),
             // Serialising a `Value` cannot fail: its map keys are strings.
             None => {
                 out.push_str(&serde_json::to_string(self.value_of(message)).unwrap_or_default())
@@ -310,11 +353,10 @@ fn parse_lines(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
                 });
             }
         }
-        messages.push(Message {
-            value: OnceLock::new(),
-            span: Some(offset + line_start..offset + line_start + line.len()),
-            line: Some(number + 1),
-        });
+        messages.push(Message::parsed(
+            offset + line_start..offset + line_start + line.len(),
+            Some(number + 1),
+        ));
     }
     Ok(messages)
 }
@@ -339,10 +381,13 @@ fn parse_array(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
     Ok(values
         .into_iter()
         .zip(spans)
-        .map(|(value, span)| Message {
-            value: OnceLock::from(Arc::new(value)),
-            span,
-            line: None,
+        .map(|(value, span)| {
+            let mut message = Message::new(value);
+            if let Some(span) = span {
+                message.start = span.start;
+                message.end = span.end;
+            }
+            message
         })
         .collect())
 }
@@ -373,11 +418,7 @@ fn scan_array(body: &str, offset: usize) -> Option<Vec<Message>> {
             let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Validated>();
             stream.next()?.ok()?;
             let end = at + stream.byte_offset();
-            messages.push(Message {
-                value: OnceLock::new(),
-                span: Some(offset + at..offset + end),
-                line: None,
-            });
+            messages.push(Message::parsed(offset + at..offset + end, None));
             at = skip_space(end);
             match bytes.get(at) {
                 Some(b',') => at = skip_space(at + 1),
