@@ -23,7 +23,7 @@ mod shape;
 /// Messages in the issue-18 shape, as the issue measured.
 const ISSUE_MESSAGES: usize = 200_000;
 /// Timed rounds per row of the issue-18 part; the best one is printed.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 /// Messages per generated transcript in a real benchmark run.
 const MESSAGES: usize = 1_000_000;

@@ -162,6 +162,11 @@ pub(crate) struct Pairing<'a> {
     /// Every result, in message order.
     pub(crate) results: Vec<ResultSite<'a>>,
     pub(crate) turns: Vec<Turn>,
+    /// How many ids to make room for at the first one: one per two
+    /// messages, about what a transcript of parallel calls holds, so the
+    /// table is not rebuilt (briefly holding two copies) as it grows.
+    /// Room that is never used is only address space.
+    expected_ids: usize,
 }
 
 /// The state of the walk between messages.
@@ -184,7 +189,7 @@ struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    fn new(format: Format) -> Self {
+    fn new(format: Format, messages: usize) -> Self {
         Builder {
             pairing: Pairing {
                 format,
@@ -193,6 +198,7 @@ impl<'a> Builder<'a> {
                 calls: Vec::new(),
                 results: Vec::new(),
                 turns: Vec::new(),
+                expected_ids: messages / 2,
             },
             walk: Walk {
                 current_turn: None,
@@ -227,8 +233,11 @@ impl<'a> Pairing<'a> {
         format: Option<Format>,
     ) -> Result<Pairing<'a>, TranscriptError> {
         let mut builders: Vec<Builder<'a>> = match format {
-            Some(format) => vec![Builder::new(format)],
-            None => Format::ALL.into_iter().map(Builder::new).collect(),
+            Some(format) => vec![Builder::new(format, transcript.len())],
+            None => Format::ALL
+                .into_iter()
+                .map(|format| Builder::new(format, transcript.len()))
+                .collect(),
         };
         let mut seen = Seen::default();
         let mut non_object = None;
@@ -435,6 +444,10 @@ impl<'a> Pairing<'a> {
     /// The index of the entry for `id`, created on first sight.
     fn entry_for(&mut self, id: &'a str) -> usize {
         let next = self.entries.len();
+        if next == 0 {
+            self.ids.reserve(self.expected_ids);
+            self.entries.reserve(self.expected_ids);
+        }
         let entry = *self.ids.entry(id).or_insert(next);
         if entry == next {
             self.entries.push(IdEntry::default());
