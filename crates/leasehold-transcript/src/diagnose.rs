@@ -135,7 +135,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
 
     for (position, site) in pairing.calls.iter().enumerate() {
         let id = site.call.id;
-        let entry = pairing.entries[site.entry];
+        let entry = pairing.entries[site.entry as usize];
         if entry.calls > 1 {
             let first = entry.first_call.get().unwrap_or(position);
             if first != position {
@@ -169,7 +169,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
 
     for (position, site) in pairing.results.iter().enumerate() {
         let id = site.id;
-        let entry = pairing.entries[site.entry];
+        let entry = pairing.entries[site.entry as usize];
         let unexpected = || format::unexpected_result_error(format, id, site.index, site.block);
         let Some(call) = entry.first_call.get().map(|call| &pairing.calls[call]) else {
             push(

@@ -25,12 +25,12 @@ pub(crate) enum Placement {
     /// ever appears, and misplaced (before its call) when one does.
     BeforeCall,
     /// After a later model turn started, at the given message.
-    Late { turn_start: usize },
+    Late { turn_start: u32 },
     /// After a user message ended the reply, at the given message.
-    AfterUser { user: usize },
+    AfterUser { user: u32 },
     /// After some other message ended the reply (a system or developer
     /// message), or in a message that cannot hold results.
-    AfterOther { message: usize },
+    AfterOther { message: u32 },
 }
 
 impl Placement {
@@ -51,11 +51,11 @@ pub(crate) struct CallSite<'a> {
     pub(crate) call: CallRef<'a>,
     /// Index into [`Pairing::entries`] for the call's id, so later stages
     /// never hash the id again.
-    pub(crate) entry: usize,
+    pub(crate) entry: u32,
     /// Message holding the call.
     pub(crate) index: usize,
     /// Index into [`Pairing::turns`].
-    pub(crate) turn: usize,
+    pub(crate) turn: u32,
 }
 
 /// One result, as found.
@@ -63,7 +63,7 @@ pub(crate) struct CallSite<'a> {
 pub(crate) struct ResultSite<'a> {
     pub(crate) id: &'a str,
     /// Index into [`Pairing::entries`] for the result's id.
-    pub(crate) entry: usize,
+    pub(crate) entry: u32,
     /// Message holding the result.
     pub(crate) index: usize,
     /// Content block holding the result (Anthropic).
@@ -121,18 +121,27 @@ pub(crate) struct IdEntry {
     pub(crate) answered_in_place: bool,
 }
 
-/// The calls one model turn made, and what ended its reply.
+/// The calls one model turn made, and what ended its reply. Message indices
+/// are `u32` here and in [`Placement`], [`CallSite`] and [`ResultSite`]
+/// where they are lists' indices, to keep the pairing small; see [`Ix`].
 #[derive(Debug, Clone)]
 pub(crate) struct Turn {
     /// Message holding the turn's first call.
-    pub(crate) message: usize,
+    pub(crate) message: u32,
     /// Where the next model turn started, if one did.
-    pub(crate) next_turn_start: Option<usize>,
+    pub(crate) next_turn_start: Option<u32>,
     /// The first user or other input message after the reply.
-    pub(crate) first_closer: Option<(usize, Role)>,
+    pub(crate) first_closer: Option<(u32, Role)>,
     /// The last message of the turn or its reply (Chat, Responses): repair
     /// puts moved results right after it.
-    pub(crate) reply_end: usize,
+    pub(crate) reply_end: u32,
+}
+
+/// A message or list index as stored in the pairing. Transcripts do not
+/// reach four billion messages (they would be hundreds of gigabytes); an
+/// index that did saturates rather than wraps.
+pub(crate) fn small(index: usize) -> u32 {
+    u32::try_from(index).unwrap_or(u32::MAX)
 }
 
 /// Which messages may still hold results for the current turn.
@@ -306,7 +315,7 @@ impl<'a> Pairing<'a> {
             };
             if starts_turn {
                 if let Some(turn) = walk.current_turn {
-                    self.turns[turn].next_turn_start.get_or_insert(index);
+                    self.turns[turn].next_turn_start.get_or_insert(small(index));
                 }
                 walk.reply = Reply::Closed;
                 walk.run_has_turn = false;
@@ -321,7 +330,7 @@ impl<'a> Pairing<'a> {
             let placement = self.place(walk, index, role, result.after_other_block, entry);
             self.push_result(ResultSite {
                 id: result.id,
-                entry,
+                entry: small(entry),
                 index,
                 block: result.block,
                 placement,
@@ -333,10 +342,10 @@ impl<'a> Pairing<'a> {
             for call in &scan.calls {
                 if !walk.run_has_turn {
                     self.turns.push(Turn {
-                        message: index,
+                        message: small(index),
                         next_turn_start: None,
                         first_closer: None,
-                        reply_end: index,
+                        reply_end: small(index),
                     });
                     walk.current_turn = Some(self.turns.len() - 1);
                     walk.run_has_turn = true;
@@ -349,13 +358,13 @@ impl<'a> Pairing<'a> {
                 let entry = self.entry_for(call.id);
                 self.push_call(CallSite {
                     call: *call,
-                    entry,
+                    entry: small(entry),
                     index,
-                    turn,
+                    turn: small(turn),
                 });
             }
             if let (true, Some(turn)) = (walk.run_has_turn, self.turns.last_mut()) {
-                turn.reply_end = index;
+                turn.reply_end = small(index);
             }
             return;
         }
@@ -372,11 +381,13 @@ impl<'a> Pairing<'a> {
             if self.format == Format::Anthropic {
                 walk.reply = Reply::SplitTail;
             } else if role == Role::Result {
-                self.turns[turn].reply_end = index;
+                self.turns[turn].reply_end = small(index);
             }
         } else if matches!(role, Role::User | Role::Other) {
             walk.reply = Reply::Closed;
-            self.turns[turn].first_closer.get_or_insert((index, role));
+            self.turns[turn]
+                .first_closer
+                .get_or_insert((small(index), role));
         }
     }
 
@@ -392,7 +403,7 @@ impl<'a> Pairing<'a> {
         let Some(call) = self.entries[entry].last_call.get() else {
             return Placement::BeforeCall;
         };
-        let turn = self.calls[call].turn;
+        let turn = self.calls[call].turn as usize;
         if walk.current_turn == Some(turn) {
             match walk.reply {
                 Reply::Open => return Placement::InPlace,
@@ -411,13 +422,15 @@ impl<'a> Pairing<'a> {
         match turn.first_closer {
             Some((user, Role::User)) => Placement::AfterUser { user },
             Some((message, _)) => Placement::AfterOther { message },
-            None => Placement::AfterOther { message: index },
+            None => Placement::AfterOther {
+                message: small(index),
+            },
         }
     }
 
     fn push_call(&mut self, site: CallSite<'a>) {
         let position = self.calls.len();
-        let entry = &mut self.entries[site.entry];
+        let entry = &mut self.entries[site.entry as usize];
         entry.calls += 1;
         if entry.first_call.get().is_none() {
             entry.first_call = Ix::new(position);
@@ -428,7 +441,7 @@ impl<'a> Pairing<'a> {
 
     fn push_result(&mut self, site: ResultSite<'a>) {
         let position = self.results.len();
-        let entry = &mut self.entries[site.entry];
+        let entry = &mut self.entries[site.entry as usize];
         entry.results += 1;
         entry.answered_in_place |= site.placement == Placement::InPlace;
         let tail = std::mem::replace(&mut entry.last_result, Ix::new(position));

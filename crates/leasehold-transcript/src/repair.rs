@@ -182,7 +182,7 @@ impl Plan {
             changes_anything: false,
         };
         for (position, site) in pairing.results.iter().enumerate() {
-            let entry = pairing.entries[site.entry];
+            let entry = pairing.entries[site.entry as usize];
             if entry.calls == 0 {
                 plan.fates[position] = Fate::Drop(DropReason::Orphan);
             } else if entry.calls > 1 {
@@ -197,29 +197,31 @@ impl Plan {
                 .is_some_and(|payload| is_placeholder(payload, &options.extra_placeholder_markers))
         };
         for (position, site) in pairing.calls.iter().enumerate() {
-            let entry = pairing.entries[site.entry];
+            let entry = pairing.entries[site.entry as usize];
             if entry.calls != 1 {
                 continue;
             }
             let keeper = if entry.results > 1 {
-                pairing.results_of(site.entry).min_by_key(|&result| {
-                    (
-                        is_placeholder_at(result),
-                        pairing.results[result].placement.rank(),
-                        result,
-                    )
-                })
+                pairing
+                    .results_of(site.entry as usize)
+                    .min_by_key(|&result| {
+                        (
+                            is_placeholder_at(result),
+                            pairing.results[result].placement.rank(),
+                            result,
+                        )
+                    })
             } else {
                 entry.first_result.get()
             };
             let Some(keeper) = keeper else {
-                plan.additions[site.turn].push(Source::Inserted(position));
-                plan.touched[site.turn] = true;
+                plan.additions[site.turn as usize].push(Source::Inserted(position));
+                plan.touched[site.turn as usize] = true;
                 continue;
             };
             if entry.results > 1 {
                 let keeper_is_real = !is_placeholder_at(keeper);
-                for result in pairing.results_of(site.entry) {
+                for result in pairing.results_of(site.entry as usize) {
                     if result != keeper {
                         plan.fates[result] =
                             Fate::Drop(if keeper_is_real && is_placeholder_at(result) {
@@ -234,12 +236,12 @@ impl Plan {
                 Placement::InPlace => {}
                 Placement::TextBefore => {
                     plan.fates[keeper] = Fate::Front;
-                    plan.touched[site.turn] = true;
+                    plan.touched[site.turn as usize] = true;
                 }
                 _ => {
                     plan.fates[keeper] = Fate::Move;
-                    plan.additions[site.turn].push(Source::Moved(keeper));
-                    plan.touched[site.turn] = true;
+                    plan.additions[site.turn as usize].push(Source::Moved(keeper));
+                    plan.touched[site.turn as usize] = true;
                 }
             }
         }
@@ -288,7 +290,7 @@ impl Writer<'_, '_> {
                 self.out.push(message.clone());
             }
             while let Some(turn) = self.pairing.turns.get(turn_at) {
-                if turn.reply_end != index {
+                if turn.reply_end as usize != index {
                     break;
                 }
                 for &source in &self.plan.additions[turn_at] {
@@ -333,7 +335,7 @@ impl Writer<'_, '_> {
                 None => self.write_without_moved(message, results),
             }
             if let Some(turn) = self.pairing.turns.get(turn_at) {
-                if turn.message == index {
+                if turn.message as usize == index {
                     if self.plan.touched[turn_at] {
                         let next_holds_results = messages
                             .get(index + 1)
