@@ -8,6 +8,8 @@
 //!   the text), check, print the verdict.
 //! - `transcript_check check-owned FILE` the same with
 //!   `Transcript::parse_owned`, which keeps the text read instead of a copy.
+//!   `FORMAT=openai-chat` (or another name) in the environment names the
+//!   format instead of detecting it.
 //! - `transcript_check repair FILE` parses, repairs and writes the result to
 //!   a sink.
 //! - `transcript_check value FILE` only parses the file into a
@@ -39,7 +41,10 @@ fn main() -> ExitCode {
                 Transcript::parse_owned(text)
             }
             .unwrap_or_else(|e| panic!("{e}"));
-            match check(&transcript, None) {
+            let named = std::env::var("FORMAT")
+                .ok()
+                .and_then(|name| name.parse().ok());
+            match check(&transcript, named) {
                 Ok(Some(report)) => println!(
                     "{} messages, format {}, {} finding(s)",
                     report.messages,
