@@ -488,6 +488,36 @@ mod tests {
         assert_eq!(pieces, [r#"{"a": "x,]}\"y"}"#, "[1,[2]]", "3", r#""s""#]);
     }
 
+    /// Deep nesting is accepted exactly when a `Value` parse accepts it,
+    /// in an array and in JSON lines.
+    #[test]
+    fn nesting_limit_matches_value() {
+        for depth in 120..132 {
+            let inner = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let array = format!("[{inner}]");
+            assert_eq!(
+                Transcript::parse(&array).is_ok(),
+                serde_json::from_str::<Vec<Value>>(&array).is_ok(),
+                "array, depth {depth}"
+            );
+            let jsonl = format!("{{}}\n{inner}\n");
+            assert_eq!(
+                Transcript::parse(&jsonl).is_ok(),
+                serde_json::from_str::<Value>(&inner).is_ok(),
+                "jsonl, depth {depth}"
+            );
+        }
+    }
+
+    /// A transcript is still shared across threads and tasks as before
+    /// (the gRPC service and the client's guard rely on it), now that its
+    /// trees are built lazily.
+    #[test]
+    fn transcript_stays_send_sync() {
+        fn shareable<T: Send + Sync + Clone + std::fmt::Debug + std::panic::RefUnwindSafe>() {}
+        shareable::<Transcript>();
+    }
+
     /// An empty array has no elements.
     #[test]
     fn element_spans_of_empty_array() {

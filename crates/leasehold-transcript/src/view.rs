@@ -108,18 +108,50 @@ impl<'a> View<'a> {
 /// reads it the way a [`serde_json::Value`] would: numbers are range-checked,
 /// escapes in strings are decoded (so a lone surrogate is an error), and
 /// nesting counts toward the recursion limit. A transcript accepted with
-/// this is therefore exactly one that parses into `Value`s, which the lazy
-/// full tree relies on.
+/// this is therefore one that parses into `Value`s, which the lazy full tree
+/// relies on.
+///
+/// One difference is on the safe side: a `Value` parse of a whole array
+/// counts the array itself toward serde_json's limit of 128 levels, and a
+/// parse of one element does not, so an element nested 127 deep is refused
+/// here ([`MAX_NESTING`]), and the caller's full parse decides.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Validated;
 
+/// Deepest nesting of arrays and objects [`Validated`] accepts in one value.
+pub(crate) const MAX_NESTING: u32 = 126;
+
 impl<'de> Deserialize<'de> for Validated {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ValidatedVisitor)
+        deserializer.deserialize_any(ValidatedVisitor { depth: 0 })
     }
 }
 
-struct ValidatedVisitor;
+/// Reads one value for [`Validated`]; `depth` counts the arrays and objects
+/// around it.
+#[derive(Clone, Copy)]
+struct ValidatedVisitor {
+    depth: u32,
+}
+
+impl ValidatedVisitor {
+    fn inner<E: serde::de::Error>(self) -> Result<ValidatedVisitor, E> {
+        if self.depth >= MAX_NESTING {
+            return Err(E::custom("nested too deeply"));
+        }
+        Ok(ValidatedVisitor {
+            depth: self.depth + 1,
+        })
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ValidatedVisitor {
+    type Value = Validated;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Validated, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
 
 impl<'de> Visitor<'de> for ValidatedVisitor {
     type Value = Validated;
@@ -147,12 +179,14 @@ impl<'de> Visitor<'de> for ValidatedVisitor {
         Ok(Validated)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Validated, A::Error> {
-        while seq.next_element::<Validated>()?.is_some() {}
+        let inner = self.inner()?;
+        while seq.next_element_seed(inner)?.is_some() {}
         Ok(Validated)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Validated, A::Error> {
+        let inner = self.inner()?;
         while map.next_key::<Validated>()?.is_some() {
-            map.next_value::<Validated>()?;
+            map.next_value_seed(inner)?;
         }
         Ok(Validated)
     }
@@ -557,5 +591,8 @@ mod tests {
         }
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         assert!(serde_json::from_str::<Validated>(&deep).is_err());
+        let nest = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(serde_json::from_str::<Validated>(&nest(MAX_NESTING as usize)).is_ok());
+        assert!(serde_json::from_str::<Validated>(&nest(MAX_NESTING as usize + 1)).is_err());
     }
 }
