@@ -326,7 +326,10 @@ impl<'a> Pairing<'a> {
         }
 
         for result in &scan.results {
-            let entry = self.entry_for(result.id);
+            let entry = match self.recent_call_entry(walk, result.id) {
+                Some(entry) => entry,
+                None => self.entry_for(result.id),
+            };
             let placement = self.place(walk, index, role, result.after_other_block, entry);
             self.push_result(ResultSite {
                 id: result.id,
@@ -454,12 +457,33 @@ impl<'a> Pairing<'a> {
         self.results.push(site);
     }
 
+    /// The entry for `id` when one of the current turn's last few calls
+    /// uses it: where a result usually finds its call, read without hashing
+    /// the id or touching the (large, randomly accessed) id table. The same
+    /// entry [`Pairing::entry_for`] would return, as an entry is per id.
+    fn recent_call_entry(&self, walk: &Walk, id: &str) -> Option<usize> {
+        /// Calls looked at; a turn with more falls back to the table.
+        const RECENT: usize = 8;
+        let turn = small(walk.current_turn?);
+        self.calls
+            .iter()
+            .rev()
+            .take(RECENT)
+            .take_while(|call| call.turn == turn)
+            .find(|call| call.call.id == id)
+            .map(|call| call.entry as usize)
+    }
+
     /// The index of the entry for `id`, created on first sight.
     fn entry_for(&mut self, id: &'a str) -> usize {
         let next = self.entries.len();
         if next == 0 {
+            // Room up front also keeps the site lists from being copied as
+            // they grow; room never used is only address space.
             self.ids.reserve(self.expected_ids);
             self.entries.reserve(self.expected_ids);
+            self.calls.reserve(self.expected_ids);
+            self.results.reserve(self.expected_ids);
         }
         let entry = *self.ids.entry(id).or_insert(next);
         if entry == next {
