@@ -190,6 +190,23 @@ struct Walk {
     run_has_turn: bool,
 }
 
+/// Once the first tool activity is seen, keeps only the builder of its
+/// format: with no format named, the pass succeeds only when exactly one
+/// format shows tool activity, and then it is that one; a message showing
+/// two formats at once keeps none (the transcript is ambiguous whatever
+/// follows, and the pass goes on only to name every format it holds).
+fn narrow(builders: &mut Vec<Builder<'_>>, narrowed: &mut bool, seen: Seen) {
+    if *narrowed {
+        return;
+    }
+    let found = seen.formats();
+    if found.is_empty() {
+        return;
+    }
+    *narrowed = true;
+    builders.retain(|builder| found == [builder.pairing.format]);
+}
+
 /// One format's pairing while the pass is under way.
 struct Builder<'a> {
     pairing: Pairing<'a>,
@@ -222,10 +239,9 @@ impl<'a> Builder<'a> {
 
 impl<'a> Pairing<'a> {
     /// Walks the transcript once, pairing it in the named format, or, when
-    /// `format` is `None`, detecting the format in the same pass: each of
-    /// the three formats is paired alongside (a format with no tool activity
-    /// costs no memory, as nothing is recorded for it) and the one detected
-    /// is kept.
+    /// `format` is `None`, detecting the format in the same pass: the three
+    /// formats are paired alongside until the first message with tool
+    /// activity, and from there only that message's format (see [`narrow`]).
     ///
     /// Parsed messages whose tree was never built are read through borrowed
     /// views of their text ([`View`]); the others from their tree.
@@ -249,6 +265,7 @@ impl<'a> Pairing<'a> {
                 .collect(),
         };
         let mut seen = Seen::default();
+        let mut narrowed = format.is_some();
         let mut non_object = None;
         let mut view = View::default();
         for (index, message) in transcript.raw_messages().iter().enumerate() {
@@ -256,6 +273,7 @@ impl<'a> Pairing<'a> {
                 Read::View => {
                     if format.is_none() {
                         seen.note_view(&view);
+                        narrow(&mut builders, &mut narrowed, seen);
                     }
                     if non_object.is_none() {
                         for builder in &mut builders {
@@ -269,6 +287,7 @@ impl<'a> Pairing<'a> {
                 Read::Tree(object) => {
                     if format.is_none() {
                         seen.note_tree(object);
+                        narrow(&mut builders, &mut narrowed, seen);
                     }
                     if non_object.is_none() {
                         for builder in &mut builders {
