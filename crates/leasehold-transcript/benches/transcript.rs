@@ -1,7 +1,11 @@
-//! Throughput of diagnosis and repair on a generated million-message
-//! transcript per format.
+//! Throughput of diagnosis and repair per format: first on the transcript
+//! shape of issue 18 (200,000 messages as one JSON array, three parallel
+//! tool calls per turn, 200-byte results), side by side with a plain
+//! `serde_json::from_slice::<serde_json::Value>` of the same bytes; then on a
+//! generated million-message JSONL transcript.
 //!
-//! Run with `cargo bench --bench transcript`. It checks its own results (the
+//! Run with `cargo bench --bench transcript`. `TRANSCRIPT_BENCH=issue` runs
+//! only the first part, `TRANSCRIPT_BENCH=million` only the second. It checks its own results (the
 //! healthy transcript is healthy, the repaired one is healthy) but is never
 //! part of the test suite's pass/fail: timing on a shared machine is noise
 //! for a test. Under `cargo test --benches` (no `--bench` argument) it runs
@@ -11,7 +15,15 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use leasehold_transcript::{Format, RepairOptions, Transcript, diagnose, repair};
+use leasehold_transcript::{Format, RepairOptions, Transcript, check, diagnose, repair};
+
+#[path = "support/shape.rs"]
+mod shape;
+
+/// Messages in the issue-18 shape, as the issue measured.
+const ISSUE_MESSAGES: usize = 200_000;
+/// Timed rounds per row of the issue-18 part; the best one is printed.
+const ROUNDS: usize = 5;
 
 /// Messages per generated transcript in a real benchmark run.
 const MESSAGES: usize = 1_000_000;
@@ -25,9 +37,148 @@ fn main() {
     } else {
         SMOKE_MESSAGES
     };
-    for format in Format::ALL {
-        bench_format(format, size);
+    let part = std::env::var("TRANSCRIPT_BENCH").unwrap_or_default();
+    if part != "million" {
+        let size = if benchmarking {
+            ISSUE_MESSAGES
+        } else {
+            SMOKE_MESSAGES
+        };
+        for format in Format::ALL {
+            bench_issue_shape(format, size);
+        }
     }
+    if part != "issue" {
+        for format in Format::ALL {
+            bench_format(format, size);
+        }
+    }
+}
+
+/// The issue-18 rows: the `serde_json::Value` floor, then parse, check and
+/// repair through the public API, each the best of [`ROUNDS`], in wall time
+/// and in time on a CPU.
+fn bench_issue_shape(format: Format, size: usize) {
+    let healthy = shape::issue_shape(format, size, false);
+    let corrupted = shape::issue_shape(format, size, true);
+    let messages = healthy.messages;
+    println!(
+        "{format}, issue-18 shape: {messages} messages, {:.1} MB JSON array ({:.0} bytes/message), best of {ROUNDS}",
+        healthy.text.len() as f64 / 1e6,
+        healthy.text.len() as f64 / messages as f64
+    );
+    let bytes = healthy.text.as_bytes();
+    let floor = best(|| {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("{e}"));
+        black_box(value);
+    });
+    line_mb(
+        "serde_json::from_slice::<Value>",
+        messages,
+        bytes.len(),
+        floor,
+    );
+    let parse_time = best(|| drop(black_box(parse(&healthy.text))));
+    line_mb("Transcript::parse", messages, bytes.len(), parse_time);
+    let transcript = parse(&healthy.text);
+    let check_time = best(|| {
+        let report = check(&transcript, None).unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert!(report.is_some_and(|report| report.is_healthy()));
+    });
+    line_mb("check", messages, bytes.len(), check_time);
+    drop(transcript);
+    let both = best(|| {
+        let transcript = parse(&healthy.text);
+        let report = check(&transcript, None).unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert!(report.is_some_and(|report| report.is_healthy()));
+    });
+    line_mb("parse + check", messages, bytes.len(), both);
+    // What a caller that reads the text only to check it can do: hand the
+    // text over instead of having it copied (the copy is made untimed).
+    let owned = best_with(
+        || healthy.text.clone(),
+        |text| {
+            let transcript = Transcript::parse_owned(text).unwrap_or_else(|e| panic!("{e}"));
+            let report = check(&transcript, None).unwrap_or_else(|e| panic!("{format}: {e}"));
+            assert!(report.is_some_and(|report| report.is_healthy()));
+        },
+    );
+    line_mb("parse_owned + check", messages, bytes.len(), owned);
+    let repair_all = best(|| {
+        let transcript = parse(&corrupted.text);
+        let repaired = repair(&transcript, Some(format), &RepairOptions::default())
+            .unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert!(repaired.unrecoverable.is_empty());
+        black_box(repaired.transcript.to_text());
+    });
+    line_mb(
+        "parse + repair + write",
+        corrupted.messages,
+        corrupted.text.len(),
+        repair_all,
+    );
+    println!();
+}
+
+/// The fastest of [`ROUNDS`] runs of `work`: wall time, and the time the
+/// thread spent on a CPU when the system reports it.
+fn best(mut work: impl FnMut()) -> Timing {
+    best_with(|| (), |()| work())
+}
+
+/// [`best`] with an untimed `setup` before each run.
+fn best_with<T>(mut setup: impl FnMut() -> T, mut work: impl FnMut(T)) -> Timing {
+    let mut fastest = Timing {
+        wall: Duration::MAX,
+        cpu: None,
+    };
+    for _ in 0..ROUNDS {
+        let input = setup();
+        let cpu_before = cpu_time();
+        let wall = timed(|| work(input)).1;
+        let cpu = cpu_time()
+            .zip(cpu_before)
+            .map(|(after, before)| after.saturating_sub(before));
+        fastest.wall = fastest.wall.min(wall);
+        fastest.cpu = match (fastest.cpu, cpu) {
+            (Some(best), Some(cpu)) => Some(best.min(cpu)),
+            (best, cpu) => best.or(cpu),
+        };
+    }
+    fastest
+}
+
+struct Timing {
+    wall: Duration,
+    /// On-CPU time of this thread, which other processes on a shared
+    /// machine disturb far less than wall time.
+    cpu: Option<Duration>,
+}
+
+/// This thread's time on a CPU so far (Linux: `/proc/thread-self/schedstat`,
+/// in nanoseconds).
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = stat.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+fn line_mb(what: &str, messages: usize, bytes: usize, took: Timing) {
+    let seconds = took.wall.as_secs_f64();
+    let cpu = took.cpu.map_or(String::new(), |cpu| {
+        let cpu = cpu.as_secs_f64();
+        format!(
+            "  | on CPU {cpu:>6.3} s {:>12.0} messages/s {:>6.0} MB/s",
+            messages as f64 / cpu,
+            bytes as f64 / 1e6 / cpu
+        )
+    });
+    println!(
+        "  {what:<32} {seconds:>6.3} s {:>12.0} messages/s {:>6.0} MB/s{cpu}",
+        messages as f64 / seconds,
+        bytes as f64 / 1e6 / seconds
+    );
 }
 
 fn bench_format(format: Format, size: usize) {
@@ -75,6 +226,22 @@ fn bench_format(format: Format, size: usize) {
         "parse + repair + write",
         corrupted.messages,
         parse_time + repair_time + write_time,
+    );
+    // Repair alone again, on a freshly parsed transcript each round (a
+    // transcript keeps the trees a repair built), best of 5 with CPU time.
+    let repair_only = best_with(
+        || parse(&corrupted.text),
+        |transcript| {
+            let repaired = repair(&transcript, Some(format), &RepairOptions::default())
+                .unwrap_or_else(|e| panic!("{format}: {e}"));
+            black_box(repaired);
+        },
+    );
+    line_mb(
+        "repair alone, best of 5",
+        corrupted.messages,
+        corrupted.text.len(),
+        repair_only,
     );
     println!();
 }

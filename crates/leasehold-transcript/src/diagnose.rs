@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use serde::Serialize;
 
 use super::TranscriptError;
-use super::format::{self, Format, resolve_format};
+use super::format::{self, Format};
 use super::pairing::{Pairing, Placement, ResultSite};
 use super::placeholder::{DEFAULT_PLACEHOLDER_MARKERS, is_placeholder};
 use super::text::Transcript;
@@ -114,7 +114,6 @@ pub fn diagnose(
     transcript: &Transcript,
     format: Option<Format>,
 ) -> Result<Report, TranscriptError> {
-    let format = resolve_format(transcript, format)?;
     let pairing = Pairing::build(transcript, format)?;
     Ok(report_from(transcript, &pairing))
 }
@@ -136,9 +135,9 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
 
     for (position, site) in pairing.calls.iter().enumerate() {
         let id = site.call.id;
-        let entry = pairing.entries[site.entry];
+        let entry = pairing.entries[site.entry as usize];
         if entry.calls > 1 {
-            let first = entry.first_call.unwrap_or(position);
+            let first = entry.first_call.get().unwrap_or(position);
             if first != position {
                 let first = &pairing.calls[first];
                 let turn = if first.turn == site.turn {
@@ -170,9 +169,9 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
 
     for (position, site) in pairing.results.iter().enumerate() {
         let id = site.id;
-        let entry = pairing.entries[site.entry];
+        let entry = pairing.entries[site.entry as usize];
         let unexpected = || format::unexpected_result_error(format, id, site.index, site.block);
-        let Some(call) = entry.first_call.map(|call| &pairing.calls[call]) else {
+        let Some(call) = entry.first_call.get().map(|call| &pairing.calls[call]) else {
             push(
                 FindingKind::Orphan,
                 id,
@@ -187,7 +186,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
             // which call cannot be told.
             continue;
         }
-        let first_result = entry.first_result.unwrap_or(position);
+        let first_result = entry.first_result.get().unwrap_or(position);
         if first_result != position {
             let first = &pairing.results[first_result];
             push(

@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::TranscriptError;
 use super::text::Transcript;
+use super::view::{Text, View};
 
 /// A provider's chat history format.
 #[derive(
@@ -76,34 +77,108 @@ pub fn detect(transcript: &Transcript) -> Option<Format> {
 
 /// Every format whose tool activity appears in the transcript.
 pub(crate) fn detect_all(transcript: &Transcript) -> Vec<Format> {
-    let mut seen = [false; 3];
-    for message in transcript.messages() {
-        if let Some(message) = message.as_object() {
-            for (slot, format) in Format::ALL.into_iter().enumerate() {
-                seen[slot] = seen[slot] || has_tool_activity(format, message);
-            }
+    let mut seen = Seen::default();
+    let mut view = View::default();
+    for message in transcript.raw_messages() {
+        match read_message(transcript, message, &mut view) {
+            Read::View => seen.note_view(&view),
+            Read::Tree(object) => seen.note_tree(object),
+            Read::NotObject => {}
         }
     }
-    Format::ALL
-        .into_iter()
-        .zip(seen)
-        .filter_map(|(format, seen)| seen.then_some(format))
-        .collect()
+    seen.formats()
 }
 
-/// The named format, or the detected one.
-pub(crate) fn resolve_format(
-    transcript: &Transcript,
-    format: Option<Format>,
-) -> Result<Format, TranscriptError> {
-    if let Some(format) = format {
-        return Ok(format);
+/// How one message was read by [`read_message`].
+pub(crate) enum Read<'a> {
+    /// Into the view.
+    View,
+    /// As its full tree: it was built already, has no text of its own, or
+    /// holds an escaped string pairing reads.
+    Tree(&'a Map<String, Value>),
+    /// It is not a JSON object.
+    NotObject,
+}
+
+/// Reads a message for pairing: through a borrowed view of its text when
+/// its tree is not built, otherwise (or when the view cannot borrow every
+/// string it needs) from the tree.
+pub(crate) fn read_message<'a>(
+    transcript: &'a Transcript,
+    message: &'a super::text::Message,
+    view: &mut View<'a>,
+) -> Read<'a> {
+    if let Some(text) = transcript.unbuilt_text(message) {
+        if view.read(text).is_ok() && !view.escaped {
+            return if view.object {
+                Read::View
+            } else {
+                Read::NotObject
+            };
+        }
     }
-    let found = detect_all(transcript);
-    match found.as_slice() {
-        [format] => Ok(*format),
-        [] => Err(TranscriptError::FormatNotDetected),
-        _ => Err(TranscriptError::FormatAmbiguous(found)),
+    match transcript.value_of(message).as_object() {
+        Some(object) => Read::Tree(object),
+        None => Read::NotObject,
+    }
+}
+
+/// Which formats' tool activity a pass has seen.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Seen([bool; 3]);
+
+impl Seen {
+    pub(crate) fn note_tree(&mut self, message: &Map<String, Value>) {
+        for (slot, format) in Format::ALL.into_iter().enumerate() {
+            self.0[slot] = self.0[slot] || has_tool_activity(format, message);
+        }
+    }
+
+    pub(crate) fn note_view(&mut self, view: &View<'_>) {
+        for (slot, format) in Format::ALL.into_iter().enumerate() {
+            self.0[slot] = self.0[slot] || view_has_tool_activity(format, view);
+        }
+    }
+
+    pub(crate) fn formats(self) -> Vec<Format> {
+        Format::ALL
+            .into_iter()
+            .zip(self.0)
+            .filter_map(|(format, seen)| seen.then_some(format))
+            .collect()
+    }
+
+    /// The one format seen, or why there is not one.
+    pub(crate) fn resolve(self) -> Result<Format, TranscriptError> {
+        let found = self.formats();
+        match found.as_slice() {
+            [format] => Ok(*format),
+            [] => Err(TranscriptError::FormatNotDetected),
+            _ => Err(TranscriptError::FormatAmbiguous(found)),
+        }
+    }
+}
+
+/// [`has_tool_activity`] on a view.
+fn view_has_tool_activity(format: Format, view: &View<'_>) -> bool {
+    match format {
+        Format::OpenAiChat => match view.role.as_str() {
+            Some("tool") => true,
+            Some("assistant") => view.tool_calls_array && !view.tool_calls.is_empty(),
+            _ => false,
+        },
+        Format::Anthropic => {
+            view.content_array
+                && view
+                    .blocks
+                    .iter()
+                    .any(|block| matches!(block.kind.as_str(), Some("tool_use" | "tool_result")))
+        }
+        Format::OpenAiResponses => match view.kind.as_str() {
+            Some(kind) if kind.ends_with("_call_output") => true,
+            Some(kind) if kind.ends_with("_call") => view.call_id.is_present(),
+            _ => false,
+        },
     }
 }
 
@@ -204,6 +279,107 @@ impl Format {
             Format::Anthropic => scan_anthropic(message, scan),
             Format::OpenAiResponses => scan_responses(message, scan),
         });
+    }
+}
+
+impl Format {
+    /// [`Format::scan`] on a borrowed view; the two agree on every message
+    /// the view could read without escapes.
+    pub(crate) fn scan_view<'a>(self, view: &View<'a>, scan: &mut Scan<'a>) {
+        scan.calls.clear();
+        scan.results.clear();
+        scan.role = Some(match self {
+            Format::OpenAiChat => scan_chat_view(view, scan),
+            Format::Anthropic => scan_anthropic_view(view, scan),
+            Format::OpenAiResponses => scan_responses_view(view, scan),
+        });
+    }
+}
+
+fn scan_chat_view<'a>(view: &View<'a>, scan: &mut Scan<'a>) -> Role {
+    match view.role.as_str() {
+        Some("assistant") => {
+            for id in &view.tool_calls {
+                scan.calls.push(CallRef {
+                    id: id.as_str().unwrap_or(""),
+                    block: None,
+                    item_type: None,
+                    item_id: None,
+                });
+            }
+            Role::Model
+        }
+        Some("tool") => {
+            scan.results.push(ResultRef {
+                id: view.tool_call_id.as_str().unwrap_or(""),
+                block: None,
+                after_other_block: false,
+            });
+            Role::Result
+        }
+        Some("user") => Role::User,
+        _ => Role::Other,
+    }
+}
+
+fn scan_anthropic_view<'a>(view: &View<'a>, scan: &mut Scan<'a>) -> Role {
+    let role = match view.role.as_str() {
+        Some("assistant") => Role::Model,
+        Some("user") => Role::User,
+        _ => Role::Other,
+    };
+    let mut seen_other_block = false;
+    for (index, block) in view.blocks.iter().enumerate() {
+        match block.kind.as_str() {
+            // Calls count only where the model wrote them.
+            Some("tool_use") if role == Role::Model => scan.calls.push(CallRef {
+                id: block.id.as_str().unwrap_or(""),
+                block: Some(index),
+                item_type: None,
+                item_id: None,
+            }),
+            Some("tool_use") => {}
+            Some("tool_result") => scan.results.push(ResultRef {
+                id: block.tool_use_id.as_str().unwrap_or(""),
+                block: Some(index),
+                after_other_block: seen_other_block,
+            }),
+            _ => seen_other_block = true,
+        }
+    }
+    role
+}
+
+fn scan_responses_view<'a>(view: &View<'a>, scan: &mut Scan<'a>) -> Role {
+    match view.kind.as_str() {
+        Some(kind) if kind.ends_with("_call_output") => {
+            scan.results.push(ResultRef {
+                id: view.call_id.as_str().unwrap_or(""),
+                block: None,
+                after_other_block: false,
+            });
+            Role::Result
+        }
+        Some(kind) if kind.ends_with("_call") => {
+            // Only client-side calls carry a `call_id` and wait for an output.
+            if view.call_id.is_present() {
+                scan.calls.push(CallRef {
+                    id: view.call_id.as_str().unwrap_or(""),
+                    block: None,
+                    item_type: Some(kind),
+                    item_id: view.id.as_str(),
+                });
+            }
+            Role::Model
+        }
+        Some("reasoning") => Role::Model,
+        Some("message") | None => match view.role {
+            Text::Str("assistant") => Role::Model,
+            Text::Str("user") => Role::User,
+            Text::Str(_) | Text::Escaped => Role::Other,
+            Text::Absent | Text::Other => Role::Neutral,
+        },
+        Some(_) => Role::Neutral,
     }
 }
 

@@ -56,20 +56,30 @@
 //!
 //! # Performance
 //!
-//! Diagnosis is one pass over the messages, with a hash map keyed by call id
-//! whose entries count calls and results. Repair is that pass plus one pass
-//! to write the output. `benches/transcript.rs` measures both on a million
-//! messages.
+//! [`Transcript::parse`] validates the text (exactly as parsing into
+//! `serde_json::Value`s would) and records where each message is, without
+//! building the messages' trees. Diagnosis reads each message through a
+//! borrowed view that keeps only what pairing needs (role or item type, call
+//! ids, result ids, block types) and skips everything else with
+//! `serde::de::IgnoredAny`; format detection happens in the same pass. It
+//! is one pass over the messages, with a hash map keyed by call id whose
+//! entries count calls and results. A message's `Value` is built only when
+//! asked for ([`Transcript::messages`], [`Transcript::message`]) or when a
+//! repair rewrites it; untouched messages are written back from their text.
+//! Use [`Transcript::parse_owned`] when the text is no longer needed, so the
+//! transcript keeps it instead of a copy. `benches/transcript.rs` measures
+//! all of this; `docs/benchmarks.md` has numbers.
 
 // Module order, each importing only modules before it (and the crate
-// root's `TranscriptError`): text, format, pairing, placeholder, diagnose,
-// repair.
+// root's `TranscriptError`): view, text, format, pairing, placeholder,
+// diagnose, repair.
 mod diagnose;
 mod format;
 mod pairing;
 mod placeholder;
 mod repair;
 mod text;
+mod view;
 
 pub use diagnose::{Finding, FindingKind, Report, diagnose, render_human};
 pub use format::{Format, detect};
@@ -113,7 +123,7 @@ fn tool_free_as_none<T>(
 ) -> Result<Option<T>, TranscriptError> {
     match result {
         Err(TranscriptError::FormatNotDetected) if format.is_none() => {
-            match transcript.messages().position(|m| !m.is_object()) {
+            match transcript.first_non_object() {
                 Some(index) => Err(TranscriptError::NotAnObject {
                     index,
                     line: transcript.line(index),

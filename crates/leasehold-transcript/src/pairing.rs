@@ -3,10 +3,12 @@
 //! the turn of its call.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
 
 use super::TranscriptError;
-use super::format::{CallRef, Format, Role, Scan};
+use super::format::{CallRef, Format, Read, Role, Scan, Seen, read_message};
 use super::text::Transcript;
+use super::view::View;
 
 /// Where a result stands relative to the reply its call needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,12 +25,12 @@ pub(crate) enum Placement {
     /// ever appears, and misplaced (before its call) when one does.
     BeforeCall,
     /// After a later model turn started, at the given message.
-    Late { turn_start: usize },
+    Late { turn_start: u32 },
     /// After a user message ended the reply, at the given message.
-    AfterUser { user: usize },
+    AfterUser { user: u32 },
     /// After some other message ended the reply (a system or developer
     /// message), or in a message that cannot hold results.
-    AfterOther { message: usize },
+    AfterOther { message: u32 },
 }
 
 impl Placement {
@@ -49,11 +51,11 @@ pub(crate) struct CallSite<'a> {
     pub(crate) call: CallRef<'a>,
     /// Index into [`Pairing::entries`] for the call's id, so later stages
     /// never hash the id again.
-    pub(crate) entry: usize,
+    pub(crate) entry: u32,
     /// Message holding the call.
     pub(crate) index: usize,
     /// Index into [`Pairing::turns`].
-    pub(crate) turn: usize,
+    pub(crate) turn: u32,
 }
 
 /// One result, as found.
@@ -61,7 +63,7 @@ pub(crate) struct CallSite<'a> {
 pub(crate) struct ResultSite<'a> {
     pub(crate) id: &'a str,
     /// Index into [`Pairing::entries`] for the result's id.
-    pub(crate) entry: usize,
+    pub(crate) entry: u32,
     /// Message holding the result.
     pub(crate) index: usize,
     /// Content block holding the result (Anthropic).
@@ -70,7 +72,34 @@ pub(crate) struct ResultSite<'a> {
     /// The next result with the same id, as an index into
     /// [`Pairing::results`]; a linked list keeps every copy without an
     /// allocation per id.
-    pub(crate) next_same_id: Option<usize>,
+    pub(crate) next_same_id: Ix,
+}
+
+/// An optional index into one of the pairing's lists, in four bytes rather
+/// than the sixteen of an `Option<usize>`: the pairing keeps several per
+/// call, and its size per message is what a check's memory grows with.
+/// Lists are far shorter than `u32::MAX` (a transcript that long would be
+/// hundreds of gigabytes), but an index that does not fit is stored as none
+/// rather than wrapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ix(u32);
+
+impl Ix {
+    pub(crate) const NONE: Ix = Ix(u32::MAX);
+
+    pub(crate) fn new(index: usize) -> Ix {
+        u32::try_from(index).map_or(Ix::NONE, Ix)
+    }
+
+    pub(crate) fn get(self) -> Option<usize> {
+        (self != Ix::NONE).then_some(self.0 as usize)
+    }
+}
+
+impl Default for Ix {
+    fn default() -> Self {
+        Ix::NONE
+    }
 }
 
 /// Everything known about one call id.
@@ -79,31 +108,40 @@ pub(crate) struct IdEntry {
     /// How many calls use the id; more than one is a reused id.
     pub(crate) calls: u32,
     /// The first call with the id, as an index into [`Pairing::calls`].
-    pub(crate) first_call: Option<usize>,
+    pub(crate) first_call: Ix,
     /// The latest call with the id; a result answers the latest call.
-    pub(crate) last_call: Option<usize>,
+    pub(crate) last_call: Ix,
     /// How many results quote the id; counted, never overwritten.
     pub(crate) results: u32,
     /// Head of the linked list of results with the id.
-    pub(crate) first_result: Option<usize>,
+    pub(crate) first_result: Ix,
     /// Tail of that list, for appending.
-    pub(crate) last_result: Option<usize>,
+    pub(crate) last_result: Ix,
     /// True when at least one result sits in its reply.
     pub(crate) answered_in_place: bool,
 }
 
-/// The calls one model turn made, and what ended its reply.
+/// The calls one model turn made, and what ended its reply. Message indices
+/// are `u32` here and in [`Placement`], [`CallSite`] and [`ResultSite`]
+/// where they are lists' indices, to keep the pairing small; see [`Ix`].
 #[derive(Debug, Clone)]
 pub(crate) struct Turn {
     /// Message holding the turn's first call.
-    pub(crate) message: usize,
+    pub(crate) message: u32,
     /// Where the next model turn started, if one did.
-    pub(crate) next_turn_start: Option<usize>,
+    pub(crate) next_turn_start: Option<u32>,
     /// The first user or other input message after the reply.
-    pub(crate) first_closer: Option<(usize, Role)>,
+    pub(crate) first_closer: Option<(u32, Role)>,
     /// The last message of the turn or its reply (Chat, Responses): repair
     /// puts moved results right after it.
-    pub(crate) reply_end: usize,
+    pub(crate) reply_end: u32,
+}
+
+/// A message or list index as stored in the pairing. Transcripts do not
+/// reach four billion messages (they would be hundreds of gigabytes); an
+/// index that did saturates rather than wraps.
+pub(crate) fn small(index: usize) -> u32 {
+    u32::try_from(index).unwrap_or(u32::MAX)
 }
 
 /// Which messages may still hold results for the current turn.
@@ -125,7 +163,7 @@ enum Reply {
 pub(crate) struct Pairing<'a> {
     pub(crate) format: Format,
     /// Call id to its index in `entries`: the only place an id is hashed.
-    ids: HashMap<&'a str, usize>,
+    ids: HashMap<&'a str, usize, IdHashState>,
     /// Everything known about each call id, in order of first sight.
     pub(crate) entries: Vec<IdEntry>,
     /// Every call, in message order.
@@ -133,6 +171,11 @@ pub(crate) struct Pairing<'a> {
     /// Every result, in message order.
     pub(crate) results: Vec<ResultSite<'a>>,
     pub(crate) turns: Vec<Turn>,
+    /// How many ids to make room for at the first one: one per two
+    /// messages, about what a transcript of parallel calls holds, so the
+    /// table is not rebuilt (briefly holding two copies) as it grows.
+    /// Room that is never used is only address space.
+    expected_ids: usize,
 }
 
 /// The state of the walk between messages.
@@ -147,43 +190,137 @@ struct Walk {
     run_has_turn: bool,
 }
 
+/// Once the first tool activity is seen, keeps only the builder of its
+/// format: with no format named, the pass succeeds only when exactly one
+/// format shows tool activity, and then it is that one; a message showing
+/// two formats at once keeps none (the transcript is ambiguous whatever
+/// follows, and the pass goes on only to name every format it holds).
+fn narrow(builders: &mut Vec<Builder<'_>>, narrowed: &mut bool, seen: Seen) {
+    if *narrowed {
+        return;
+    }
+    let found = seen.formats();
+    if found.is_empty() {
+        return;
+    }
+    *narrowed = true;
+    builders.retain(|builder| found == [builder.pairing.format]);
+}
+
+/// One format's pairing while the pass is under way.
+struct Builder<'a> {
+    pairing: Pairing<'a>,
+    walk: Walk,
+    scan: Scan<'a>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(format: Format, messages: usize) -> Self {
+        Builder {
+            pairing: Pairing {
+                format,
+                ids: HashMap::with_hasher(IdHashState::new()),
+                entries: Vec::new(),
+                calls: Vec::new(),
+                results: Vec::new(),
+                turns: Vec::new(),
+                expected_ids: messages / 2,
+            },
+            walk: Walk {
+                current_turn: None,
+                reply: Reply::Closed,
+                in_model_run: false,
+                run_has_turn: false,
+            },
+            scan: Scan::default(),
+        }
+    }
+}
+
 impl<'a> Pairing<'a> {
-    /// Walks the transcript once.
+    /// Walks the transcript once, pairing it in the named format, or, when
+    /// `format` is `None`, detecting the format in the same pass: the three
+    /// formats are paired alongside until the first message with tool
+    /// activity, and from there only that message's format (see [`narrow`]).
+    ///
+    /// Parsed messages whose tree was never built are read through borrowed
+    /// views of their text ([`View`]); the others from their tree.
     ///
     /// # Errors
     ///
-    /// [`TranscriptError::NotAnObject`] for the first message that is not a
-    /// JSON object.
+    /// - [`TranscriptError::FormatNotDetected`] or
+    ///   [`TranscriptError::FormatAmbiguous`] when `format` is `None` and
+    ///   the messages do not show exactly one format.
+    /// - [`TranscriptError::NotAnObject`] for the first message that is not
+    ///   a JSON object.
     pub(crate) fn build(
         transcript: &'a Transcript,
-        format: Format,
+        format: Option<Format>,
     ) -> Result<Pairing<'a>, TranscriptError> {
-        let mut pairing = Pairing {
-            format,
-            ids: HashMap::new(),
-            entries: Vec::new(),
-            calls: Vec::new(),
-            results: Vec::new(),
-            turns: Vec::new(),
+        let mut builders: Vec<Builder<'a>> = match format {
+            Some(format) => vec![Builder::new(format, transcript.len())],
+            None => Format::ALL
+                .into_iter()
+                .map(|format| Builder::new(format, transcript.len()))
+                .collect(),
         };
-        let mut walk = Walk {
-            current_turn: None,
-            reply: Reply::Closed,
-            in_model_run: false,
-            run_has_turn: false,
-        };
-        let mut scan = Scan::default();
-        for (index, message) in transcript.messages().enumerate() {
-            let Some(object) = message.as_object() else {
-                return Err(TranscriptError::NotAnObject {
-                    index,
-                    line: transcript.line(index),
-                });
-            };
-            format.scan(object, &mut scan);
-            pairing.step(&mut walk, index, &scan);
+        let mut seen = Seen::default();
+        let mut narrowed = format.is_some();
+        let mut non_object = None;
+        let mut view = View::default();
+        for (index, message) in transcript.raw_messages().iter().enumerate() {
+            match read_message(transcript, message, &mut view) {
+                Read::View => {
+                    if format.is_none() {
+                        seen.note_view(&view);
+                        narrow(&mut builders, &mut narrowed, seen);
+                    }
+                    if non_object.is_none() {
+                        for builder in &mut builders {
+                            builder.pairing.format.scan_view(&view, &mut builder.scan);
+                            builder
+                                .pairing
+                                .step(&mut builder.walk, index, &builder.scan);
+                        }
+                    }
+                }
+                Read::Tree(object) => {
+                    if format.is_none() {
+                        seen.note_tree(object);
+                        narrow(&mut builders, &mut narrowed, seen);
+                    }
+                    if non_object.is_none() {
+                        for builder in &mut builders {
+                            builder.pairing.format.scan(object, &mut builder.scan);
+                            builder
+                                .pairing
+                                .step(&mut builder.walk, index, &builder.scan);
+                        }
+                    }
+                }
+                Read::NotObject => {
+                    non_object.get_or_insert(index);
+                    if format.is_some() {
+                        break;
+                    }
+                }
+            }
         }
-        Ok(pairing)
+        let format = match format {
+            Some(format) => format,
+            None => seen.resolve()?,
+        };
+        if let Some(index) = non_object {
+            return Err(TranscriptError::NotAnObject {
+                index,
+                line: transcript.line(index),
+            });
+        }
+        builders
+            .into_iter()
+            .find(|builder| builder.pairing.format == format)
+            .map(|builder| builder.pairing)
+            .ok_or(TranscriptError::FormatNotDetected)
     }
 
     fn step(&mut self, walk: &mut Walk, index: usize, scan: &Scan<'a>) {
@@ -197,7 +334,7 @@ impl<'a> Pairing<'a> {
             };
             if starts_turn {
                 if let Some(turn) = walk.current_turn {
-                    self.turns[turn].next_turn_start.get_or_insert(index);
+                    self.turns[turn].next_turn_start.get_or_insert(small(index));
                 }
                 walk.reply = Reply::Closed;
                 walk.run_has_turn = false;
@@ -208,15 +345,18 @@ impl<'a> Pairing<'a> {
         }
 
         for result in &scan.results {
-            let entry = self.entry_for(result.id);
+            let entry = match self.recent_call_entry(walk, result.id) {
+                Some(entry) => entry,
+                None => self.entry_for(result.id),
+            };
             let placement = self.place(walk, index, role, result.after_other_block, entry);
             self.push_result(ResultSite {
                 id: result.id,
-                entry,
+                entry: small(entry),
                 index,
                 block: result.block,
                 placement,
-                next_same_id: None,
+                next_same_id: Ix::NONE,
             });
         }
 
@@ -224,10 +364,10 @@ impl<'a> Pairing<'a> {
             for call in &scan.calls {
                 if !walk.run_has_turn {
                     self.turns.push(Turn {
-                        message: index,
+                        message: small(index),
                         next_turn_start: None,
                         first_closer: None,
-                        reply_end: index,
+                        reply_end: small(index),
                     });
                     walk.current_turn = Some(self.turns.len() - 1);
                     walk.run_has_turn = true;
@@ -240,13 +380,13 @@ impl<'a> Pairing<'a> {
                 let entry = self.entry_for(call.id);
                 self.push_call(CallSite {
                     call: *call,
-                    entry,
+                    entry: small(entry),
                     index,
-                    turn,
+                    turn: small(turn),
                 });
             }
             if let (true, Some(turn)) = (walk.run_has_turn, self.turns.last_mut()) {
-                turn.reply_end = index;
+                turn.reply_end = small(index);
             }
             return;
         }
@@ -263,11 +403,13 @@ impl<'a> Pairing<'a> {
             if self.format == Format::Anthropic {
                 walk.reply = Reply::SplitTail;
             } else if role == Role::Result {
-                self.turns[turn].reply_end = index;
+                self.turns[turn].reply_end = small(index);
             }
         } else if matches!(role, Role::User | Role::Other) {
             walk.reply = Reply::Closed;
-            self.turns[turn].first_closer.get_or_insert((index, role));
+            self.turns[turn]
+                .first_closer
+                .get_or_insert((small(index), role));
         }
     }
 
@@ -280,10 +422,10 @@ impl<'a> Pairing<'a> {
         after_other_block: bool,
         entry: usize,
     ) -> Placement {
-        let Some(call) = self.entries[entry].last_call else {
+        let Some(call) = self.entries[entry].last_call.get() else {
             return Placement::BeforeCall;
         };
-        let turn = self.calls[call].turn;
+        let turn = self.calls[call].turn as usize;
         if walk.current_turn == Some(turn) {
             match walk.reply {
                 Reply::Open => return Placement::InPlace,
@@ -302,34 +444,66 @@ impl<'a> Pairing<'a> {
         match turn.first_closer {
             Some((user, Role::User)) => Placement::AfterUser { user },
             Some((message, _)) => Placement::AfterOther { message },
-            None => Placement::AfterOther { message: index },
+            None => Placement::AfterOther {
+                message: small(index),
+            },
         }
     }
 
     fn push_call(&mut self, site: CallSite<'a>) {
         let position = self.calls.len();
-        let entry = &mut self.entries[site.entry];
+        let entry = &mut self.entries[site.entry as usize];
         entry.calls += 1;
-        entry.first_call.get_or_insert(position);
-        entry.last_call = Some(position);
+        if entry.first_call.get().is_none() {
+            entry.first_call = Ix::new(position);
+        }
+        entry.last_call = Ix::new(position);
         self.calls.push(site);
     }
 
     fn push_result(&mut self, site: ResultSite<'a>) {
         let position = self.results.len();
-        let entry = &mut self.entries[site.entry];
+        let entry = &mut self.entries[site.entry as usize];
         entry.results += 1;
         entry.answered_in_place |= site.placement == Placement::InPlace;
-        if let Some(tail) = entry.last_result.replace(position) {
-            self.results[tail].next_same_id = Some(position);
+        let tail = std::mem::replace(&mut entry.last_result, Ix::new(position));
+        if entry.first_result.get().is_none() {
+            entry.first_result = Ix::new(position);
         }
-        entry.first_result.get_or_insert(position);
+        if let Some(tail) = tail.get() {
+            self.results[tail].next_same_id = Ix::new(position);
+        }
         self.results.push(site);
+    }
+
+    /// The entry for `id` when one of the current turn's last few calls
+    /// uses it: where a result usually finds its call, read without hashing
+    /// the id or touching the (large, randomly accessed) id table. The same
+    /// entry [`Pairing::entry_for`] would return, as an entry is per id.
+    fn recent_call_entry(&self, walk: &Walk, id: &str) -> Option<usize> {
+        /// Calls looked at; a turn with more falls back to the table.
+        const RECENT: usize = 8;
+        let turn = small(walk.current_turn?);
+        self.calls
+            .iter()
+            .rev()
+            .take(RECENT)
+            .take_while(|call| call.turn == turn)
+            .find(|call| call.call.id == id)
+            .map(|call| call.entry as usize)
     }
 
     /// The index of the entry for `id`, created on first sight.
     fn entry_for(&mut self, id: &'a str) -> usize {
         let next = self.entries.len();
+        if next == 0 {
+            // Room up front also keeps the site lists from being copied as
+            // they grow; room never used is only address space.
+            self.ids.reserve(self.expected_ids);
+            self.entries.reserve(self.expected_ids);
+            self.calls.reserve(self.expected_ids);
+            self.results.reserve(self.expected_ids);
+        }
         let entry = *self.ids.entry(id).or_insert(next);
         if entry == next {
             self.entries.push(IdEntry::default());
@@ -339,8 +513,76 @@ impl<'a> Pairing<'a> {
 
     /// Every result quoting the id of `entry`, in message order.
     pub(crate) fn results_of(&self, entry: usize) -> impl Iterator<Item = usize> + '_ {
-        std::iter::successors(self.entries[entry].first_result, |&at| {
-            self.results[at].next_same_id
+        std::iter::successors(self.entries[entry].first_result.get(), |&at| {
+            self.results[at].next_same_id.get()
         })
+    }
+}
+
+/// Hashes call ids for [`Pairing::ids`]. The standard SipHash was about a
+/// tenth of a check's time; ids are short, so this folds eight bytes at a
+/// time with a multiply, from a seed drawn per pass (from the standard
+/// library's random keys) so ids cannot be chosen to collide in advance.
+#[derive(Debug, Clone, Copy)]
+struct IdHashState {
+    seed: u64,
+}
+
+impl IdHashState {
+    fn new() -> Self {
+        IdHashState {
+            seed: std::collections::hash_map::RandomState::new().hash_one(0u64) | 1,
+        }
+    }
+}
+
+impl BuildHasher for IdHashState {
+    type Hasher = IdHasher;
+
+    fn build_hasher(&self) -> IdHasher {
+        IdHasher { hash: self.seed }
+    }
+}
+
+/// See [`IdHashState`].
+#[derive(Debug, Clone, Copy)]
+struct IdHasher {
+    hash: u64,
+}
+
+impl IdHasher {
+    const MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
+    /// Mixes one word in: a full 64 × 64 → 128-bit multiply, folded.
+    fn mix(&mut self, word: u64) {
+        let product = u128::from(self.hash ^ word) * u128::from(Self::MULTIPLIER);
+        self.hash = (product as u64) ^ ((product >> 64) as u64);
+    }
+}
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        let mut word = [0u8; 8];
+        word[..rest.len()].copy_from_slice(rest);
+        // The length keeps "ab" and "ab\0" apart.
+        self.mix(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
+    }
+
+    fn write_u8(&mut self, byte: u8) {
+        self.mix(u64::from(byte));
+    }
+
+    fn finish(&self) -> u64 {
+        // One more round, so the top bits (which hashbrown uses for its
+        // control bytes) depend on every input bit.
+        let product = u128::from(self.hash) * u128::from(Self::MULTIPLIER);
+        (product as u64) ^ ((product >> 64) as u64)
     }
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::TranscriptError;
 use super::diagnose::{Finding, report_from};
-use super::format::{self, Format, resolve_format};
+use super::format::{self, Format};
 use super::pairing::{Pairing, Placement};
 use super::placeholder::{DEFAULT_PLACEHOLDER_MARKERS, PLACEHOLDER_TEXT, is_placeholder};
 use super::text::{Message, Transcript};
@@ -104,8 +104,8 @@ pub fn repair(
     format: Option<Format>,
     options: &RepairOptions,
 ) -> Result<Repaired, TranscriptError> {
-    let format = resolve_format(transcript, format)?;
     let pairing = Pairing::build(transcript, format)?;
+    let format = pairing.format;
     let plan = Plan::new(transcript, &pairing, options);
     if !plan.changes_anything {
         // Whatever is still wrong concerns reused ids only, which repair
@@ -129,7 +129,7 @@ pub fn repair(
     }
     let Writer { out, actions, .. } = writer;
     let repaired = Transcript::rebuilt(out, transcript.layout(), transcript.source().clone());
-    let unrecoverable = report_from(&repaired, &Pairing::build(&repaired, format)?).findings;
+    let unrecoverable = report_from(&repaired, &Pairing::build(&repaired, Some(format))?).findings;
     Ok(Repaired {
         transcript: repaired,
         actions,
@@ -182,7 +182,7 @@ impl Plan {
             changes_anything: false,
         };
         for (position, site) in pairing.results.iter().enumerate() {
-            let entry = pairing.entries[site.entry];
+            let entry = pairing.entries[site.entry as usize];
             if entry.calls == 0 {
                 plan.fates[position] = Fate::Drop(DropReason::Orphan);
             } else if entry.calls > 1 {
@@ -197,29 +197,31 @@ impl Plan {
                 .is_some_and(|payload| is_placeholder(payload, &options.extra_placeholder_markers))
         };
         for (position, site) in pairing.calls.iter().enumerate() {
-            let entry = pairing.entries[site.entry];
+            let entry = pairing.entries[site.entry as usize];
             if entry.calls != 1 {
                 continue;
             }
             let keeper = if entry.results > 1 {
-                pairing.results_of(site.entry).min_by_key(|&result| {
-                    (
-                        is_placeholder_at(result),
-                        pairing.results[result].placement.rank(),
-                        result,
-                    )
-                })
+                pairing
+                    .results_of(site.entry as usize)
+                    .min_by_key(|&result| {
+                        (
+                            is_placeholder_at(result),
+                            pairing.results[result].placement.rank(),
+                            result,
+                        )
+                    })
             } else {
-                entry.first_result
+                entry.first_result.get()
             };
             let Some(keeper) = keeper else {
-                plan.additions[site.turn].push(Source::Inserted(position));
-                plan.touched[site.turn] = true;
+                plan.additions[site.turn as usize].push(Source::Inserted(position));
+                plan.touched[site.turn as usize] = true;
                 continue;
             };
             if entry.results > 1 {
                 let keeper_is_real = !is_placeholder_at(keeper);
-                for result in pairing.results_of(site.entry) {
+                for result in pairing.results_of(site.entry as usize) {
                     if result != keeper {
                         plan.fates[result] =
                             Fate::Drop(if keeper_is_real && is_placeholder_at(result) {
@@ -234,12 +236,12 @@ impl Plan {
                 Placement::InPlace => {}
                 Placement::TextBefore => {
                     plan.fates[keeper] = Fate::Front;
-                    plan.touched[site.turn] = true;
+                    plan.touched[site.turn as usize] = true;
                 }
                 _ => {
                     plan.fates[keeper] = Fate::Move;
-                    plan.additions[site.turn].push(Source::Moved(keeper));
-                    plan.touched[site.turn] = true;
+                    plan.additions[site.turn as usize].push(Source::Moved(keeper));
+                    plan.touched[site.turn as usize] = true;
                 }
             }
         }
@@ -288,7 +290,7 @@ impl Writer<'_, '_> {
                 self.out.push(message.clone());
             }
             while let Some(turn) = self.pairing.turns.get(turn_at) {
-                if turn.reply_end != index {
+                if turn.reply_end as usize != index {
                     break;
                 }
                 for &source in &self.plan.additions[turn_at] {
@@ -333,11 +335,11 @@ impl Writer<'_, '_> {
                 None => self.write_without_moved(message, results),
             }
             if let Some(turn) = self.pairing.turns.get(turn_at) {
-                if turn.message == index {
+                if turn.message as usize == index {
                     if self.plan.touched[turn_at] {
                         let next_holds_results = messages
                             .get(index + 1)
-                            .is_some_and(|next| holds_tool_results(&next.value));
+                            .is_some_and(|next| holds_tool_results(self.transcript.value_of(next)));
                         if next_holds_results {
                             rebuild_for = Some(turn_at);
                         } else {
@@ -372,7 +374,8 @@ impl Writer<'_, '_> {
             self.out.push(message.clone());
             return;
         }
-        let blocks = format::blocks_of(&message.value);
+        let value = self.transcript.value_of(message);
+        let blocks = format::blocks_of(value);
         let kept: Vec<Value> = blocks
             .iter()
             .enumerate()
@@ -380,8 +383,7 @@ impl Writer<'_, '_> {
             .map(|(_, value)| value.clone())
             .collect();
         if !kept.is_empty() {
-            self.out
-                .push(Message::new(with_content(&message.value, kept)));
+            self.out.push(Message::new(with_content(value, kept)));
         }
     }
 
@@ -389,7 +391,8 @@ impl Writer<'_, '_> {
     /// moved and inserted ones in call order, then every other block.
     fn write_reply(&mut self, message: &Message, results: std::ops::Range<usize>, turn: usize) {
         let to = self.out.len();
-        let blocks = format::blocks_of(&message.value);
+        let value = self.transcript.value_of(message);
+        let blocks = format::blocks_of(value);
         let mut content = Vec::with_capacity(blocks.len() + self.plan.additions[turn].len());
         let mut handled = vec![false; blocks.len()];
         for result in results {
@@ -421,8 +424,7 @@ impl Writer<'_, '_> {
                 .filter(|(_, handled)| !**handled)
                 .map(|(value, _)| value.clone()),
         );
-        self.out
-            .push(Message::new(with_content(&message.value, content)));
+        self.out.push(Message::new(with_content(value, content)));
     }
 
     /// The blocks added to a turn's reply, recording each action.

@@ -2,11 +2,12 @@
 //! did not need to change.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
 use super::TranscriptError;
+use super::view::Validated;
 
 /// How a transcript is laid out as text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -21,11 +22,18 @@ pub enum Layout {
 /// A chat history: an ordered list of JSON messages and the text they came
 /// from.
 ///
-/// Messages are kept as [`serde_json::Value`]s (with key order preserved), so
+/// Messages are seen as [`serde_json::Value`]s (with key order preserved), so
 /// fields this module does not know survive a round trip. Each parsed
 /// message also remembers its exact source text: a repair that changes one
 /// message writes every other message back byte for byte, so numbers and
 /// string escapes in payloads are never reformatted.
+///
+/// [`Transcript::parse`] validates the text and records where each message
+/// is, but builds a message's `Value` only when something asks for it
+/// ([`Transcript::messages`], [`Transcript::message`], or a repair that
+/// rewrites the message). Diagnosis reads parsed messages through borrowed
+/// views of their text instead, so checking a transcript never builds the
+/// full tree.
 #[derive(Debug, Clone)]
 pub struct Transcript {
     /// The messages, in order.
@@ -34,7 +42,7 @@ pub struct Transcript {
     layout: Layout,
     /// The text the messages were parsed from; message spans point into it.
     /// Shared so a repaired transcript can reuse it without a copy.
-    source: Arc<str>,
+    source: Arc<String>,
     /// True while the messages are exactly those parsed from `source`, so
     /// [`Transcript::to_text`] can return the source unchanged.
     pristine: bool,
@@ -43,24 +51,54 @@ pub struct Transcript {
 /// One message and where it came from.
 #[derive(Debug, Clone)]
 pub(crate) struct Message {
-    /// The parsed message, shared: a repaired transcript holds the same
-    /// untouched messages as its input without copying them.
-    pub(crate) value: Arc<Value>,
-    /// Byte range of the message's own text in the transcript's source, or
-    /// `None` for a message built or changed in memory.
-    pub(crate) span: Option<Range<usize>>,
-    /// 1-based line of the message, for JSONL; findings cite it.
-    pub(crate) line: Option<usize>,
+    /// The parsed message, built from `span` on first use, and shared: a
+    /// repaired transcript holds the same untouched messages as its input
+    /// without copying them. Read it with [`Transcript::value_of`].
+    value: OnceLock<Arc<Value>>,
+    /// Byte range of the message's own text in the transcript's source;
+    /// `NO_SPAN` for a message built or changed in memory. Read with
+    /// [`Message::span`]. Kept as two words (an `Option<Range>` takes three),
+    /// as a parsed transcript holds one `Message` per message.
+    start: usize,
+    end: usize,
+    /// 1-based line of the message, for JSONL, or 0; findings cite it. Read
+    /// with [`Message::line`].
+    line: u32,
 }
+
+/// `Message::start` of a message with no source text.
+const NO_SPAN: usize = usize::MAX;
 
 impl Message {
     /// A message created in memory (a placeholder, a rebuilt reply).
     pub(crate) fn new(value: Value) -> Self {
         Message {
-            value: Arc::new(value),
-            span: None,
-            line: None,
+            value: OnceLock::from(Arc::new(value)),
+            start: NO_SPAN,
+            end: NO_SPAN,
+            line: 0,
         }
+    }
+
+    /// A parsed message: its text's byte range in the source, and its line.
+    fn parsed(span: Range<usize>, line: Option<usize>) -> Self {
+        Message {
+            value: OnceLock::new(),
+            start: span.start,
+            end: span.end,
+            line: line.and_then(|line| u32::try_from(line).ok()).unwrap_or(0),
+        }
+    }
+
+    /// Byte range of the message's own text in the transcript's source, or
+    /// `None` for a message built or changed in memory.
+    pub(crate) fn span(&self) -> Option<Range<usize>> {
+        (self.start != NO_SPAN).then_some(self.start..self.end)
+    }
+
+    /// 1-based line of the message, for JSONL.
+    pub(crate) fn line(&self) -> Option<usize> {
+        (self.line != 0).then_some(self.line as usize)
     }
 }
 
@@ -76,11 +114,30 @@ impl Transcript {
     /// [`TranscriptError::InvalidJson`] with the 1-based line where the text
     /// stops being valid JSON.
     pub fn parse(text: &str) -> Result<Transcript, TranscriptError> {
-        let source: Arc<str> = Arc::from(text);
+        Transcript::parse_owned(text.to_string())
+    }
+
+    /// [`Transcript::parse`] on text the caller hands over, which the
+    /// transcript keeps as its source instead of copying it: for a caller
+    /// that read the text only to parse it (a file, a request body), this
+    /// halves the memory a large transcript needs.
+    ///
+    /// # Errors
+    ///
+    /// As for [`Transcript::parse`].
+    pub fn parse_owned(text: String) -> Result<Transcript, TranscriptError> {
+        let source = Arc::new(text);
+        let text = source.as_str();
         let body = text.trim_start_matches('\u{feff}');
         let offset = text.len() - body.len();
         let (messages, layout) = if body.trim_start().starts_with('[') {
-            (parse_array(body, offset)?, Layout::JsonArray)
+            let messages = match scan_array(body, offset) {
+                Some(messages) => messages,
+                // Not valid JSON (or a shape the scan does not follow): the
+                // full parse gives the error, and its line, as it always has.
+                None => parse_array(body, offset)?,
+            };
+            (messages, Layout::JsonArray)
         } else {
             (parse_lines(body, offset)?, Layout::Jsonl)
         };
@@ -98,14 +155,17 @@ impl Transcript {
     /// them: message `i` on line `i + 1`.
     pub fn from_messages(messages: Vec<Value>, layout: Layout) -> Transcript {
         let messages = messages.into_iter().map(Message::new).collect();
-        Transcript::rebuilt(messages, layout, Arc::from(""))
+        Transcript::rebuilt(messages, layout, Arc::default())
     }
 
     /// A transcript whose messages no longer match its source as a whole;
     /// messages that kept a span still write their original bytes.
-    pub(crate) fn rebuilt(mut messages: Vec<Message>, layout: Layout, source: Arc<str>) -> Self {
+    pub(crate) fn rebuilt(mut messages: Vec<Message>, layout: Layout, source: Arc<String>) -> Self {
         for (index, message) in messages.iter_mut().enumerate() {
-            message.line = (layout == Layout::Jsonl).then_some(index + 1);
+            message.line = match layout {
+                Layout::Jsonl => u32::try_from(index + 1).unwrap_or(0),
+                Layout::JsonArray => 0,
+            };
         }
         Transcript {
             messages,
@@ -115,12 +175,45 @@ impl Transcript {
         }
     }
 
-    pub(crate) fn source(&self) -> &Arc<str> {
+    pub(crate) fn source(&self) -> &Arc<String> {
         &self.source
     }
 
     pub(crate) fn raw_messages(&self) -> &[Message] {
         &self.messages
+    }
+
+    /// The text of a parsed message whose tree has not been built, for a
+    /// borrowed view of it.
+    pub(crate) fn unbuilt_text(&self, message: &Message) -> Option<&str> {
+        match (message.value.get(), message.span()) {
+            (None, Some(span)) => self.source.get(span),
+            _ => None,
+        }
+    }
+
+    /// The tree of a message, built from its text on first use.
+    pub(crate) fn value_of<'t>(&'t self, message: &'t Message) -> &'t Value {
+        message.value.get_or_init(|| {
+            let text = message
+                .span()
+                .and_then(|span| self.source.get(span))
+                .unwrap_or("null");
+            // The text was validated as one JSON value that a `Value` accepts
+            // (see `view::Validated`), so this cannot fail.
+            Arc::new(serde_json::from_str(text).unwrap_or(Value::Null))
+        })
+    }
+
+    /// The index of the first message that is not a JSON object, read from
+    /// the message's text when its tree is not built.
+    pub(crate) fn first_non_object(&self) -> Option<usize> {
+        self.messages
+            .iter()
+            .position(|message| match self.unbuilt_text(message) {
+                Some(text) => !text.trim_start().starts_with('{'),
+                None => !self.value_of(message).is_object(),
+            })
     }
 
     /// Whether the input was an array or JSONL.
@@ -145,17 +238,19 @@ impl Transcript {
 
     /// The messages, in order.
     pub fn messages(&self) -> impl ExactSizeIterator<Item = &Value> {
-        self.messages.iter().map(|message| &*message.value)
+        self.messages.iter().map(|message| self.value_of(message))
     }
 
     /// The message at a 0-based index.
     pub fn message(&self, index: usize) -> Option<&Value> {
-        self.messages.get(index).map(|message| &*message.value)
+        self.messages
+            .get(index)
+            .map(|message| self.value_of(message))
     }
 
     /// The 1-based line of a message, for JSONL transcripts.
     pub fn line(&self, index: usize) -> Option<usize> {
-        self.messages.get(index).and_then(|message| message.line)
+        self.messages.get(index).and_then(Message::line)
     }
 
     /// Writes the transcript in the layout it was read in.
@@ -166,7 +261,7 @@ impl Transcript {
     /// their key order kept. Arrays are then written one message per line.
     pub fn to_text(&self) -> String {
         if self.pristine {
-            return self.source.to_string();
+            return self.source.as_str().to_string();
         }
         let mut out = String::with_capacity(self.source.len() + 64 * self.messages.len());
         match self.layout {
@@ -186,9 +281,8 @@ impl Transcript {
                 // onto one line.
                 let pretty = self.messages.iter().any(|message| {
                     message
-                        .span
-                        .as_ref()
-                        .is_some_and(|span| self.source[span.clone()].contains('\n'))
+                        .span()
+                        .is_some_and(|span| self.source[span].contains('\n'))
                 });
                 out.push_str("[\n");
                 for (index, message) in self.messages.iter().enumerate() {
@@ -196,12 +290,12 @@ impl Transcript {
                         out.push_str(",\n");
                     }
                     out.push_str("  ");
-                    match &message.span {
+                    match message.span() {
                         Some(_) => self.write_message(message, &mut out),
                         // JSON strings never hold a raw newline, so every
                         // newline here is layout and can take the indent.
                         None if pretty => out.push_str(
-                            &serde_json::to_string_pretty(&*message.value)
+                            &serde_json::to_string_pretty(self.value_of(message))
                                 .unwrap_or_default()
                                 .replace('\n', "\n  "),
                         ),
@@ -215,10 +309,12 @@ impl Transcript {
     }
 
     fn write_message(&self, message: &Message, out: &mut String) {
-        match &message.span {
-            Some(span) => out.push_str(&self.source[span.clone()]),
+        match message.span() {
+            Some(span) => out.push_str(&self.source[span]),
             // Serialising a `Value` cannot fail: its map keys are strings.
-            None => out.push_str(&serde_json::to_string(&*message.value).unwrap_or_default()),
+            None => {
+                out.push_str(&serde_json::to_string(self.value_of(message)).unwrap_or_default())
+            }
         }
     }
 }
@@ -233,7 +329,7 @@ impl PartialEq for Transcript {
                 .messages
                 .iter()
                 .zip(&other.messages)
-                .all(|(left, right)| left.value == right.value)
+                .all(|(left, right)| self.value_of(left) == other.value_of(right))
     }
 }
 
@@ -247,15 +343,20 @@ fn parse_lines(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
         if line.trim().is_empty() {
             continue;
         }
-        let value = serde_json::from_str(line).map_err(|source| TranscriptError::InvalidJson {
-            line: number + 1,
-            source,
-        })?;
-        messages.push(Message {
-            value: Arc::new(value),
-            span: Some(offset + line_start..offset + line_start + line.len()),
-            line: Some(number + 1),
-        });
+        if serde_json::from_str::<Validated>(line).is_err() {
+            // The error `Value` parsing gives, as it always has.
+            let error = serde_json::from_str::<Value>(line).err();
+            if let Some(source) = error {
+                return Err(TranscriptError::InvalidJson {
+                    line: number + 1,
+                    source,
+                });
+            }
+        }
+        messages.push(Message::parsed(
+            offset + line_start..offset + line_start + line.len(),
+            Some(number + 1),
+        ));
     }
     Ok(messages)
 }
@@ -280,12 +381,53 @@ fn parse_array(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
     Ok(values
         .into_iter()
         .zip(spans)
-        .map(|(value, span)| Message {
-            value: Arc::new(value),
-            span,
-            line: None,
+        .map(|(value, span)| {
+            let mut message = Message::new(value);
+            if let Some(span) = span {
+                message.start = span.start;
+                message.end = span.end;
+            }
+            message
         })
         .collect())
+}
+
+/// Validates a JSON array of messages element by element, recording where
+/// each is without building its tree. `None` when the text is not a valid
+/// array; the caller then parses it fully for the error.
+fn scan_array(body: &str, offset: usize) -> Option<Vec<Message>> {
+    let bytes = body.as_bytes();
+    let skip_space = |mut at: usize| {
+        while bytes
+            .get(at)
+            .is_some_and(|byte| matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            at += 1;
+        }
+        at
+    };
+    let mut at = skip_space(0);
+    if bytes.get(at) != Some(&b'[') {
+        return None;
+    }
+    at = skip_space(at + 1);
+    let mut messages = Vec::new();
+    if bytes.get(at) != Some(&b']') {
+        loop {
+            let rest = body.get(at..)?;
+            let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Validated>();
+            stream.next()?.ok()?;
+            let end = at + stream.byte_offset();
+            messages.push(Message::parsed(offset + at..offset + end, None));
+            at = skip_space(end);
+            match bytes.get(at) {
+                Some(b',') => at = skip_space(at + 1),
+                Some(b']') => break,
+                _ => return None,
+            }
+        }
+    }
+    (skip_space(at + 1) == bytes.len()).then_some(messages)
 }
 
 /// Byte ranges of the top-level elements of a JSON array already known to be
@@ -344,6 +486,36 @@ mod tests {
         let spans = element_spans(text);
         let pieces: Vec<&str> = spans.iter().map(|span| &text[span.clone()]).collect();
         assert_eq!(pieces, [r#"{"a": "x,]}\"y"}"#, "[1,[2]]", "3", r#""s""#]);
+    }
+
+    /// Deep nesting is accepted exactly when a `Value` parse accepts it,
+    /// in an array and in JSON lines.
+    #[test]
+    fn nesting_limit_matches_value() {
+        for depth in 120..132 {
+            let inner = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let array = format!("[{inner}]");
+            assert_eq!(
+                Transcript::parse(&array).is_ok(),
+                serde_json::from_str::<Vec<Value>>(&array).is_ok(),
+                "array, depth {depth}"
+            );
+            let jsonl = format!("{{}}\n{inner}\n");
+            assert_eq!(
+                Transcript::parse(&jsonl).is_ok(),
+                serde_json::from_str::<Value>(&inner).is_ok(),
+                "jsonl, depth {depth}"
+            );
+        }
+    }
+
+    /// A transcript is still shared across threads and tasks as before
+    /// (the gRPC service and the client's guard rely on it), now that its
+    /// trees are built lazily.
+    #[test]
+    fn transcript_stays_send_sync() {
+        fn shareable<T: Send + Sync + Clone + std::fmt::Debug + std::panic::RefUnwindSafe>() {}
+        shareable::<Transcript>();
     }
 
     /// An empty array has no elements.

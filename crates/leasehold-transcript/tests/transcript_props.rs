@@ -633,3 +633,171 @@ proptest! {
         );
     }
 }
+
+/// The same messages, held as trees only, as a transcript built in memory
+/// holds them: diagnosis then reads every message from its tree.
+fn full_tree(text: &str, transcript: &Transcript) -> Transcript {
+    let values: Vec<Value> = if transcript.is_jsonl() {
+        text.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}")))
+            .collect()
+    } else {
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}"))
+    };
+    Transcript::from_messages(values, transcript.layout())
+}
+
+/// Writes some keys and ids with `\u` escapes, which a borrowed view cannot
+/// borrow (ids) or must still recognise (keys).
+fn escape_some(text: &str) -> String {
+    text.replace("\"id", "\"\\u0069d")
+        .replace("\"role\"", "\"\\u0072ole\"")
+        .replace("\"type\"", "\"typ\\u0065\"")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Diagnosis through borrowed views of the parsed text (the fast path)
+    /// and through full trees make the same findings, detect the same
+    /// format, fail the same way, and repair the same way, on healthy and
+    /// corrupted transcripts, with and without escapes, named format or not.
+    #[test]
+    fn fast_path_and_full_tree_agree(
+        turns in conversation(), format in format(), layout in any::<u8>(),
+        damage in prop::collection::vec(corruption(), 0..4),
+        blocks in prop::option::of((prop_oneof![Just(BlockDamage::TextFirst), Just(BlockDamage::Split)], any::<usize>())),
+        escape in any::<bool>(), named in any::<bool>(),
+    ) {
+        let mut entries = healthy_entries(&turns);
+        for (fresh, corruption) in damage.iter().enumerate() {
+            corrupt(&mut entries, corruption, format, fresh);
+        }
+        let mut messages = render(&entries, format, &trailing(&turns));
+        if let (Format::Anthropic, Some((damage, pick))) = (format, &blocks) {
+            damage_blocks(&mut messages, damage, *pick);
+        }
+        let mut text = to_text(&messages, layout);
+        if escape {
+            text = escape_some(&text);
+        }
+        let fast = Transcript::parse(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let tree = full_tree(&text, &fast);
+        let named = named.then_some(format);
+        prop_assert_eq!(detect(&fast), detect(&tree));
+        let (from_fast, from_tree) = (diagnose(&fast, named), diagnose(&tree, named));
+        match (&from_fast, &from_tree) {
+            (Ok(fast), Ok(tree)) => prop_assert_eq!(fast, tree),
+            _ => prop_assert_eq!(
+                from_fast.map_err(|e| e.to_string()).err(),
+                from_tree.map_err(|e| e.to_string()).err()
+            ),
+        }
+        let options = RepairOptions::default();
+        if let (Ok(fast), Ok(tree)) = (repair(&fast, named, &options), repair(&tree, named, &options)) {
+            prop_assert_eq!(&fast.actions, &tree.actions);
+            prop_assert_eq!(&fast.unrecoverable, &tree.unrecoverable);
+            prop_assert_eq!(&fast.transcript, &tree.transcript);
+        }
+    }
+
+    /// Messages that are not what any format expects (not objects, odd
+    /// field types, repeated keys, escapes) read the same through views and
+    /// trees.
+    #[test]
+    fn fast_path_and_full_tree_agree_on_odd_messages(
+        group in 0usize..4,
+        picks in prop::collection::vec(any::<prop::sample::Index>(), 1..16),
+        jsonl in any::<bool>(), named in prop::option::of(format()),
+    ) {
+        // Mostly one format's messages plus format-neutral ones, so that
+        // detection succeeds and pairing runs; group 3 mixes everything,
+        // non-objects included.
+        let pool: Vec<&str> = match group {
+            3 => ODD_MESSAGES.into_iter().flatten().copied().collect(),
+            _ => ODD_MESSAGES[group].iter().chain(ODD_MESSAGES[3]).copied().collect(),
+        };
+        let messages: Vec<&str> = picks.iter().map(|pick| *pick.get(&pool)).collect();
+        // JSON lines that start with `[` read as an array.
+        let text = if jsonl && !messages[0].starts_with('[') {
+            messages.join("\n") + "\n"
+        } else {
+            format!("[{}]", messages.join(",\n"))
+        };
+        let fast = Transcript::parse(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let tree = full_tree(&text, &fast);
+        prop_assert_eq!(detect(&fast), detect(&tree));
+        let (from_fast, from_tree) = (diagnose(&fast, named), diagnose(&tree, named));
+        match (&from_fast, &from_tree) {
+            (Ok(fast), Ok(tree)) => prop_assert_eq!(fast, tree),
+            _ => prop_assert_eq!(
+                from_fast.map_err(|e| e.to_string()).err(),
+                from_tree.map_err(|e| e.to_string()).err()
+            ),
+        }
+        let options = RepairOptions::default();
+        if let (Ok(fast), Ok(tree)) = (repair(&fast, named, &options), repair(&tree, named, &options)) {
+            prop_assert_eq!(&fast.actions, &tree.actions);
+            prop_assert_eq!(&fast.unrecoverable, &tree.unrecoverable);
+            prop_assert_eq!(&fast.transcript, &tree.transcript);
+        }
+    }
+}
+
+/// Messages using the formats' fields in unusual ways: Chat, Anthropic,
+/// Responses, then format-neutral messages, then values that are not
+/// messages at all.
+const ODD_MESSAGES: [&[&str]; 5] = [
+    &[
+        r#"{"role":"assistant","tool_calls":[{"id":"a"},{"id":7},3,{"function":{}}]}"#,
+        r#"{"role":"assistant","content":"x","tool_calls":[{"id":"b"},{"id":"a"}]}"#,
+        r#"{"role":"assistant","tool_calls":{"id":"a"}}"#,
+        r#"{"role":"assistant","tool_calls":[{"id":"a"}],"tool_calls":[]}"#,
+        r#"{"role":"tool","tool_call_id":"a","content":"ok"}"#,
+        r#"{"role":"tool","tool_call_id":null}"#,
+        r#"{"role":"tool","role":"user","tool_call_id":"a"}"#,
+        r#"{"role":"tool","tool_call_id":"b","content":"\u005bleasehold: tool result unknown]"}"#,
+        r#"{"role":"tool","tool_call_id":"b","content":"ok"}"#,
+        r#"{"role":"\u0061ssistant","tool_calls":[{"id":"g\u0021"}]}"#,
+        r#"{"role":"tool","tool_call_id":"g\u0021"}"#,
+    ],
+    &[
+        r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"b"},{"type":"text","text":"x"}]}"#,
+        r#"{"role":"user","content":[{"type":"text","text":"x"},{"type":"tool_result","tool_use_id":"b"}]}"#,
+        r#"{"role":"assistant","content":[{"type":"tool_use","id":"b","input":{}},"text",null]}"#,
+        r#"{"role":"assistant","content":[{"type":"tool_use","id":"b"},{"type":"tool_use","id":"c"}]}"#,
+        r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"c"},{"type":"tool_result","tool_use_id":"b"}]}"#,
+        r#"{"role":"user","content":[{"type":"tool_result","tool_use_id":"c","content":[{"type":"text","text":"Tool result missing"}]}]}"#,
+        r#"{"role":"user","content":[{"typ\u0065":"tool_result","tool_use_id":"c"}]}"#,
+        r#"{"role":"assistant","content":[{"type":"tool_use","type":"text","id":"c"}]}"#,
+        r#"{"role":"user","content":[{"type":"tool_use","id":"d"}]}"#,
+        r#"{"role":"system","content":[{"type":"tool_result","tool_use_id":"b"}]}"#,
+        r#"{"content":[{"type":"tool_result","tool_use_id":"b"}],"content":"plain"}"#,
+    ],
+    &[
+        r#"{"type":"function_call","call_id":"e","id":"fc_e"}"#,
+        r#"{"type":"function_call","call_id":null}"#,
+        r#"{"type":"custom_tool_call","call_id":"f"}"#,
+        r#"{"type":"web_search_call","id":"ws"}"#,
+        r#"{"type":"function_call_output","call_id":"e","output":"ok"}"#,
+        r#"{"type":"custom_tool_call_output","call_id":"f"}"#,
+        r#"{"type":"function_call_output"}"#,
+        r#"{"type":"reasoning","summary":[]}"#,
+        r#"{"t\u0079pe":"function_call","call_id":"h"}"#,
+        r#"{"type":"function_call_output","call_id":"h","output":{"n":1e300,"s":"\ud83d\ude00"}}"#,
+        r#"{"type":"function_call_output","call_id":"h","output":"Tool execution was interrupted and no result was captured"}"#,
+    ],
+    &[
+        r#"{"type":"message","role":"assistant","content":[]}"#,
+        r#"{"type":"message","role":7}"#,
+        r#"{"type":5,"role":"user"}"#,
+        r#"{"type":"item_reference","id":"x"}"#,
+        r#"{"role":"developer","content":"rules"}"#,
+        r#"{"role":["assistant"]}"#,
+        r#"{}"#,
+        r#"{"role":"user","content":"next"}"#,
+        r#"{"role":"assistant","content":"sure"}"#,
+    ],
+    &[r#"[]"#, r#""just text""#, r#"42"#, r#"null"#],
+];
