@@ -812,7 +812,7 @@ fn read_transcript(file: &Path) -> Result<transcript::Transcript, String> {
     } else {
         std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?
     };
-    transcript::Transcript::parse(&text).map_err(|e| format!("{}: {e}", file.display()))
+    transcript::Transcript::parse_owned(text).map_err(|e| format!("{}: {e}", file.display()))
 }
 
 fn transcript_command(command: TranscriptCommand) -> ExitCode {

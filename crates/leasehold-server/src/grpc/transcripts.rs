@@ -22,13 +22,15 @@ fn invalid(err: TranscriptError) -> Status {
     to_status(Error::InvalidArgument(err.to_string()))
 }
 
-fn parse(text: &str, format: &str) -> Result<(Transcript, Option<Format>), Status> {
+/// Parses a request's transcript, taking ownership of its text (no second
+/// copy of a large transcript is kept while it is checked).
+fn parse(text: String, format: &str) -> Result<(Transcript, Option<Format>), Status> {
     let format = if format.is_empty() {
         None
     } else {
         Some(format.parse::<Format>().map_err(invalid)?)
     };
-    Ok((Transcript::parse(text).map_err(invalid)?, format))
+    Ok((Transcript::parse_owned(text).map_err(invalid)?, format))
 }
 
 fn finding(f: &Finding) -> pb::TranscriptFinding {
@@ -52,7 +54,7 @@ impl Transcripts for TranscriptsService {
         request: Request<pb::TranscriptCheckRequest>,
     ) -> Result<Response<pb::TranscriptCheckResponse>, Status> {
         let r = request.into_inner();
-        let (parsed, format) = parse(&r.transcript, &r.format)?;
+        let (parsed, format) = parse(r.transcript, &r.format)?;
         let report = transcript::check(&parsed, format).map_err(invalid)?;
         let reply = match report {
             None => pb::TranscriptCheckResponse {
@@ -84,7 +86,8 @@ impl Transcripts for TranscriptsService {
         request: Request<pb::TranscriptRepairRequest>,
     ) -> Result<Response<pb::TranscriptRepairResponse>, Status> {
         let r = request.into_inner();
-        let (parsed, format) = parse(&r.transcript, &r.format)?;
+        // Repair may answer with the text unchanged, so it keeps a copy.
+        let (parsed, format) = parse(r.transcript.clone(), &r.format)?;
         let mut options = RepairOptions::default();
         options
             .extra_placeholder_markers
