@@ -51,32 +51,7 @@ impl<W> KeyState<W> {
 
     /// Why `fence` is not this key's live term.
     pub fn stale_reason(&self, fence: Fence) -> StaleReason {
-        // A newer live term decides first: the last ended term may be
-        // `fence` itself, but a retry is told the truth, that it was
-        // superseded, not how it ended.
-        if let Some(live) = &self.live {
-            if fence < live.fence {
-                return StaleReason::Superseded { by: live.fence };
-            }
-        }
-        if let Some(ended) = &self.last_ended {
-            if ended.fence == fence {
-                return match ended.end {
-                    TermEnd::Expired => StaleReason::Expired { at: ended.ended_at },
-                    TermEnd::Released => StaleReason::Released { at: ended.ended_at },
-                    TermEnd::Suspended => StaleReason::Suspended { at: ended.ended_at },
-                };
-            }
-        }
-        let latest = self
-            .live
-            .as_ref()
-            .map(|t| t.fence)
-            .or(self.last_ended.as_ref().map(|e| e.fence));
-        match latest {
-            Some(latest) if fence < latest => StaleReason::Superseded { by: latest },
-            _ => StaleReason::Unknown,
-        }
+        stale_reason(self.live.as_ref(), self.last_ended.as_ref(), fence)
     }
 
     /// The reader's view at `now`: an expired but not yet ended term shows as
@@ -95,6 +70,39 @@ impl<W> KeyState<W> {
             recoverable,
             visible_seq: self.visible_seq,
         }
+    }
+}
+
+/// Why `fence` is not the live term of a key whose live term is `live` and
+/// whose last ended term is `last_ended`: the one rule every backend gives
+/// its refusals by.
+///
+/// A newer live term decides first: the last ended term may be `fence`
+/// itself, but a retry is told the truth, that it was superseded, not how
+/// it ended.
+pub fn stale_reason(
+    live: Option<&Term>,
+    last_ended: Option<&EndedTerm>,
+    fence: Fence,
+) -> StaleReason {
+    if let Some(live) = live {
+        if fence < live.fence {
+            return StaleReason::Superseded { by: live.fence };
+        }
+    }
+    if let Some(ended) = last_ended {
+        if ended.fence == fence {
+            return match ended.end {
+                TermEnd::Expired => StaleReason::Expired { at: ended.ended_at },
+                TermEnd::Released => StaleReason::Released { at: ended.ended_at },
+                TermEnd::Suspended => StaleReason::Suspended { at: ended.ended_at },
+            };
+        }
+    }
+    let latest = live.map(|t| t.fence).or(last_ended.map(|e| e.fence));
+    match latest {
+        Some(latest) if fence < latest => StaleReason::Superseded { by: latest },
+        _ => StaleReason::Unknown,
     }
 }
 

@@ -47,6 +47,7 @@ use changes::Changes;
 use key_state::{KeyState, denied, holder, stale, unknown};
 use timers::Timers;
 
+pub use key_state::stale_reason;
 pub use retention::DEFAULT_RETENTION_MS;
 pub use waiters::{WaiterHandle, WaiterId};
 

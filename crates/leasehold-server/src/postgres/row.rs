@@ -102,31 +102,9 @@ impl KeyNow {
                 .is_some_and(|e| e.end.is_recoverable())
     }
 
-    /// Why `fence` is not the key's live term (as the lessor says it).
+    /// Why `fence` is not the key's live term (the lessor's own rule).
     pub fn stale_reason(&self, fence: Fence) -> StaleReason {
-        if let Some(live) = &self.live {
-            if fence < live.fence {
-                return StaleReason::Superseded { by: live.fence };
-            }
-        }
-        if let Some(ended) = &self.last_ended {
-            if ended.fence == fence {
-                return match ended.end {
-                    TermEnd::Expired => StaleReason::Expired { at: ended.ended_at },
-                    TermEnd::Released => StaleReason::Released { at: ended.ended_at },
-                    TermEnd::Suspended => StaleReason::Suspended { at: ended.ended_at },
-                };
-            }
-        }
-        let latest = self
-            .live
-            .as_ref()
-            .map(|t| t.fence)
-            .or(self.last_ended.as_ref().map(|e| e.fence));
-        match latest {
-            Some(latest) if fence < latest => StaleReason::Superseded { by: latest },
-            _ => StaleReason::Unknown,
-        }
+        leasehold_core::lessor::stale_reason(self.live.as_ref(), self.last_ended.as_ref(), fence)
     }
 
     /// The refusal of an operation that needs `fence` to be the live term
