@@ -100,6 +100,10 @@ pub enum Error {
         key: String,
     },
 
+    /// A limit against abuse was reached; other clients are still served.
+    #[error("limit {limit} reached: {detail}")]
+    ResourceExhausted { limit: String, detail: String },
+
     /// The server cannot serve the request now (shutting down, storage failed).
     #[error("unavailable: {0}")]
     Unavailable(String),

@@ -79,6 +79,8 @@ enum Command {
         metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
         tls: ServeSecurity,
+        #[command(flatten)]
+        limits: ServeLimits,
     },
     /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
     Transcript {
@@ -197,6 +199,39 @@ enum TranscriptCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Limits against greedy clients, for `serve`; reaching one is
+/// RESOURCE_EXHAUSTED for that client only.
+#[derive(Debug, Clone, clap::Args)]
+struct ServeLimits {
+    /// Acquires that may wait in one key's line.
+    #[arg(long, default_value_t = 1_000)]
+    max_waiters_per_key: usize,
+    /// Waiting Acquires one connection may have at once.
+    #[arg(long, default_value_t = 10_000)]
+    max_waits_per_connection: usize,
+    /// Session streams one connection may have open at once.
+    #[arg(long, default_value_t = 64)]
+    max_streams_per_connection: usize,
+    /// Operations per second per caller (principal, else IP address); 0 is
+    /// no limit.
+    #[arg(long, default_value_t = 0)]
+    max_ops_per_second: u32,
+    /// The largest request message, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    max_message_bytes: usize,
+}
+
+impl ServeLimits {
+    fn limits(&self) -> leasehold_server::limits::Limits {
+        leasehold_server::limits::Limits {
+            waits_per_connection: self.max_waits_per_connection,
+            streams_per_connection: self.max_streams_per_connection,
+            ops_per_second: self.max_ops_per_second,
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
 }
 
 /// TLS and client authentication for `serve`.
@@ -331,6 +366,7 @@ async fn run(command: Command) -> ExitCode {
             log_format,
             metrics_listen,
             tls,
+            limits,
         } => {
             init_logging(log_format);
             let drain_timeout = Duration::from_millis(drain_timeout_ms);
@@ -343,11 +379,13 @@ async fn run(command: Command) -> ExitCode {
                 server_tls,
                 auth,
                 drain_timeout,
+                limits: limits.limits(),
             };
             match store.unwrap_or(Store::Sqlite(db)) {
                 Store::Sqlite(db) => {
                     let config = EngineConfig {
                         retention_ms,
+                        max_waiters_per_key: limits.max_waiters_per_key,
                         ..EngineConfig::default()
                     };
                     serve(db, sync, config, edge).await
@@ -381,6 +419,7 @@ struct Edge {
     server_tls: Option<Arc<leasehold_server::tls::ServerTls>>,
     auth: Option<Arc<leasehold_server::auth::AuthConfig>>,
     drain_timeout: Duration,
+    limits: leasehold_server::limits::Limits,
 }
 
 /// Checks and loads the TLS and auth set-up; `None` (after saying why on
@@ -492,6 +531,7 @@ async fn serve_backend(
         server_tls,
         auth,
         drain_timeout,
+        limits,
     } = edge;
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
@@ -525,6 +565,7 @@ async fn serve_backend(
     println!("listening on {addr}");
     let options = server::ServeOptions {
         drain_timeout,
+        limits,
         ..server::ServeOptions::default()
     };
     let listeners = server::Listeners {

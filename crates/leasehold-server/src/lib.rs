@@ -17,6 +17,7 @@ pub mod auth;
 pub mod backend;
 pub mod engine;
 pub mod grpc;
+pub mod limits;
 pub mod metrics;
 pub mod postgres;
 pub mod server;

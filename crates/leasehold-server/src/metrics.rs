@@ -256,6 +256,7 @@ fn code_name(err: &Error) -> &'static str {
         Error::StaleFence { .. } => "FAILED_PRECONDITION",
         Error::PermissionDenied { .. } | Error::NotAllowed { .. } => "PERMISSION_DENIED",
         Error::Unauthenticated(_) => "UNAUTHENTICATED",
+        Error::ResourceExhausted { .. } => "RESOURCE_EXHAUSTED",
         Error::NotFound(_) | Error::ToolCallNotFound { .. } => "NOT_FOUND",
         Error::Unavailable(_) => "UNAVAILABLE",
         Error::Storage(_) => "INTERNAL",

@@ -19,6 +19,7 @@ use crate::backend::Backend;
 use crate::engine::{Engine, EngineConfig};
 use crate::grpc::LeaseholdService;
 use crate::grpc::transcripts::{MAX_TRANSCRIPT_BYTES, TranscriptsService};
+use crate::limits::Limits;
 use crate::metrics::{Exposition, ServiceMetrics};
 use crate::sqlite::{SqliteStore, SyncMode};
 use crate::tls::ServerTls;
@@ -81,6 +82,8 @@ pub struct ServeOptions {
     pub keep_alive_interval: Duration,
     /// How long a ping may go unanswered before the connection is closed.
     pub keep_alive_timeout: Duration,
+    /// Limits against greedy clients (per connection, per caller).
+    pub limits: Limits,
 }
 
 impl Default for ServeOptions {
@@ -89,6 +92,7 @@ impl Default for ServeOptions {
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             keep_alive_interval: Duration::from_secs(10),
             keep_alive_timeout: Duration::from_secs(10),
+            limits: Limits::default(),
         }
     }
 }
@@ -203,11 +207,14 @@ pub async fn serve_on(
     let backend: Arc<dyn Backend> = Arc::new(backend);
     let service_metrics = Arc::new(ServiceMetrics::default());
     let mut lease_service =
-        LeaseholdService::with_metrics(backend.clone(), service_metrics.clone());
+        LeaseholdService::with_metrics(backend.clone(), service_metrics.clone())
+            .with_limits(options.limits);
     if let Some(auth) = &auth {
         lease_service = lease_service.with_auth(auth.clone());
     }
-    let service = pb::leasehold_server::LeaseholdServer::new(lease_service);
+    // A larger request is refused by tonic before it is decoded.
+    let service = pb::leasehold_server::LeaseholdServer::new(lease_service)
+        .max_decoding_message_size(options.limits.max_message_bytes);
     let metrics_task = metrics_listener.map(|listener| {
         tokio::spawn(serve_metrics(
             listener,

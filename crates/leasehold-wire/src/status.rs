@@ -26,6 +26,7 @@ const AT: &str = "leasehold-at-ms";
 const CALL_ID: &str = "leasehold-call-id-bin";
 const PRINCIPAL: &str = "leasehold-principal-bin";
 const RIGHT: &str = "leasehold-right";
+const LIMIT: &str = "leasehold-limit";
 const BY: &str = "leasehold-superseded-by";
 
 /// Turns a domain error into the gRPC status a client sees.
@@ -74,6 +75,12 @@ pub fn to_status(err: Error) -> Status {
             Code::NotFound
         }
         Error::Unauthenticated(_) => Code::Unauthenticated,
+        Error::ResourceExhausted { limit, .. } => {
+            if let Ok(value) = AsciiMetadataValue::try_from(limit.as_str()) {
+                meta.insert(LIMIT, value);
+            }
+            Code::ResourceExhausted
+        }
         Error::NotAllowed {
             principal,
             right,
@@ -102,6 +109,14 @@ pub fn to_status(err: Error) -> Status {
 pub fn from_status(status: &Status) -> Error {
     let meta = status.metadata();
     let message = status.message().to_owned();
+    if status.code() == Code::ResourceExhausted {
+        let limit = meta.get(LIMIT).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let prefix = format!("limit {limit} reached: ");
+        return Error::ResourceExhausted {
+            limit: limit.to_owned(),
+            detail: message.strip_prefix(&prefix).unwrap_or(&message).to_owned(),
+        };
+    }
     if status.code() == Code::PermissionDenied {
         if let Some(right) = meta.get(RIGHT).and_then(|v| v.to_str().ok()) {
             return Error::NotAllowed {
@@ -332,6 +347,10 @@ mod tests {
                 call_id: "call_1".into(),
             },
             Error::Unauthenticated("no credential".into()),
+            Error::ResourceExhausted {
+                limit: "waiters_per_key".into(),
+                detail: "1000 Acquires already wait for key \"k\"".into(),
+            },
             Error::NotAllowed {
                 principal: "dashboard".into(),
                 right: "hold".into(),

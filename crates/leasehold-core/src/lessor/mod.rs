@@ -167,6 +167,8 @@ pub struct Lessor<W> {
     retention_ms: u64,
     /// Counts for metrics.
     stats: Stats,
+    /// At most this many Acquires wait in one key's line.
+    max_waiters_per_key: usize,
 }
 
 impl<W: WaiterHandle> Lessor<W> {
@@ -192,6 +194,7 @@ impl<W: WaiterHandle> Lessor<W> {
             next_ordinal: 1,
             retention_ms,
             stats: Stats::default(),
+            max_waiters_per_key: usize::MAX,
         };
         for record in records {
             let mut state = KeyState::new();
@@ -231,6 +234,12 @@ impl<W: WaiterHandle> Lessor<W> {
         lessor
     }
 
+    /// Caps how many Acquires may wait in one key's line; one more is
+    /// refused (RESOURCE_EXHAUSTED) instead of queued.
+    pub fn set_max_waiters_per_key(&mut self, max: usize) {
+        self.max_waiters_per_key = max;
+    }
+
     /// An empty lessor whose first fence is 1.
     pub fn new() -> Self {
         Self::restore(Vec::new(), Vec::new(), 0, 0, DEFAULT_RETENTION_MS)
@@ -256,6 +265,16 @@ impl<W: WaiterHandle> Lessor<W> {
                         replayed: true,
                         unsettled_tool_calls: state.unsettled_tool_calls(),
                         visible_seq: state.visible_seq,
+                    });
+                }
+                if waiter.is_some() && state.waiters.len() >= self.max_waiters_per_key {
+                    return AcquireOutcome::Busy(Error::ResourceExhausted {
+                        limit: "waiters_per_key".into(),
+                        detail: format!(
+                            "{} Acquires already wait for key {:?}",
+                            state.waiters.len(),
+                            request.key
+                        ),
                     });
                 }
                 return match waiter {

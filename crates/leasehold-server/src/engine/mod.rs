@@ -78,6 +78,8 @@ pub struct EngineConfig {
     /// How long a cleanly released key (its last term and its settled tool
     /// calls) is remembered before it is forgotten.
     pub retention_ms: u64,
+    /// At most this many Acquires wait in one key's line.
+    pub max_waiters_per_key: usize,
 }
 
 impl Default for EngineConfig {
@@ -86,6 +88,7 @@ impl Default for EngineConfig {
             lazy_flush: Duration::from_secs(1),
             list_scan_budget: 10_000,
             retention_ms: DEFAULT_RETENTION_MS,
+            max_waiters_per_key: 1_000,
         }
     }
 }
@@ -248,13 +251,14 @@ impl Engine {
     ) -> std::result::Result<Engine, StoreError> {
         let snapshot = store.load()?;
         let keys = snapshot.records.len();
-        let lessor = Lessor::restore(
+        let mut lessor = Lessor::restore(
             snapshot.records,
             snapshot.calls,
             snapshot.fence_high_water,
             clock.now(),
             config.retention_ms,
         );
+        lessor.set_max_waiters_per_key(config.max_waiters_per_key);
         tracing::info!(
             keys,
             fence_high_water = snapshot.fence_high_water,
@@ -674,7 +678,8 @@ impl Shared {
         let retry = request.clone();
         match self.with_lessor(|l| l.acquire(request, now, Some(Waiter(tx)))) {
             AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
-            AcquireOutcome::Busy(_) => unreachable!("a waiter was given"),
+            // A full line: the refusal reveals no term, so no sequence.
+            AcquireOutcome::Busy(err) => Err(at_once(err)),
             AcquireOutcome::Queued(id) => Ok(Started::Queued {
                 place: PlaceInLine {
                     shared: self.clone(),

@@ -17,10 +17,12 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{AuthConfig, Principal, Right, subject_name};
 use crate::backend::Backend;
+use crate::limits::{Gate, Limits, Slot, caller_name};
 use crate::metrics::ServiceMetrics;
 use leasehold_core::error::Error;
 use leasehold_core::lease::{Fence, Key, Ttl};
 use leasehold_core::ledger::BeginOutcome;
+use leasehold_core::lessor::Acquire;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_server::Leasehold;
 use leasehold_wire::{convert, status};
@@ -32,6 +34,8 @@ pub struct LeaseholdService {
     metrics: Arc<ServiceMetrics>,
     /// Who may do what; `None` serves everyone (loopback, or --insecure).
     auth: Option<Arc<AuthConfig>>,
+    /// Limits against greedy clients.
+    gate: Arc<Gate>,
 }
 
 impl std::fmt::Debug for LeaseholdService {
@@ -53,7 +57,14 @@ impl LeaseholdService {
             backend,
             metrics,
             auth: None,
+            gate: Gate::new(Limits::default()),
         }
+    }
+
+    /// Enforces `limits` (per connection and per caller).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.gate = Gate::new(limits);
+        self
     }
 
     /// Checks every request against `auth`'s principals and scopes.
@@ -63,15 +74,42 @@ impl LeaseholdService {
     }
 
     /// The principal making `request`, when auth is on.
+    /// Also takes one operation from the caller's rate budget.
     fn caller<T>(
         &self,
         rpc: &'static str,
         request: &Request<T>,
     ) -> Result<Option<Principal>, Status> {
-        let Some(auth) = &self.auth else {
-            return Ok(None);
+        let refuse = |err: Error| {
+            self.metrics.record(rpc, Duration::ZERO, Some(&err));
+            status::to_status(err)
         };
-        identify(auth, request).map(Some).map_err(|err| {
+        let principal = match &self.auth {
+            None => None,
+            Some(auth) => Some(identify(auth, request).map_err(refuse)?),
+        };
+        if self.gate.limits().ops_per_second > 0 {
+            let name = caller_name(
+                principal.as_ref().map(|p| p.name.as_str()),
+                request.remote_addr(),
+            );
+            self.gate.take_op(&name).map_err(refuse)?;
+        }
+        Ok(principal)
+    }
+
+    /// A slot for a waiting Acquire on the caller's connection, held while
+    /// it waits (none for an Acquire that does not wait).
+    fn wait_slot(
+        &self,
+        rpc: &'static str,
+        acquire: &Acquire,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<Option<Slot>, Status> {
+        if acquire.wait.as_millis() == 0 {
+            return Ok(None);
+        }
+        self.gate.wait_slot(peer).map_err(|err| {
             self.metrics.record(rpc, Duration::ZERO, Some(&err));
             status::to_status(err)
         })
@@ -128,7 +166,9 @@ fn reply<T>(result: Result<T, Error>) -> Reply<T> {
 impl Leasehold for LeaseholdService {
     async fn acquire(&self, request: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
         let who = self.caller("Acquire", &request)?;
+        let peer = request.remote_addr();
         let acquire = self.parsed("Acquire", convert::acquire(request.into_inner()))?;
+        let _waiting = self.wait_slot("Acquire", &acquire, peer)?;
         self.authorize("Acquire", who.as_ref(), Right::Hold, acquire.key.as_str())?;
         if let Some(who) = &who {
             self.parsed("Acquire", who.allow_owner(acquire.owner.as_str()))?;
@@ -352,7 +392,16 @@ impl Leasehold for LeaseholdService {
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Reply<Self::SessionStream> {
         let who = self.caller("Session.Acquire", &request)?;
+        let slot = self
+            .gate
+            .stream_slot(request.remote_addr())
+            .map_err(status::to_status)?;
+        let rate_key = (self.gate.limits().ops_per_second > 0)
+            .then(|| caller_name(who.as_ref().map(|p| p.name.as_str()), request.remote_addr()));
         Ok(Response::new(SessionPipe {
+            _slot: slot,
+            gate: self.gate.clone(),
+            rate_key,
             who,
             backend: self.backend.clone(),
             metrics: self.metrics.clone(),
@@ -374,6 +423,11 @@ pub const SESSION_WINDOW: usize = 1024;
 /// responses are ready and sends them in one write: under load, one read and
 /// one write carry many operations.
 pub struct SessionPipe {
+    /// This stream's slot on its connection, given back when it ends.
+    _slot: Option<Slot>,
+    gate: Arc<Gate>,
+    /// Whom each operation's rate budget is taken from, when rates are limited.
+    rate_key: Option<String>,
     /// The caller, when auth is on: every operation is checked against it.
     who: Option<Principal>,
     backend: Arc<dyn Backend>,
@@ -381,6 +435,15 @@ pub struct SessionPipe {
     /// `None` once the client half-closed (or its stream failed).
     inbound: Option<Streaming<pb::SessionRequest>>,
     pending: FuturesUnordered<BoxFuture<'static, pb::SessionResponse>>,
+}
+
+impl SessionPipe {
+    /// The refusal of an operation over the caller's rate (one that is not
+    /// takes a token).
+    fn over_rate(&self) -> Option<Error> {
+        let key = self.rate_key.as_deref()?;
+        self.gate.take_op(key).err()
+    }
 }
 
 impl Stream for SessionPipe {
@@ -394,6 +457,11 @@ impl Stream for SessionPipe {
             };
             match Pin::new(inbound).poll_next(cx) {
                 Poll::Ready(Some(Ok(message))) => {
+                    if let Some(refusal) = this.over_rate() {
+                        let refused = answer(message.id, Err(refusal));
+                        this.pending.push(Box::pin(std::future::ready(refused)));
+                        continue;
+                    }
                     this.pending.push(session_step(
                         this.backend.as_ref(),
                         &this.metrics,
