@@ -83,23 +83,18 @@ async fn a_full_line_refuses_one_more_waiter_and_other_keys_go_on() {
     let mut waits = Vec::new();
     for i in 0..2 {
         let mut c = connection(&url).await;
-        waits.push(tokio::spawn(async move {
-            c.acquire(waiting("k", &format!("w{i}"))).await
-        }));
+        let wait = tokio::spawn(async move { c.acquire(waiting("k", &format!("w{i}"))).await });
+        // In line before the next one starts (a refusal would end it).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!wait.is_finished(), "waiter {i} was not kept in line");
+        waits.push(wait);
     }
-    // Bounded: the two waiters are in line once a third is refused.
     let mut third = connection(&url).await;
-    let mut refused = None;
-    for _ in 0..100 {
-        match third.acquire(waiting("k", "w3")).await {
-            Err(status) if status.code() == Code::ResourceExhausted => {
-                refused = Some(status);
-                break;
-            }
-            other => panic!("the third waiter was not refused: {other:?}"),
-        }
-    }
-    exhausted(&refused.unwrap(), "waiters_per_key");
+    let refused = tokio::time::timeout(Duration::from_secs(5), third.acquire(waiting("k", "w3")))
+        .await
+        .expect("refused at once, not queued")
+        .unwrap_err();
+    exhausted(&refused, "waiters_per_key");
     // Another key is served as ever.
     holder
         .acquire(acquire("other", "holder", 10_000))
