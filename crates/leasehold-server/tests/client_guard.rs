@@ -467,6 +467,7 @@ async fn a_vanished_waiter_does_not_keep_its_place_in_line() {
             drain_timeout: 300 * MS,
             keep_alive_interval: 200 * MS,
             keep_alive_timeout: 1000 * MS,
+            ..leasehold_server::server::ServeOptions::default()
         })
         .start()
         .await;
