@@ -3,15 +3,20 @@
 //!
 //! ```text
 //! cargo run --release -p leasehold-model --example check -- \
-//!     [--clients N] [--depth N] [--max-time T] [--acquires N] [--renewals N] \
-//!     [--crashes N] [--drift D] [--margin M] [--ttl T] [--threads N] [--dfs] \
-//!     [--no-restart-rule] [--no-store-fence] [--deadline-from-receipt] \
+//!     [--clients N] [--steps N] [--max-time T] [--acquires N] [--renewals N] \
+//!     [--crashes N] [--drift D] [--margin M] [--ttl T] [--checks] [--threads N] \
+//!     [--symmetry] [--first] [--no-restart-rule] [--no-store-fence] [--deadline-from-receipt] \
 //!     [--no-durable-fence-counter]
 //! ```
 //!
-//! `--depth 0` (the default) explores every reachable state (depth-first,
-//! which is complete when unbounded); a depth explores breadth-first up to
-//! that many steps. See `docs/reliability.md` for the runs worth making.
+//! `--steps N` checks, breadth-first, every state reachable in at most N
+//! steps. Without it, every reachable state within the other bounds is
+//! explored depth-first (`--symmetry` merges states that differ only in the
+//! clients' numbering); beyond the smallest bounds that does not finish in
+//! reasonable time. The defaults are `LeaseModel::default()`. Exits 1 when
+//! a safety property fails, printing the counterexample; `--first` stops at
+//! the first one. See
+//! `docs/reliability.md` for the runs worth making.
 
 use std::time::Instant;
 
@@ -22,8 +27,8 @@ fn main() {
     let mut model = LeaseModel::default();
     let mut depth = 0usize;
     let mut threads = 2usize;
-    let mut dfs = false;
     let mut symmetry = false;
+    let mut first = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || -> i64 {
@@ -33,7 +38,7 @@ fn main() {
         };
         match arg.as_str() {
             "--clients" => model.clients = value() as usize,
-            "--depth" => depth = value() as usize,
+            "--steps" => depth = value() as usize + 2,
             "--max-time" => model.max_time = value() as i16,
             "--acquires" => model.acquires = value() as u8,
             "--renewals" => model.renewals = value() as u8,
@@ -42,8 +47,8 @@ fn main() {
             "--margin" => model.margin = value() as i16,
             "--ttl" => model.ttl = value() as i16,
             "--threads" => threads = value() as usize,
-            "--dfs" => dfs = true,
             "--symmetry" => symmetry = true,
+            "--first" => first = true,
             "--checks" => model.checks = true,
             "--no-restart-rule" => model.rules.full_ttl_on_restart = false,
             "--no-store-fence" => model.rules.store_checks_fence = false,
@@ -52,7 +57,7 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
-    println!("{model:?}, depth {depth}, {threads} threads");
+    println!("{model:?}, stateright depth {depth}, {threads} threads");
     let start = Instant::now();
     let mut builder = model.checker().threads(threads);
     if depth > 0 {
@@ -61,7 +66,10 @@ fn main() {
     if symmetry {
         builder = builder.symmetry();
     }
-    if dfs || depth == 0 || symmetry {
+    if first {
+        builder = builder.finish_when(stateright::HasDiscoveries::AnyFailures);
+    }
+    if depth == 0 || symmetry {
         report(builder.spawn_dfs().join(), start);
     } else {
         report(builder.spawn_bfs().join(), start);

@@ -202,3 +202,19 @@ fn fence_counter_not_durable_is_caught() {
     let found = counterexamples(LeaseModel { rules, ..model }, 9);
     assert!(found.contains(&FENCES_UNIQUE), "{found:?}");
 }
+
+/// A safety margin below twice the drift bound: a client whose clock ran
+/// fast when it sent and slow afterwards believes past the server's expiry.
+/// (Not one of leasehold's rules to switch off, but the bound the model's
+/// margin must keep: the client's default margin, a tenth of the TTL, is
+/// what covers real drift.)
+#[test]
+fn margin_below_twice_the_drift_is_caught() {
+    let model = LeaseModel {
+        margin: 1,
+        ..small_setting(Rules::REAL)
+    };
+    let found = counterexamples(model, 11);
+    assert!(found.contains(&ONE_BELIEVER), "{found:?}");
+    assert!(found.contains(&BELIEF_IN_LIVE_TERM), "{found:?}");
+}
