@@ -9,8 +9,8 @@
 //!     [--no-durable-fence-counter]
 //! ```
 //!
-//! `--steps N` checks, breadth-first, every state reachable in at most N
-//! steps. Without it, every reachable state within the other bounds is
+//! `--steps N` checks, breadth-first on one thread (`--threads` is then
+//! ignored), every state reachable in at most N steps. Without it, every reachable state within the other bounds is
 //! explored depth-first (`--symmetry` merges states that differ only in the
 //! clients' numbering); beyond the smallest bounds that does not finish in
 //! reasonable time. The defaults are `LeaseModel::default()`. Exits 1 when
@@ -57,12 +57,18 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
-    println!("{model:?}, stateright depth {depth}, {threads} threads");
     let start = Instant::now();
-    let mut builder = model.checker().threads(threads);
+    let description = format!("{model:?}");
+    let mut builder = model.checker();
     if depth > 0 {
+        // Several threads make stateright's breadth-first search leave
+        // some states within the bound unchecked (see tests/check.rs): a
+        // bounded run uses one.
+        threads = 1;
         builder = builder.target_max_depth(depth);
     }
+    builder = builder.threads(threads);
+    println!("{description}, stateright depth {depth}, {threads} threads");
     if symmetry {
         builder = builder.symmetry();
     }
