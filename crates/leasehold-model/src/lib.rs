@@ -1,4 +1,5 @@
-//! A model of the lease protocol, checked exhaustively with [`stateright`].
+//! A model of the lease protocol, checked with [`stateright`] over every
+//! interleaving up to a bound (see `docs/reliability.md`).
 //!
 //! One key, one server, two or three clients and one fenced store, with
 //! lossy, duplicating, reordering messages and drifting clocks. Every rule
@@ -168,9 +169,10 @@ pub struct LeaseModel {
     /// How many times the server may crash.
     pub crashes: u8,
     /// Whether clients send Check (the gate's round trip). A Check can only
-    /// end a guard early, which a client may do anyway by releasing, so
-    /// leaving it out loses no behaviour; it is off in the bounded runs to
-    /// keep the state space small.
+    /// end a guard early, which a client may do anyway by releasing (with a
+    /// Release that is never delivered), so leaving it out loses no
+    /// behaviour; it is off in most bounded runs to keep the state space
+    /// small.
     pub checks: bool,
     /// Which rules hold.
     pub rules: Rules,
