@@ -21,6 +21,7 @@ from ._errors import (
     LeaseLost,
     NotFound,
     PermissionDenied,
+    Unauthenticated,
     Unavailable,
 )
 from ._sync import Client, Lease
@@ -58,5 +59,6 @@ __all__ = [
     "TranscriptFinding",
     "TranscriptRepair",
     "TranscriptReport",
+    "Unauthenticated",
     "Unavailable",
 ]

@@ -26,7 +26,7 @@ import grpc
 import grpc.aio
 
 from . import _core
-from ._core import ATTEMPTS, Standing, Timing, jittered, millis
+from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered, millis
 from ._errors import Error, LeaseLost, Unavailable, from_aio_error, from_refusal
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
@@ -53,8 +53,8 @@ AsyncRunner = Callable[[ToolInvocation], Awaitable["bytes | str | ToolOutcome | 
 class _Stream:
     """One open Session stream, its waiters and its reader task."""
 
-    def __init__(self, stub: Any) -> None:
-        self._call: Any = stub.Session()
+    def __init__(self, stub: Any, metadata: Metadata) -> None:
+        self._call: Any = stub.Session(metadata=metadata)
         self._waiting: dict[int, asyncio.Future[pb.SessionResponse]] = {}
         #: Requests go out through one writer task, so a caller cancelled
         #: mid-write (a timeout, a released lease) never cancels the shared
@@ -130,7 +130,8 @@ class _Stream:
 
 
 class _Mux:
-    def __init__(self, stub: Any) -> None:
+    def __init__(self, stub: Any, metadata: Metadata) -> None:
+        self._metadata = metadata
         self._stub = stub
         self._stream: _Stream | None = None
         self._ids = itertools.count(1)
@@ -140,7 +141,7 @@ class _Mux:
     ) -> pb.SessionResponse:
         request.id = next(self._ids)
         if self._stream is None or self._stream.broken is not None:
-            self._stream = _Stream(self._stub)
+            self._stream = _Stream(self._stub, self._metadata)
         return await self._stream.call(name, request, timeout)
 
     def close(self) -> None:
@@ -157,8 +158,11 @@ class _Connection:
         target: str,
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
+        metadata: Metadata,
     ) -> None:
         self.pid = os.getpid()
+        #: Sent with every call (the bearer token, when there is one).
+        self.metadata = metadata
         self.loop = asyncio.get_running_loop()
         opts = [*_core.CHANNEL_OPTIONS, *options]
         if credentials is None:
@@ -168,7 +172,7 @@ class _Connection:
         # The generated stubs are untyped; every call through them is wrapped.
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
-        self.mux = _Mux(self.rpc)
+        self.mux = _Mux(self.rpc, metadata)
 
     def usable(self) -> bool:
         try:
@@ -182,9 +186,11 @@ class _Connection:
         await self.channel.close(None)
 
 
-async def _unary(call: Callable[..., Any], request: Any, timeout: float, name: str) -> Any:
+async def _unary(
+    call: Callable[..., Any], request: Any, timeout: float, name: str, metadata: Metadata
+) -> Any:
     try:
-        return await call(request, timeout=timeout)
+        return await call(request, timeout=timeout, metadata=metadata)
     except grpc.aio.AioRpcError as err:
         failure = from_aio_error(err)
         if failure.code == "DEADLINE_EXCEEDED":
@@ -207,8 +213,11 @@ class AsyncClient:
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
         timeout: float = 5.0,
+        token: str | None = None,
     ) -> None:
         self.target = target
+        #: Sent with every call: the bearer token for a server run with ``--auth``.
+        self._metadata: Metadata = _core.bearer(token)
         self.owner = owner
         self.timeout = timeout
         self._credentials = credentials
@@ -224,7 +233,7 @@ class AsyncClient:
             return conn
         if conn is not None:
             self._inherited.append(conn)
-        self._conn = _Connection(self.target, self._credentials, self._options)
+        self._conn = _Connection(self.target, self._credentials, self._options, self._metadata)
         return self._conn
 
     async def close(self) -> None:
@@ -294,7 +303,7 @@ class AsyncClient:
         while True:
             try:
                 reply: pb.AcquireResponse = await _unary(
-                    conn.rpc.Acquire, request, timeout, "Acquire"
+                    conn.rpc.Acquire, request, timeout, "Acquire", conn.metadata
                 )
                 break
             except Unavailable:
@@ -319,7 +328,7 @@ class AsyncClient:
         """As :meth:`leasehold.Client.check_transcript`."""
         request = pb.TranscriptCheckRequest(transcript=transcript_text(messages), format=format)
         conn = self._connection()
-        reply = await _unary(conn.transcripts.Check, request, self.timeout, "Check")
+        reply = await _unary(conn.transcripts.Check, request, self.timeout, "Check", conn.metadata)
         return TranscriptReport.from_pb(reply)
 
     async def repair_transcript(
@@ -336,7 +345,9 @@ class AsyncClient:
             placeholder_markers=list(placeholder_markers),
         )
         conn = self._connection()
-        reply = await _unary(conn.transcripts.Repair, request, self.timeout, "Repair")
+        reply = await _unary(
+            conn.transcripts.Repair, request, self.timeout, "Repair", conn.metadata
+        )
         return TranscriptRepair.from_pb(reply)
 
 
@@ -592,7 +603,9 @@ class AsyncLease:
     async def _ledger(self, name: str, request: Any) -> Any:
         method = getattr(self._conn.rpc, name)
         try:
-            return await _unary(method, request, self._core.timing.rpc_timeout, name)
+            return await _unary(
+                method, request, self._core.timing.rpc_timeout, name, self._conn.metadata
+            )
         except Error as err:
             raise self._core.judge(err) from None
 

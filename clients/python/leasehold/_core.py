@@ -47,6 +47,17 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
+#: gRPC call metadata: (name, value) pairs.
+Metadata = tuple[tuple[str, str], ...]
+
+
+def bearer(token: str | None) -> Metadata:
+    """The metadata that carries ``token`` (none without one)."""
+    if token is None:
+        return ()
+    return (("authorization", f"Bearer {token}"),)
+
+
 def default_owner() -> str:
     """``host:pid``, shown to others in busy errors."""
     return f"{socket.gethostname()}:{os.getpid()}"

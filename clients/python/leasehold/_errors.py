@@ -129,6 +129,11 @@ class NotFound(Error):
     """The key, or the tool call, was never recorded."""
 
 
+class Unauthenticated(Error):
+    """The server runs with ``--auth`` and the client sent no token, or one
+    it does not know (give ``token=`` to the client)."""
+
+
 class Unavailable(Error):
     """The server could not be reached, did not answer in time, is shutting
     down, or its storage failed. Retrying later may succeed."""
@@ -185,6 +190,10 @@ def from_code(code: str, message: str, details: Mapping[str, str | bytes]) -> Er
         return PermissionDenied(message, key=key, fence=fence, details=details)
     if code == "NOT_FOUND":
         return NotFound(message, code=code, key=key, details=details)
+    if code == "UNAUTHENTICATED":
+        return Unauthenticated(
+            _strip(message, "unauthenticated: "), code=code, key=key, details=details
+        )
     if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
         return Unavailable(_strip(message, "unavailable: "), code=code, key=key, details=details)
     # INTERNAL (storage failed) and anything a proxy may send.

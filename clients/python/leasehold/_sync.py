@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from . import _core
-from ._core import ATTEMPTS, Standing, Timing, jittered, millis
+from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered, millis
 from ._errors import Error, LeaseLost, Unavailable, from_refusal, from_rpc_error
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
@@ -48,12 +48,12 @@ Runner = Callable[[ToolInvocation], "bytes | str | ToolOutcome | None"]
 class _Stream:
     """One open Session stream: its request queue, its waiters, its reader."""
 
-    def __init__(self, stub: Any) -> None:
+    def __init__(self, stub: Any, metadata: Metadata) -> None:
         self._requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting: dict[int, concurrent.futures.Future[pb.SessionResponse]] = {}
         self.broken: Error | None = None
-        self._call = stub.Session(self._outgoing())
+        self._call = stub.Session(self._outgoing(), metadata=metadata)
         self._reader = threading.Thread(target=self._read, name="leasehold-session", daemon=True)
         self._reader.start()
 
@@ -119,8 +119,9 @@ class _Mux:
     """The client's shared Session stream, opened on first use and again
     after it breaks; operations in flight when it breaks fail as Unavailable."""
 
-    def __init__(self, stub: Any) -> None:
+    def __init__(self, stub: Any, metadata: Metadata) -> None:
         self._stub = stub
+        self._metadata = metadata
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
         self._ids = itertools.count(1)
@@ -132,7 +133,7 @@ class _Mux:
         for _ in range(2):
             with self._lock:
                 if self._stream is None or self._stream.broken is not None:
-                    self._stream = _Stream(self._stub)
+                    self._stream = _Stream(self._stub, self._metadata)
                 stream = self._stream
             waiter = stream.submit(request)
             if waiter is not None:
@@ -189,8 +190,11 @@ class _Connection:
         target: str,
         credentials: grpc.ChannelCredentials | None,
         options: Sequence[tuple[str, Any]],
+        metadata: Metadata,
     ) -> None:
         self.pid = os.getpid()
+        #: Sent with every call (the bearer token, when there is one).
+        self.metadata = metadata
         opts = [*_core.CHANNEL_OPTIONS, *options]
         if credentials is None:
             self.channel = grpc.insecure_channel(target, options=opts)
@@ -199,7 +203,7 @@ class _Connection:
         # The generated stubs are untyped; every call through them is wrapped.
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
-        self.mux = _Mux(self.rpc)
+        self.mux = _Mux(self.rpc, metadata)
 
     def close(self) -> None:
         self.mux.close()
@@ -232,9 +236,11 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
-def _unary(call: Callable[..., Any], request: Any, timeout: float, name: str) -> Any:
+def _unary(
+    call: Callable[..., Any], request: Any, timeout: float, name: str, metadata: Metadata
+) -> Any:
     try:
-        return call(request, timeout=timeout)
+        return call(request, timeout=timeout, metadata=metadata)
     except grpc.RpcError as err:
         failure = from_rpc_error(err)
         if failure.code == "DEADLINE_EXCEEDED":
@@ -259,8 +265,11 @@ class Client:
         credentials: grpc.ChannelCredentials | None = None,
         options: Sequence[tuple[str, Any]] = (),
         timeout: float = 5.0,
+        token: str | None = None,
     ) -> None:
         self.target = target
+        #: Sent with every call: the bearer token for a server run with ``--auth``.
+        self._metadata: Metadata = _core.bearer(token)
         #: The default owner of this client's leases (``host:pid`` if None,
         #: computed at each acquire so a forked child names itself).
         self.owner = owner
@@ -280,7 +289,9 @@ class Client:
             if self._conn is None or self._conn.pid != os.getpid():
                 if self._conn is not None:
                     _inherited.append(self._conn)
-                self._conn = _Connection(self.target, self._credentials, self._options)
+                self._conn = _Connection(
+                    self.target, self._credentials, self._options, self._metadata
+                )
             return self._conn
 
     def _quiesce_for_fork(self) -> None:
@@ -349,7 +360,9 @@ class Client:
         attempt = 1
         while True:
             try:
-                reply: pb.AcquireResponse = _unary(conn.rpc.Acquire, request, timeout, "Acquire")
+                reply: pb.AcquireResponse = _unary(
+                    conn.rpc.Acquire, request, timeout, "Acquire", conn.metadata
+                )
                 break
             except Unavailable:
                 if attempt >= ATTEMPTS:
@@ -380,7 +393,8 @@ class Client:
         ``"openai-responses"`` or empty to detect it. Raises
         ``InvalidArgument`` for unreadable input."""
         request = pb.TranscriptCheckRequest(transcript=transcript_text(messages), format=format)
-        reply = _unary(self._connection().transcripts.Check, request, self.timeout, "Check")
+        conn = self._connection()
+        reply = _unary(conn.transcripts.Check, request, self.timeout, "Check", conn.metadata)
         return TranscriptReport.from_pb(reply)
 
     def repair_transcript(
@@ -399,7 +413,8 @@ class Client:
             format=format,
             placeholder_markers=list(placeholder_markers),
         )
-        reply = _unary(self._connection().transcripts.Repair, request, self.timeout, "Repair")
+        conn = self._connection()
+        reply = _unary(conn.transcripts.Repair, request, self.timeout, "Repair", conn.metadata)
         return TranscriptRepair.from_pb(reply)
 
 
@@ -627,7 +642,7 @@ class Lease:
         self._same_process()
         method = getattr(self._conn.rpc, name)
         try:
-            return _unary(method, request, self._core.timing.rpc_timeout, name)
+            return _unary(method, request, self._core.timing.rpc_timeout, name, self._conn.metadata)
         except Error as err:
             raise self._core.judge(err) from None
 

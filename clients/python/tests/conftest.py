@@ -29,7 +29,9 @@ class Server:
     """One leasehold server process: started on 127.0.0.1 port 0, stopped,
     paused (SIGSTOP) and resumed (SIGCONT) by the test."""
 
-    def __init__(self, db: Path, listen: str = "127.0.0.1:0") -> None:
+    def __init__(
+        self, db: Path, listen: str = "127.0.0.1:0", extra: tuple[str, ...] = ()
+    ) -> None:
         self.db = db
         self.process = subprocess.Popen(
             [
@@ -41,6 +43,7 @@ class Server:
                 str(db),
                 "--drain-timeout-ms",
                 "200",
+                *extra,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
