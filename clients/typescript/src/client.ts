@@ -36,6 +36,11 @@ export interface ClientOptions {
   owner?: string;
   /** connect interceptors applied to every call (auth headers, logging). */
   interceptors?: Interceptor[];
+  /**
+   * Bearer token for a server run with `--auth`: sent as
+   * `authorization: Bearer <token>` on every call (use https:// off loopback).
+   */
+  token?: string;
 }
 
 /** Options of {@link LeaseholdClient.acquire}. */
@@ -87,16 +92,24 @@ export class LeaseholdClient implements AsyncDisposable {
     }
     this.transport = options.transport ?? (isBun() ? "grpc-web" : "grpc");
     this.owner = options.owner ?? `${hostname()}:${process.pid}`;
+    const interceptors: Interceptor[] = [...(options.interceptors ?? [])];
+    if (options.token !== undefined) {
+      const header = `Bearer ${options.token}`;
+      interceptors.unshift((next) => async (req) => {
+        req.header.set("authorization", header);
+        return await next(req);
+      });
+    }
     let transport: Transport;
     if (this.transport === "grpc") {
       transport = createGrpcTransport({
         baseUrl: options.baseUrl,
         pingIntervalMs: PING_INTERVAL_MS,
         pingTimeoutMs: PING_TIMEOUT_MS,
-        interceptors: options.interceptors ?? [],
+        interceptors,
       });
     } else if (this.transport === "grpc-web") {
-      transport = createGrpcWebTransport({ baseUrl: options.baseUrl, interceptors: options.interceptors ?? [] });
+      transport = createGrpcWebTransport({ baseUrl: options.baseUrl, interceptors });
     } else {
       throw new InvalidArgumentError(`transport must be "grpc" or "grpc-web", not ${String(this.transport)}`);
     }

@@ -77,6 +77,17 @@ export class PermissionDeniedError extends LeaseholdError {
   }
 }
 
+/**
+ * The server runs with `--auth` and the client sent no token, or one it does
+ * not know (gRPC `UNAUTHENTICATED`): give `token` to `createClient`.
+ */
+export class UnauthenticatedError extends LeaseholdError {
+  constructor(message: string) {
+    super("unauthenticated", message);
+    this.name = "UnauthenticatedError";
+  }
+}
+
 /** Malformed input: key, owner, TTL, wait, transcript (gRPC `INVALID_ARGUMENT`). */
 export class InvalidArgumentError extends LeaseholdError {
   constructor(message: string) {
@@ -176,6 +187,8 @@ export function fromRefusal(code: number, message: string, details: RefusalDetai
       return new PermissionDeniedError(message, { key, fence });
     case Code.NotFound:
       return new LeaseholdError("not_found", message);
+    case Code.Unauthenticated:
+      return new UnauthenticatedError(message);
     case Code.Unavailable:
     case Code.DeadlineExceeded:
     case Code.Canceled:

@@ -12,6 +12,7 @@ export {
   LeaseholdError,
   LeaseLostError,
   PermissionDeniedError,
+  UnauthenticatedError,
   UnavailableError,
   type LossReason,
   type StaleReason,

@@ -33,12 +33,12 @@ export function serverBinary(): string {
  * Starts a server; with `dir`, on the database already in that directory;
  * with `listen`, on that loopback address instead of a free port.
  */
-export async function startServer(dir?: string, listen = "127.0.0.1:0"): Promise<TestServer> {
+export async function startServer(dir?: string, listen = "127.0.0.1:0", extraArgs: string[] = []): Promise<TestServer> {
   if (!listen.startsWith("127.0.0.1:")) throw new Error(`tests listen on loopback only, not ${listen}`);
   const bin = serverBinary();
   const home = dir ?? mkdtempSync(join(tmpdir(), "leasehold-ts-"));
   const dbPath = join(home, "x.db");
-  const child: ChildProcess = spawn(bin, ["serve", "--listen", listen, "--db", dbPath, "--drain-timeout-ms", "200"], {
+  const child: ChildProcess = spawn(bin, ["serve", "--listen", listen, "--db", dbPath, "--drain-timeout-ms", "200", ...extraArgs], {
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stderr = "";
