@@ -27,7 +27,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// leasehold: per-key leases with fencing tokens, over gRPC, on SQLite or PostgreSQL.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "leasehold", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
