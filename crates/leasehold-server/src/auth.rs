@@ -30,6 +30,7 @@
 //! key, never the token.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -198,12 +199,17 @@ impl AuthConfig {
         token: Option<&str>,
         subject: Option<&str>,
     ) -> Result<&Principal, Error> {
+        self.position(token, subject).map(|i| &self.principals[i])
+    }
+
+    /// As [`AuthConfig::authenticate`], the principal's place in the file.
+    fn position(&self, token: Option<&str>, subject: Option<&str>) -> Result<usize, Error> {
         if let Some(token) = token {
             let hash = sha256_hex(token.as_bytes());
             return self
                 .principals
                 .iter()
-                .find(|p| {
+                .position(|p| {
                     p.token_sha256
                         .as_deref()
                         .is_some_and(|h| constant_time_eq(h.as_bytes(), hash.as_bytes()))
@@ -214,7 +220,7 @@ impl AuthConfig {
             return self
                 .principals
                 .iter()
-                .find(|p| p.subject.as_deref() == Some(subject))
+                .position(|p| p.subject.as_deref() == Some(subject))
                 .ok_or_else(|| {
                     Error::Unauthenticated(format!(
                         "no principal for client certificate {subject:?}"
@@ -227,13 +233,50 @@ impl AuthConfig {
     }
 }
 
+/// An authenticated caller: a principal of a loaded auth file, cheap to
+/// clone (it shares the file) and to keep for a whole Session stream.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    auth: Arc<AuthConfig>,
+    index: usize,
+}
+
+impl Caller {
+    /// The caller presenting `token` or the client certificate `subject`.
+    ///
+    /// # Errors
+    /// As [`AuthConfig::authenticate`].
+    pub fn authenticate(
+        auth: &Arc<AuthConfig>,
+        token: Option<&str>,
+        subject: Option<&str>,
+    ) -> Result<Caller, Error> {
+        let index = auth.position(token, subject)?;
+        Ok(Caller {
+            auth: auth.clone(),
+            index,
+        })
+    }
+}
+
+impl std::ops::Deref for Caller {
+    type Target = Principal;
+
+    fn deref(&self) -> &Principal {
+        &self.auth.principals[self.index]
+    }
+}
+
 /// The SHA-256 of `bytes`, in lowercase hex (what `sha256sum` prints).
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut hex = String::with_capacity(64);
+    for b in digest.as_ref() {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    hex
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -294,6 +337,14 @@ mod tests {
         ));
         let refusal = fleet.allow(Right::Read, "session:1").unwrap_err();
         assert!(!refusal.to_string().contains("s3cret"));
+    }
+
+    #[test]
+    fn token_hashes_are_what_sha256sum_prints() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]

@@ -25,19 +25,19 @@ use leasehold_core::lessor::{Acquire, Grant, KeyView, ListFilter};
 /// A term as a `pb::Lease`; `with_secret` decides whether the lease id is shown
 /// (only to the holder: Acquire and Renew).
 pub fn lease(key: &Key, term: &Term, with_secret: bool) -> pb::Lease {
-    lease_to_pb(&Lease::of(key, term, with_secret))
-}
-
-/// A client-side lease view as a `pb::Lease`.
-pub fn lease_to_pb(lease: &Lease) -> pb::Lease {
+    // Straight from the term: every Renew and Check reply passes here.
     pb::Lease {
-        key: lease.key.as_str().to_owned(),
-        fence: lease.fence.0,
-        owner: lease.owner.as_str().to_owned(),
-        lease_id: lease.lease_id.map(|id| id.to_string()).unwrap_or_default(),
-        ttl_ms: lease.ttl.as_millis(),
-        acquired_at_ms: lease.acquired_at,
-        expires_at_ms: lease.expires_at,
+        key: key.as_str().to_owned(),
+        fence: term.fence.0,
+        owner: term.owner.as_str().to_owned(),
+        lease_id: if with_secret {
+            term.lease_id.to_string()
+        } else {
+            String::new()
+        },
+        ttl_ms: term.ttl.as_millis(),
+        acquired_at_ms: term.acquired_at,
+        expires_at_ms: term.expires_at,
     }
 }
 

@@ -136,6 +136,25 @@ pub struct Stats {
     pub renewals: u64,
 }
 
+/// The largest List page, and the one given when a request names none.
+pub const MAX_PAGE_SIZE: usize = 1000;
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+
+/// How many keys a List asked for `page_size` returns at most (0: the
+/// default), the same on every backend.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a page size over [`MAX_PAGE_SIZE`].
+pub fn page_limit(page_size: usize) -> Result<usize> {
+    match page_size {
+        0 => Ok(DEFAULT_PAGE_SIZE),
+        n if n > MAX_PAGE_SIZE => Err(Error::InvalidArgument(format!(
+            "page_size {n} is over the limit of {MAX_PAGE_SIZE}"
+        ))),
+        n => Ok(n),
+    }
+}
+
 /// Which keys [`Lessor::list`] returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListFilter {

@@ -80,37 +80,42 @@ impl<W: WaiterHandle> Lessor<W> {
             if !queued.handle.is_waiting() {
                 continue;
             }
+            // Retries of this same request further back in line get its
+            // term as a replay, rather than waiting behind it for nothing.
+            let retries = take_retries(&mut state.waiters, &queued.request);
+            self.stats.waiters -= retries.len();
             let grant = self.grant(queued.request, now);
-            if grant.term.request_id.is_some() {
-                self.handoffs.push((queued.handle, grant.clone()));
-                self.hand_replays(key, &grant);
-            } else {
-                self.handoffs.push((queued.handle, grant));
-            }
+            let replays: Vec<_> = retries
+                .into_iter()
+                .map(|retry| {
+                    let replay = Grant {
+                        replayed: true,
+                        ..grant.clone()
+                    };
+                    (retry.handle, replay)
+                })
+                .collect();
+            self.handoffs.push((queued.handle, grant));
+            self.handoffs.extend(replays);
         }
     }
+}
 
-    /// Hands `grant` as a replay to retries of the same request (same owner
-    /// and request id) still waiting further back in the key's line, so a
-    /// retry sent while the original still waited gets the term at once
-    /// instead of waiting out its own wait behind it.
-    fn hand_replays(&mut self, key: &Key, grant: &Grant) {
-        let Some(state) = self.keys.get_mut(key) else {
-            return;
-        };
-        let (retries, others): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut state.waiters)
-            .into_iter()
-            .partition(|q: &Queued<W>| {
-                q.request.owner == grant.term.owner && q.request.request_id == grant.term.request_id
-            });
-        state.waiters = others;
-        self.stats.waiters -= retries.len();
-        for retry in retries {
-            let replay = Grant {
-                replayed: true,
-                ..grant.clone()
-            };
-            self.handoffs.push((retry.handle, replay));
-        }
+/// Takes out of `line` the retries of `request` (same owner and request id),
+/// in order. Retries in line are rare: the line is only rebuilt when one is
+/// there.
+fn take_retries<W>(line: &mut VecDeque<Queued<W>>, request: &Acquire) -> VecDeque<Queued<W>> {
+    if request.request_id.is_none() {
+        return VecDeque::new();
     }
+    let is_retry = |q: &Queued<W>| {
+        q.request.request_id == request.request_id && q.request.owner == request.owner
+    };
+    if !line.iter().any(is_retry) {
+        return VecDeque::new();
+    }
+    let (retries, others): (VecDeque<_>, VecDeque<_>) =
+        std::mem::take(line).into_iter().partition(is_retry);
+    *line = others;
+    retries
 }

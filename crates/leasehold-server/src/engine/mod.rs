@@ -46,7 +46,7 @@ use leasehold_core::ledger::{
 };
 use leasehold_core::lessor::{
     Acquire, AcquireOutcome, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter, ListPage,
-    Stats, WaiterHandle, WaiterId,
+    Stats, WaiterHandle, WaiterId, page_limit,
 };
 use leasehold_core::store::{Store, StoreError};
 
@@ -62,10 +62,6 @@ const LAZY_CHUNK: usize = 500;
 /// At most this many deadlines are looked at per hold of the lessor lock, so a
 /// mass expiry does not stall requests.
 const EXPIRY_CHUNK: usize = 2_000;
-
-/// The largest List page, and the one given when a request names none.
-const MAX_PAGE_SIZE: usize = 1000;
-const DEFAULT_PAGE_SIZE: usize = 100;
 
 /// Tuning knobs of the engine. The defaults suit production.
 #[derive(Debug, Clone)]
@@ -420,17 +416,7 @@ impl Engine {
         after: Option<&Key>,
         page_size: usize,
     ) -> impl Future<Output = Result<Page>> + Send + use<> {
-        let input = if page_size > MAX_PAGE_SIZE {
-            Err(Error::InvalidArgument(format!(
-                "page_size {page_size} is over the limit of {MAX_PAGE_SIZE}"
-            )))
-        } else {
-            Ok(if page_size == 0 {
-                DEFAULT_PAGE_SIZE
-            } else {
-                page_size
-            })
-        };
+        let input = page_limit(page_size);
         let budget = self.shared.config.list_scan_budget;
         // A List refuses nothing that reveals state, so no key's sequence
         // is needed for its refusals.

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::auth::{AuthConfig, Principal, Right, subject_name};
+use crate::auth::{AuthConfig, Caller, Principal, Right, subject_name};
 use crate::backend::Backend;
 use crate::limits::{Gate, Limits, Slot, caller_name};
 use crate::metrics::ServiceMetrics;
@@ -75,11 +75,7 @@ impl LeaseholdService {
 
     /// The principal making `request`, when auth is on.
     /// Also takes one operation from the caller's rate budget.
-    fn caller<T>(
-        &self,
-        rpc: &'static str,
-        request: &Request<T>,
-    ) -> Result<Option<Principal>, Status> {
+    fn caller<T>(&self, rpc: &'static str, request: &Request<T>) -> Result<Option<Caller>, Status> {
         let refuse = |err: Error| {
             self.metrics.record(rpc, Duration::ZERO, Some(&err));
             status::to_status(err)
@@ -169,7 +165,7 @@ impl Leasehold for LeaseholdService {
         let peer = request.remote_addr();
         let acquire = self.parsed("Acquire", convert::acquire(request.into_inner()))?;
         let _waiting = self.wait_slot("Acquire", &acquire, peer)?;
-        self.authorize("Acquire", who.as_ref(), Right::Hold, acquire.key.as_str())?;
+        self.authorize("Acquire", who.as_deref(), Right::Hold, acquire.key.as_str())?;
         if let Some(who) = &who {
             self.parsed("Acquire", who.allow_owner(acquire.owner.as_str()))?;
         }
@@ -181,7 +177,7 @@ impl Leasehold for LeaseholdService {
         let who = self.caller("Renew", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("Renew", convert::held(r.key, &r.lease_id))?;
-        self.authorize("Renew", who.as_ref(), Right::Hold, key.as_str())?;
+        self.authorize("Renew", who.as_deref(), Right::Hold, key.as_str())?;
         let ttl = self.parsed("Renew", Ttl::parse_optional(r.ttl_ms))?;
         let term = self
             .timed(
@@ -198,7 +194,7 @@ impl Leasehold for LeaseholdService {
         let who = self.caller("Release", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("Release", convert::held(r.key, &r.lease_id))?;
-        self.authorize("Release", who.as_ref(), Right::Hold, key.as_str())?;
+        self.authorize("Release", who.as_deref(), Right::Hold, key.as_str())?;
         let ended = self
             .timed(
                 "Release",
@@ -215,7 +211,7 @@ impl Leasehold for LeaseholdService {
         let who = self.caller("Check", &request)?;
         let r = request.into_inner();
         let key = self.parsed("Check", Key::parse(r.key))?;
-        self.authorize("Check", who.as_ref(), Right::Check, key.as_str())?;
+        self.authorize("Check", who.as_deref(), Right::Check, key.as_str())?;
         let term = self
             .timed("Check", self.backend.check(&key, Fence(r.fence)))
             .await;
@@ -227,7 +223,7 @@ impl Leasehold for LeaseholdService {
     async fn get(&self, request: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
         let who = self.caller("Get", &request)?;
         let key = self.parsed("Get", Key::parse(request.into_inner().key))?;
-        self.authorize("Get", who.as_ref(), Right::Read, key.as_str())?;
+        self.authorize("Get", who.as_deref(), Right::Read, key.as_str())?;
         let view = self.timed("Get", self.backend.get(&key)).await;
         reply(view.map(|v| {
             let state = convert::key_state(&v);
@@ -280,7 +276,7 @@ impl Leasehold for LeaseholdService {
         let who = self.caller("BeginToolCall", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("BeginToolCall", convert::held(r.key, &r.lease_id))?;
-        self.authorize("BeginToolCall", who.as_ref(), Right::Hold, key.as_str())?;
+        self.authorize("BeginToolCall", who.as_deref(), Right::Hold, key.as_str())?;
         let spec = convert::call_spec(pb::ToolCallSpec {
             call_id: r.call_id,
             name: r.name,
@@ -312,7 +308,7 @@ impl Leasehold for LeaseholdService {
         let who = self.caller("BeginToolCalls", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("BeginToolCalls", convert::held(r.key, &r.lease_id))?;
-        self.authorize("BeginToolCalls", who.as_ref(), Right::Hold, key.as_str())?;
+        self.authorize("BeginToolCalls", who.as_deref(), Right::Hold, key.as_str())?;
         let specs = r.calls.into_iter().map(convert::call_spec).collect();
         let outcome = self
             .timed(
@@ -347,7 +343,7 @@ impl Leasehold for LeaseholdService {
         let who = self.caller("SettleToolCall", &request)?;
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("SettleToolCall", convert::held(r.key, &r.lease_id))?;
-        self.authorize("SettleToolCall", who.as_ref(), Right::Hold, key.as_str())?;
+        self.authorize("SettleToolCall", who.as_deref(), Right::Hold, key.as_str())?;
         let settlement = self.parsed(
             "SettleToolCall",
             convert::settlement(r.call_id, r.outcome, r.result_digest, r.result),
@@ -372,7 +368,7 @@ impl Leasehold for LeaseholdService {
         let who = self.caller("ListToolCalls", &request)?;
         let r = request.into_inner();
         let key = self.parsed("ListToolCalls", Key::parse(r.key))?;
-        self.authorize("ListToolCalls", who.as_ref(), Right::Read, key.as_str())?;
+        self.authorize("ListToolCalls", who.as_deref(), Right::Read, key.as_str())?;
         let calls = self
             .timed(
                 "ListToolCalls",
@@ -429,7 +425,7 @@ pub struct SessionPipe {
     /// Whom each operation's rate budget is taken from, when rates are limited.
     rate_key: Option<String>,
     /// The caller, when auth is on: every operation is checked against it.
-    who: Option<Principal>,
+    who: Option<Caller>,
     backend: Arc<dyn Backend>,
     metrics: Arc<ServiceMetrics>,
     /// `None` once the client half-closed (or its stream failed).
@@ -465,7 +461,7 @@ impl Stream for SessionPipe {
                     this.pending.push(session_step(
                         this.backend.as_ref(),
                         &this.metrics,
-                        this.who.as_ref(),
+                        this.who.as_deref(),
                         message,
                     ));
                 }
@@ -584,7 +580,7 @@ fn allowed(who: Option<&Principal>, right: Right, key: &Key) -> Result<(), Error
 
 /// The principal behind `request`: its bearer token, else the subject of
 /// its client certificate.
-pub(crate) fn identify<T>(auth: &AuthConfig, request: &Request<T>) -> Result<Principal, Error> {
+pub(crate) fn identify<T>(auth: &Arc<AuthConfig>, request: &Request<T>) -> Result<Caller, Error> {
     let token = request
         .metadata()
         .get("authorization")
@@ -597,7 +593,7 @@ pub(crate) fn identify<T>(auth: &AuthConfig, request: &Request<T>) -> Result<Pri
     let subject = request
         .peer_certs()
         .and_then(|certs| certs.first().and_then(|c| subject_name(c.as_ref())));
-    auth.authenticate(token, subject.as_deref()).cloned()
+    Caller::authenticate(auth, token, subject.as_deref())
 }
 
 /// One Session-stream operation being answered, and where its latency goes.

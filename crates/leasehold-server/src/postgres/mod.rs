@@ -77,11 +77,6 @@ use crate::backend::{Backend, Pending};
 use order::{Access, Turns};
 use row::{KeyNow, KeyRow, millis};
 
-/// The largest List page, and the one given when a request names none (as
-/// the SQLite engine).
-const MAX_PAGE_SIZE: usize = 1000;
-const DEFAULT_PAGE_SIZE: usize = 100;
-
 /// How many times an operation re-reads a key that changed under it before
 /// it gives up with UNAVAILABLE (only under extreme contention).
 const RACE_RETRIES: usize = 16;

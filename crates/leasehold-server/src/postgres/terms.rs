@@ -140,16 +140,7 @@ impl Inner {
         after: Option<Key>,
         page_size: usize,
     ) -> Result<ListPage> {
-        if page_size > MAX_PAGE_SIZE {
-            return Err(Error::InvalidArgument(format!(
-                "page_size {page_size} is over the limit of {MAX_PAGE_SIZE}"
-            )));
-        }
-        let limit = if page_size == 0 {
-            DEFAULT_PAGE_SIZE
-        } else {
-            page_size
-        };
+        let limit = leasehold_core::lessor::page_limit(page_size)?;
         let client = self.client().await?;
         let query = match filter {
             ListFilter::All => sql::LIST_ALL,
