@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 
 use leasehold_client::{Client, ClientError};
 use leasehold_core::SystemClock;
-use leasehold_core::lease::{Ended, Fence, Key, Lease, LeaseId, TermEnd, Ttl};
+use leasehold_core::lease::{
+    Ended, Fence, Handoff, HistoryEntry, Key, Lease, LeaseId, Reservation, TermEnd, Ttl,
+};
 use leasehold_core::lessor::ListFilter;
 use leasehold_server::Backend;
 use leasehold_server::engine::EngineConfig;
@@ -69,6 +71,13 @@ enum Command {
         /// keys are kept until taken over.
         #[arg(long, alias = "ledger-retention-ms", default_value_t = leasehold_core::lessor::DEFAULT_RETENTION_MS)]
         retention_ms: u64,
+        /// How many ended terms each key remembers (History).
+        #[arg(long, default_value_t = leasehold_core::lessor::DEFAULT_HISTORY_LEN)]
+        history_len: usize,
+        /// Quarantine a key after this many terms in a row end by expiry or
+        /// suspension, when its Acquire sets no limit of its own (0: never).
+        #[arg(long, default_value_t = 0)]
+        max_recoveries: u32,
         /// Log lines on stderr: text for people (coloured only on a terminal,
         /// and not when NO_COLOR is set), json for log pipelines (one JSON
         /// object per line). RUST_LOG picks the level (default info).
@@ -104,6 +113,16 @@ enum Command {
         /// Retry token: repeating it returns the same lease.
         #[arg(long, default_value = "")]
         request_id: String,
+        /// If the term expires, keep the key from everyone this long (ms).
+        #[arg(long, default_value_t = 0)]
+        lock_delay_ms: u64,
+        /// Quarantine the key after this many failed terms in a row (0: the
+        /// server's default).
+        #[arg(long, default_value_t = 0)]
+        max_recoveries: u32,
+        /// Acquire even a quarantined key (needs the admin right).
+        #[arg(long)]
+        force: bool,
     },
     /// Extend a lease.
     Renew {
@@ -130,6 +149,27 @@ enum Command {
         /// Release as unfinished, so the key is listed as recoverable.
         #[arg(long)]
         suspend: bool,
+        /// Keep the key for this owner: only its Acquire gets it.
+        #[arg(long, default_value = "")]
+        successor: String,
+        /// How long the key waits for the successor (ms; 0: 30 s).
+        #[arg(long, default_value_t = 0)]
+        handoff_ms: u64,
+    },
+    /// Show a key's last ended terms, newest first.
+    History {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+        /// Entries per page (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        page_size: u32,
+    },
+    /// Lift a key's quarantine (admin).
+    Unquarantine {
+        key: String,
+        #[command(flatten)]
+        target: Target,
     },
     /// Succeed only while FENCE is KEY's live term.
     Check {
@@ -328,6 +368,7 @@ enum LogFormat {
 enum Filter {
     Live,
     Recoverable,
+    Quarantined,
     All,
 }
 
@@ -363,6 +404,8 @@ async fn run(command: Command) -> ExitCode {
             sync,
             drain_timeout_ms,
             retention_ms,
+            history_len,
+            max_recoveries,
             log_format,
             metrics_listen,
             tls,
@@ -386,6 +429,8 @@ async fn run(command: Command) -> ExitCode {
                     let config = EngineConfig {
                         retention_ms,
                         max_waiters_per_key: limits.max_waiters_per_key,
+                        history_len,
+                        default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
                         ..EngineConfig::default()
                     };
                     serve(db, sync, config, edge).await
@@ -713,6 +758,9 @@ async fn operate(command: Command) -> Result<(), String> {
             ttl_ms,
             wait_ms,
             request_id,
+            lock_delay_ms,
+            max_recoveries,
+            force,
         } => {
             let acquire = convert::acquire(pb::AcquireRequest {
                 key,
@@ -720,6 +768,9 @@ async fn operate(command: Command) -> Result<(), String> {
                 ttl_ms,
                 wait_ms,
                 request_id,
+                lock_delay_ms,
+                max_recoveries,
+                force,
             })
             .map_err(refused)?;
             let granted = connect(&target)
@@ -758,14 +809,47 @@ async fn operate(command: Command) -> Result<(), String> {
             fence,
             lease_id: id,
             suspend,
+            successor,
+            handoff_ms,
         } => {
             let (k, id) = (key(k)?, lease_id(&id)?);
+            let handoff = Handoff::parse_optional(successor, handoff_ms).map_err(refused)?;
             let ended = connect(&target)
                 .await?
-                .release_term(&k, Fence(fence), id, suspend)
+                .release_term_to(&k, Fence(fence), id, suspend, handoff.as_ref())
                 .await
                 .map_err(refused)?;
             print(target.json, json!({ "ended": ended_json(&ended) }));
+        }
+        Command::History {
+            key: k,
+            target,
+            page_size,
+        } => {
+            let k = key(k)?;
+            let page = connect(&target)
+                .await?
+                .history(&k, page_size, None)
+                .await
+                .map_err(refused)?;
+            let entries: Vec<Value> = page.entries.iter().map(history_json).collect();
+            print(target.json, json!({ "entries": entries }));
+        }
+        Command::Unquarantine { key: k, target } => {
+            let k = key(k)?;
+            let state = connect(&target)
+                .await?
+                .unquarantine(&k)
+                .await
+                .map_err(refused)?;
+            print(
+                target.json,
+                json!({
+                    "key": k.as_str(),
+                    "quarantined": state.quarantined,
+                    "recoverable": state.recoverable,
+                }),
+            );
         }
         Command::Check {
             key: k,
@@ -789,6 +873,8 @@ async fn operate(command: Command) -> Result<(), String> {
                     "lease": state.lease.as_ref().map(lease_json),
                     "last_ended": state.last_ended.as_ref().map(ended_json),
                     "recoverable": state.recoverable,
+                    "quarantined": state.quarantined,
+                    "reservation": state.reservation.as_ref().map(reservation_json),
                 }),
             );
         }
@@ -804,6 +890,7 @@ async fn operate(command: Command) -> Result<(), String> {
             let filter = match filter {
                 Filter::Live => ListFilter::Live,
                 Filter::Recoverable => ListFilter::Recoverable,
+                Filter::Quarantined => ListFilter::Quarantined,
                 Filter::All => ListFilter::All,
             };
             let mut token = (!page_token.is_empty()).then_some(page_token);
@@ -978,18 +1065,50 @@ fn lease_json(lease: &Lease) -> Value {
     value
 }
 
-fn ended_json(ended: &Ended) -> Value {
-    let end = match ended.end {
+fn end_name(end: TermEnd) -> &'static str {
+    match end {
         TermEnd::Released => "RELEASED",
         TermEnd::Suspended => "SUSPENDED",
         TermEnd::Expired => "EXPIRED",
-    };
+    }
+}
+
+fn ended_json(ended: &Ended) -> Value {
     json!({
         "fence": ended.fence.0,
         "owner": ended.owner.as_str(),
-        "end": end,
+        "end": end_name(ended.end),
         "ended_at_ms": ended.ended_at,
+        "handed_off": ended.handed_off,
     })
+}
+
+fn history_json(h: &HistoryEntry) -> Value {
+    json!({
+        "fence": h.fence.0,
+        "owner": h.owner.as_str(),
+        "acquired_at_ms": h.acquired_at,
+        "ended_at_ms": h.ended_at,
+        "end": end_name(h.end),
+        "unsettled_tool_calls": h.unsettled_tool_calls,
+        "handed_off": h.handed_off,
+    })
+}
+
+fn reservation_json(r: &Reservation) -> Value {
+    match r {
+        Reservation::LockDelay { after, until } => json!({
+            "kind": "LOCK_DELAY", "after_fence": after.0, "until_ms": until,
+        }),
+        Reservation::Handoff {
+            from,
+            successor,
+            until,
+        } => json!({
+            "kind": "HANDOFF", "after_fence": from.0, "successor": successor.as_str(),
+            "until_ms": until,
+        }),
+    }
 }
 
 /// Prints `value` as JSON, or as `field: value` lines for people.

@@ -252,8 +252,9 @@ impl ServiceMetrics {
 fn code_name(err: &Error) -> &'static str {
     match err {
         Error::InvalidArgument(_) => "INVALID_ARGUMENT",
-        Error::Busy { .. } => "ABORTED",
-        Error::StaleFence { .. } => "FAILED_PRECONDITION",
+        Error::Busy { .. } | Error::Reserved { .. } => "ABORTED",
+        Error::StaleFence { .. } | Error::Quarantined { .. } => "FAILED_PRECONDITION",
+        Error::Unsupported(_) => "UNIMPLEMENTED",
         Error::PermissionDenied { .. } | Error::NotAllowed { .. } => "PERMISSION_DENIED",
         Error::Unauthenticated(_) => "UNAUTHENTICATED",
         Error::ResourceExhausted { .. } => "RESOURCE_EXHAUSTED",

@@ -64,6 +64,7 @@ async fn lease_ids_never_reach_the_logs() {
         ttl: Ttl::from_millis(5_000).unwrap(),
         wait: Wait::default(),
         request_id: None,
+        options: Default::default(),
     };
     let granted = client.grant(&acquire).await.unwrap();
     let id = granted.lease.lease_id.unwrap();

@@ -64,6 +64,16 @@ class LeaseholdStub:
                 request_serializer=leasehold_dot_v1_dot_leasehold__pb2.ListRequest.SerializeToString,
                 response_deserializer=leasehold_dot_v1_dot_leasehold__pb2.ListResponse.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/leasehold.v1.Leasehold/History',
+                request_serializer=leasehold_dot_v1_dot_leasehold__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_leasehold__pb2.HistoryResponse.FromString,
+                _registered_method=True)
+        self.Unquarantine = channel.unary_unary(
+                '/leasehold.v1.Leasehold/Unquarantine',
+                request_serializer=leasehold_dot_v1_dot_leasehold__pb2.UnquarantineRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_leasehold__pb2.UnquarantineResponse.FromString,
+                _registered_method=True)
         self.BeginToolCall = channel.unary_unary(
                 '/leasehold.v1.Leasehold/BeginToolCall',
                 request_serializer=leasehold_dot_v1_dot_leasehold__pb2.BeginToolCallRequest.SerializeToString,
@@ -131,6 +141,21 @@ class LeaseholdServicer:
 
     def List(self, request, context):
         """Keys in order, filtered, paged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def History(self, request, context):
+        """The key's last ended terms, newest first, paged (the server keeps the
+        last 32 by default; forgotten with the key).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unquarantine(self, request, context):
+        """Lifts a key's quarantine (admin right): Acquires are served again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -220,6 +245,16 @@ def add_LeaseholdServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=leasehold_dot_v1_dot_leasehold__pb2.ListRequest.FromString,
                     response_serializer=leasehold_dot_v1_dot_leasehold__pb2.ListResponse.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=leasehold_dot_v1_dot_leasehold__pb2.HistoryRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_leasehold__pb2.HistoryResponse.SerializeToString,
+            ),
+            'Unquarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unquarantine,
+                    request_deserializer=leasehold_dot_v1_dot_leasehold__pb2.UnquarantineRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_leasehold__pb2.UnquarantineResponse.SerializeToString,
             ),
             'BeginToolCall': grpc.unary_unary_rpc_method_handler(
                     servicer.BeginToolCall,
@@ -409,6 +444,60 @@ class Leasehold:
             '/leasehold.v1.Leasehold/List',
             leasehold_dot_v1_dot_leasehold__pb2.ListRequest.SerializeToString,
             leasehold_dot_v1_dot_leasehold__pb2.ListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasehold.v1.Leasehold/History',
+            leasehold_dot_v1_dot_leasehold__pb2.HistoryRequest.SerializeToString,
+            leasehold_dot_v1_dot_leasehold__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unquarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasehold.v1.Leasehold/Unquarantine',
+            leasehold_dot_v1_dot_leasehold__pb2.UnquarantineRequest.SerializeToString,
+            leasehold_dot_v1_dot_leasehold__pb2.UnquarantineResponse.FromString,
             options,
             channel_credentials,
             insecure,

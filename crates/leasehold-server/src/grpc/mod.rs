@@ -166,6 +166,15 @@ impl Leasehold for LeaseholdService {
         let acquire = self.parsed("Acquire", convert::acquire(request.into_inner()))?;
         let _waiting = self.wait_slot("Acquire", &acquire, peer)?;
         self.authorize("Acquire", who.as_deref(), Right::Hold, acquire.key.as_str())?;
+        if acquire.options.force {
+            // Overriding a quarantine is an operator's decision.
+            self.authorize(
+                "Acquire",
+                who.as_deref(),
+                Right::Admin,
+                acquire.key.as_str(),
+            )?;
+        }
         if let Some(who) = &who {
             self.parsed("Acquire", who.allow_owner(acquire.owner.as_str()))?;
         }
@@ -195,11 +204,12 @@ impl Leasehold for LeaseholdService {
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("Release", convert::held(r.key, &r.lease_id))?;
         self.authorize("Release", who.as_deref(), Right::Hold, key.as_str())?;
+        let handoff = self.parsed("Release", convert::handoff(r.successor, r.handoff_ms))?;
         let ended = self
             .timed(
                 "Release",
                 self.backend
-                    .release(&key, Fence(r.fence), lease_id, r.suspend),
+                    .release(&key, Fence(r.fence), lease_id, r.suspend, handoff),
             )
             .await;
         reply(ended.map(|e| pb::ReleaseResponse {
@@ -231,6 +241,8 @@ impl Leasehold for LeaseholdService {
                 lease: state.lease,
                 last_ended: state.last_ended,
                 recoverable: state.recoverable,
+                quarantined: state.quarantined,
+                reservation: state.reservation,
             }
         }))
     }
@@ -266,6 +278,36 @@ impl Leasehold for LeaseholdService {
                     .map(convert::page_token)
                     .unwrap_or_default(),
             }
+        }))
+    }
+
+    async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
+        let who = self.caller("History", &request)?;
+        let r = request.into_inner();
+        let key = self.parsed("History", Key::parse(r.key))?;
+        self.authorize("History", who.as_deref(), Right::Read, key.as_str())?;
+        let before = self.parsed("History", convert::history_token(&r.page_token))?;
+        let page = self
+            .timed(
+                "History",
+                self.backend.history(&key, before, r.page_size as usize),
+            )
+            .await;
+        reply(page.map(|p| convert::history_response(&p)))
+    }
+
+    async fn unquarantine(
+        &self,
+        request: Request<pb::UnquarantineRequest>,
+    ) -> Reply<pb::UnquarantineResponse> {
+        let who = self.caller("Unquarantine", &request)?;
+        let key = self.parsed("Unquarantine", Key::parse(request.into_inner().key))?;
+        self.authorize("Unquarantine", who.as_deref(), Right::Admin, key.as_str())?;
+        let view = self
+            .timed("Unquarantine", self.backend.unquarantine(&key))
+            .await;
+        reply(view.map(|v| pb::UnquarantineResponse {
+            key: Some(convert::key_state(&v)),
         }))
     }
 
@@ -536,7 +578,14 @@ fn session_step(
                 Err(err) => return step.refused(err),
             };
             let owner_ok = who.map_or(Ok(()), |w| w.allow_owner(acquire.owner.as_str()));
-            if let Err(err) = allowed(who, Right::Hold, &acquire.key).and(owner_ok) {
+            let force_ok = match acquire.options.force {
+                true => allowed(who, Right::Admin, &acquire.key),
+                false => Ok(()),
+            };
+            if let Err(err) = allowed(who, Right::Hold, &acquire.key)
+                .and(owner_ok)
+                .and(force_ok)
+            {
                 return step.refused(err);
             }
             let granted = backend.acquire(acquire);
@@ -560,7 +609,11 @@ fn session_step(
             if let Err(err) = allowed(who, Right::Hold, &key) {
                 return step.refused(err);
             }
-            let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend);
+            let handoff = match convert::handoff(r.successor, r.handoff_ms) {
+                Ok(handoff) => handoff,
+                Err(err) => return step.refused(err),
+            };
+            let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend, handoff);
             step.respond(released, |e| pb::SessionResponse {
                 ended: Some(convert::ended(&e)),
                 ..Default::default()

@@ -216,6 +216,7 @@ pub fn acquire(key: &str, owner: &str, ttl_ms: u64) -> pb::AcquireRequest {
         ttl_ms,
         wait_ms: 0,
         request_id: String::new(),
+        ..Default::default()
     }
 }
 
