@@ -16,6 +16,7 @@
 pub mod auth;
 pub mod backend;
 pub mod engine;
+pub mod event_codec;
 pub mod grpc;
 pub mod limits;
 pub mod metrics;

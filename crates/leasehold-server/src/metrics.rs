@@ -255,6 +255,7 @@ fn code_name(err: &Error) -> &'static str {
         Error::Busy { .. } | Error::Reserved { .. } => "ABORTED",
         Error::StaleFence { .. } | Error::Quarantined { .. } => "FAILED_PRECONDITION",
         Error::Unsupported(_) => "UNIMPLEMENTED",
+        Error::Compacted { .. } => "OUT_OF_RANGE",
         Error::PermissionDenied { .. } | Error::NotAllowed { .. } => "PERMISSION_DENIED",
         Error::Unauthenticated(_) => "UNAUTHENTICATED",
         Error::ResourceExhausted { .. } => "RESOURCE_EXHAUSTED",

@@ -53,7 +53,8 @@ pub fn open_engine(
     clock: Arc<dyn Clock>,
     config: EngineConfig,
 ) -> Result<Engine, StoreError> {
-    let store = SqliteStore::open(db, sync)?;
+    let mut store = SqliteStore::open(db, sync)?;
+    store.set_event_log_len(config.event_log_len);
     Engine::start(Box::new(store), clock, config)
 }
 

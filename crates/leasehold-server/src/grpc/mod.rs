@@ -20,6 +20,7 @@ use crate::backend::Backend;
 use crate::limits::{Gate, Limits, Slot, caller_name};
 use crate::metrics::ServiceMetrics;
 use leasehold_core::error::Error;
+use leasehold_core::events::Selector;
 use leasehold_core::lease::{Fence, Key, Ttl};
 use leasehold_core::ledger::BeginOutcome;
 use leasehold_core::lessor::Acquire;
@@ -421,6 +422,53 @@ impl Leasehold for LeaseholdService {
         reply(calls.map(|calls| pb::ListToolCallsResponse {
             calls: calls.iter().map(|c| convert::tool_call(&key, c)).collect(),
         }))
+    }
+
+    type WatchStream = futures_util::stream::BoxStream<'static, Result<pb::WatchResponse, Status>>;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
+        use futures_util::StreamExt;
+        let who = self.caller("Watch", &request)?;
+        let slot = self
+            .gate
+            .stream_slot(request.remote_addr())
+            .map_err(status::to_status)?;
+        let r = request.into_inner();
+        let selector = self.parsed("Watch", convert::selector(r.key, r.prefix))?;
+        if let Selector::Key(key) = &selector {
+            self.authorize("Watch", who.as_deref(), Right::Read, key.as_str())?;
+        }
+        let watching = self
+            .timed("Watch", self.backend.watch(selector, r.start_revision))
+            .await
+            .map_err(status::to_status)?;
+        let first = pb::WatchResponse {
+            events: Vec::new(),
+            revision: watching.revision,
+        };
+        // Each commit's events the caller may read, as one response; the
+        // first response says where the watch starts.
+        let events = watching.events.filter_map(move |batch| {
+            let _slot = &slot;
+            let out = match batch {
+                Err(err) => Some(Err(status::to_status(err))),
+                Ok(batch) => {
+                    let revision = batch.last().map_or(0, |e| e.revision);
+                    let events: Vec<pb::Event> = batch
+                        .iter()
+                        .filter(|e| {
+                            who.as_ref()
+                                .is_none_or(|w| w.can(Right::Read, e.key.as_str()))
+                        })
+                        .map(convert::event)
+                        .collect();
+                    (!events.is_empty()).then_some(Ok(pb::WatchResponse { events, revision }))
+                }
+            };
+            std::future::ready(out)
+        });
+        let stream = futures_util::stream::once(std::future::ready(Ok(first))).chain(events);
+        Ok(Response::new(stream.boxed()))
     }
 
     type SessionStream = SessionPipe;

@@ -514,6 +514,14 @@ impl Backend for PgBackend {
         lifecycle_unsupported("Unquarantine")
     }
 
+    fn watch(
+        &self,
+        _selector: leasehold_core::events::Selector,
+        _start: u64,
+    ) -> Pending<crate::engine::Watching> {
+        lifecycle_unsupported("Watch")
+    }
+
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {
         let k = key.clone();
         self.ordered(key, Access::Read, move |inner| async move {
