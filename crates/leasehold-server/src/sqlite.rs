@@ -783,6 +783,8 @@ mod tests {
             0,
             100,
         );
+        // As the engine does: the event log continues after the stored one.
+        reopened.resume_revisions(snapshot.events.last().map_or(0, |e| e.revision));
         let leasehold_core::lessor::AcquireOutcome::Granted(c) =
             reopened.acquire(spec("c"), 0, None)
         else {
