@@ -92,6 +92,22 @@ describe("refusals become the package's errors", () => {
     assert.equal(err.remainingMs, 77);
   });
 
+  it("a reset connection or a failed TLS handshake is Unavailable, whatever code connect guessed", () => {
+    // connect-node reports ECONNRESET as Aborted (which would read as a busy
+    // key) and TLS failures as Internal; neither is the server's answer.
+    const failures: [Code, string][] = [
+      [Code.Aborted, "ECONNRESET"],
+      [Code.Internal, "ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED"],
+      [Code.Internal, "UNABLE_TO_VERIFY_LEAF_SIGNATURE"],
+      [Code.Unknown, "ERR_TLS_CERT_ALTNAME_INVALID"],
+    ];
+    for (const [code, cause] of failures) {
+      const reason = Object.assign(new Error(cause), { code: cause });
+      const err = fromCallError(new ConnectError(cause, code, undefined, undefined, reason), "Acquire");
+      assert.ok(err instanceof UnavailableError, `${cause}: ${err.name}`);
+    }
+  });
+
   it("each code maps to its class", () => {
     const none = detailsFromHeaders(new Headers());
     const stale = fromRefusal(
