@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{AuthConfig, Caller, Principal, Right, subject_name};
 use crate::backend::Backend;
-use crate::limits::{Gate, Limits, Slot, caller_name};
+use crate::limits::{Gate, KeyReservation, Limits, Slot, caller_name};
 use crate::metrics::ServiceMetrics;
 use leasehold_core::error::Error;
 use leasehold_core::lease::{Fence, Key, Ttl};
@@ -111,6 +111,23 @@ impl LeaseholdService {
         })
     }
 
+    /// Counts an Acquire of `key` against its principal's
+    /// `keys_per_principal` until it is answered (nothing without auth).
+    fn reserve_key(
+        &self,
+        rpc: &'static str,
+        who: Option<&Principal>,
+        key: &Key,
+    ) -> Result<Option<KeyReservation>, Status> {
+        let Some(who) = who else {
+            return Ok(None);
+        };
+        self.gate.reserve_key(&who.name, key).map_err(|err| {
+            self.metrics.record(rpc, Duration::ZERO, Some(&err));
+            status::to_status(err)
+        })
+    }
+
     /// `Ok` when `who` (if auth is on) holds `right` on `key`.
     fn authorize(
         &self,
@@ -169,7 +186,11 @@ impl Leasehold for LeaseholdService {
         if let Some(who) = &who {
             self.parsed("Acquire", who.allow_owner(acquire.owner.as_str()))?;
         }
+        let reservation = self.reserve_key("Acquire", who.as_deref(), &acquire.key)?;
         let grant = self.timed("Acquire", self.backend.acquire(acquire)).await;
+        if let (Ok(g), Some(reservation)) = (&grant, reservation) {
+            reservation.granted(&g.key, &g.term);
+        }
         reply(grant.map(|g| convert::acquire_response(&g)))
     }
 
@@ -185,6 +206,9 @@ impl Leasehold for LeaseholdService {
                 self.backend.renew(&key, Fence(r.fence), lease_id, ttl),
             )
             .await;
+        if let (Ok(t), Some(_)) = (&term, &who) {
+            self.gate.renewed(&key, t);
+        }
         reply(term.map(|t| pb::RenewResponse {
             lease: Some(convert::lease(&key, &t, true)),
         }))
@@ -202,6 +226,9 @@ impl Leasehold for LeaseholdService {
                     .release(&key, Fence(r.fence), lease_id, r.suspend),
             )
             .await;
+        if let (Ok(e), Some(_)) = (&ended, &who) {
+            self.gate.released(&key, e.fence);
+        }
         reply(ended.map(|e| pb::ReleaseResponse {
             ended: Some(convert::ended(&e)),
         }))
@@ -461,6 +488,7 @@ impl Stream for SessionPipe {
                     this.pending.push(session_step(
                         this.backend.as_ref(),
                         &this.metrics,
+                        &this.gate,
                         this.who.as_deref(),
                         message,
                     ));
@@ -486,6 +514,7 @@ impl Stream for SessionPipe {
 fn session_step(
     backend: &dyn Backend,
     metrics: &Arc<ServiceMetrics>,
+    gate: &Arc<Gate>,
     who: Option<&Principal>,
     message: pb::SessionRequest,
 ) -> BoxFuture<'static, pb::SessionResponse> {
@@ -509,9 +538,15 @@ fn session_step(
                 return step.refused(err);
             }
             let renewed = backend.renew(&key, Fence(r.fence), lease_id, ttl);
-            step.respond(renewed, move |t| pb::SessionResponse {
-                lease: Some(convert::lease(&key, &t, true)),
-                ..Default::default()
+            let gate = who.map(|_| gate.clone());
+            step.respond(renewed, move |t| {
+                if let Some(gate) = gate {
+                    gate.renewed(&key, &t);
+                }
+                pb::SessionResponse {
+                    lease: Some(convert::lease(&key, &t, true)),
+                    ..Default::default()
+                }
             })
         }
         Some(Op::Check(r)) => {
@@ -539,8 +574,16 @@ fn session_step(
             if let Err(err) = allowed(who, Right::Hold, &acquire.key).and(owner_ok) {
                 return step.refused(err);
             }
+            let reservation = match who.map(|w| gate.reserve_key(&w.name, &acquire.key)) {
+                Some(Err(err)) => return step.refused(err),
+                Some(Ok(reservation)) => reservation,
+                None => None,
+            };
             let granted = backend.acquire(acquire);
-            step.respond(granted, |g| {
+            step.respond(granted, move |g| {
+                if let Some(reservation) = reservation {
+                    reservation.granted(&g.key, &g.term);
+                }
                 let acquired = convert::acquire_response(&g);
                 pb::SessionResponse {
                     lease: acquired.lease,
@@ -561,9 +604,15 @@ fn session_step(
                 return step.refused(err);
             }
             let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend);
-            step.respond(released, |e| pb::SessionResponse {
-                ended: Some(convert::ended(&e)),
-                ..Default::default()
+            let gate = who.map(|_| gate.clone());
+            step.respond(released, move |e| {
+                if let Some(gate) = gate {
+                    gate.released(&key, e.fence);
+                }
+                pb::SessionResponse {
+                    ended: Some(convert::ended(&e)),
+                    ..Default::default()
+                }
             })
         }
         None => {
