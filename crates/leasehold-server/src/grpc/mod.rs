@@ -422,6 +422,7 @@ impl Leasehold for LeaseholdService {
         let rate_key = (self.gate.limits().ops_per_second > 0)
             .then(|| caller_name(who.as_ref().map(|p| p.name.as_str()), request.remote_addr()));
         Ok(Response::new(SessionPipe {
+            span: tracing::Span::current(),
             _slot: slot,
             gate: self.gate.clone(),
             rate_key,
@@ -446,6 +447,10 @@ pub const SESSION_WINDOW: usize = 1024;
 /// responses are ready and sends them in one write: under load, one read and
 /// one write carry many operations.
 pub struct SessionPipe {
+    /// The stream's request span (its request id): tonic polls the response
+    /// body outside the span it handles the call in, so the pipe enters it
+    /// itself, and each operation's log lines carry the stream's id.
+    span: tracing::Span,
     /// This stream's slot on its connection, given back when it ends.
     _slot: Option<Slot>,
     gate: Arc<Gate>,
@@ -474,6 +479,7 @@ impl Stream for SessionPipe {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        let _request = this.span.enter();
         while this.pending.len() < SESSION_WINDOW {
             let Some(inbound) = this.inbound.as_mut() else {
                 break;
