@@ -277,10 +277,9 @@ fn two_principals() -> AuthConfig {
 /// `message` sent with `token` as its bearer credential.
 fn as_principal<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {token}").parse().unwrap(),
-    );
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
     request
 }
 
@@ -319,7 +318,9 @@ async fn a_principal_at_its_key_limit_is_refused_and_others_are_served() {
         .into_inner();
     tx.send(pb::SessionRequest {
         id: 1,
-        op: Some(pb::session_request::Op::Acquire(acquire("d", "greedy", 10_000))),
+        op: Some(pb::session_request::Op::Acquire(acquire(
+            "d", "greedy", 10_000,
+        ))),
     })
     .await
     .unwrap();

@@ -114,9 +114,7 @@ async fn lease_ids_never_reach_the_logs() {
 /// One parsed line of `--log-format json`.
 fn json_lines(logs: &str) -> Vec<serde_json::Value> {
     logs.lines()
-        .map(|line| {
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-        })
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
         .collect()
 }
 
@@ -215,8 +213,10 @@ async fn every_line_of_a_request_carries_its_request_id() {
     // The client's id is on its request's lines, and only on them.
     let acquired = of("acquire-by-test");
     assert!(
-        acquired.iter().any(|l| message(l).as_deref() == Some("answered")
-            && field(l, &["fields", "rpc"]) == Some("Acquire")),
+        acquired
+            .iter()
+            .any(|l| message(l).as_deref() == Some("answered")
+                && field(l, &["fields", "rpc"]) == Some("Acquire")),
         "the Acquire's answer carries its id: {acquired:#?}"
     );
     for l in &acquired {
