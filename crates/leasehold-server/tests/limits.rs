@@ -389,3 +389,59 @@ async fn a_term_that_ran_out_stops_counting_against_its_principal() {
         .await
         .unwrap();
 }
+
+/// `serve --max-keys-per-principal N` reaches the gate: the binary refuses
+/// the principal's key N + 1.
+#[tokio::test]
+async fn the_flag_sets_the_key_limit_of_the_binary() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let auth = dir.path().join("auth.toml");
+    std::fs::write(
+        &auth,
+        format!(
+            "[[principal]]\nname = \"greedy\"\ntoken_sha256 = \"{}\"\nscopes = [{{ prefix = \"\", rights = [\"hold\"] }}]\n",
+            sha256_hex(b"greedy-token")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(common::binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout-ms",
+            "200",
+        ])
+        .args(["--max-keys-per-principal", "1", "--auth"])
+        .arg(&auth)
+        .arg("--db")
+        .arg(dir.path().join("l.db"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let mut c = connection(&format!("http://{addr}")).await;
+    c.acquire(as_principal("greedy-token", acquire("a", "greedy", 10_000)))
+        .await
+        .unwrap();
+    let refused = c
+        .acquire(as_principal("greedy-token", acquire("b", "greedy", 10_000)))
+        .await
+        .unwrap_err();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    exhausted(&refused, "keys_per_principal");
+}
