@@ -97,6 +97,22 @@ export class InvalidArgumentError extends LeaseholdError {
 }
 
 /**
+ * A server limit was reached (`RESOURCE_EXHAUSTED`); other clients are still
+ * served. `limit` names it: "keys_per_principal" (release keys first),
+ * "waiters_per_key", "waits_per_connection", "streams_per_connection",
+ * "ops_per_second" (back off); empty when gRPC itself refused (a message
+ * over the size limit).
+ */
+export class ResourceExhaustedError extends LeaseholdError {
+  readonly limit: string;
+  constructor(message: string, limit: string) {
+    super("resource_exhausted", message);
+    this.name = "ResourceExhaustedError";
+    this.limit = limit;
+  }
+}
+
+/**
  * The server could not be reached, did not answer in time, is shutting down,
  * or its storage failed. Retrying later may succeed.
  */
@@ -189,6 +205,8 @@ export function fromRefusal(code: number, message: string, details: RefusalDetai
       return new LeaseholdError("not_found", message);
     case Code.Unauthenticated:
       return new UnauthenticatedError(message);
+    case Code.ResourceExhausted:
+      return new ResourceExhaustedError(message, details.text("leasehold-limit") ?? "");
     case Code.Unavailable:
     case Code.DeadlineExceeded:
     case Code.Canceled:

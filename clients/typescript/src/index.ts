@@ -12,6 +12,7 @@ export {
   LeaseholdError,
   LeaseLostError,
   PermissionDeniedError,
+  ResourceExhaustedError,
   UnauthenticatedError,
   UnavailableError,
   type LossReason,

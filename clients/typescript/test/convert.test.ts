@@ -23,6 +23,7 @@ import {
   LeaseholdError,
   LeaseLostError,
   PermissionDeniedError,
+  ResourceExhaustedError,
   UnavailableError,
 } from "../src/index.js";
 import { toEnded } from "../src/lease.js";
@@ -106,6 +107,14 @@ describe("refusals become the package's errors", () => {
       const err = fromCallError(new ConnectError(cause, code, undefined, undefined, reason), "Acquire");
       assert.ok(err instanceof UnavailableError, `${cause}: ${err.name}`);
     }
+  });
+
+  it("a limit refusal is ResourceExhaustedError naming the limit", () => {
+    const details = detailsFromHeaders(new Headers({ "leasehold-limit": "keys_per_principal" }));
+    const err = fromRefusal(Code.ResourceExhausted, "limit keys_per_principal reached", details);
+    assert.ok(err instanceof ResourceExhaustedError);
+    assert.equal(err.code, "resource_exhausted");
+    assert.equal(err.limit, "keys_per_principal");
   });
 
   it("each code maps to its class", () => {
