@@ -210,6 +210,12 @@ pub fn caller_name(principal: Option<&str>, peer: Option<SocketAddr>) -> String 
 ///
 /// Memory is bounded: at most `keys_per_principal` entries per principal,
 /// and principals are the auth file's.
+///
+/// # Locking
+/// One std mutex, taken (with the limit on and `--auth`) by each Acquire,
+/// Renew and Release for a few hash-map operations, never across an
+/// `.await`; the sweep, only at the limit, walks at most the limit's worth
+/// of one principal's entries.
 #[derive(Debug, Default)]
 struct Holdings {
     /// Each principal's keys and Acquires in flight.
@@ -339,7 +345,7 @@ impl Gate {
             let holder = &mut holdings.holder;
             held.keys.retain(|key, (_, until)| {
                 let live = *until > now;
-                if !live {
+                if !live && holder.get(key) == Some(&principal) {
                     holder.remove(key);
                 }
                 live
