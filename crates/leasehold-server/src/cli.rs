@@ -261,6 +261,10 @@ struct ServeLimits {
     /// The largest request message, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_bytes: usize,
+    /// Keys one principal (under --auth) may hold at once: its live terms
+    /// and Acquires in flight; 0 is no limit.
+    #[arg(long, default_value_t = 10_000)]
+    max_keys_per_principal: usize,
 }
 
 impl ServeLimits {
@@ -270,6 +274,7 @@ impl ServeLimits {
             streams_per_connection: self.max_streams_per_connection,
             ops_per_second: self.max_ops_per_second,
             max_message_bytes: self.max_message_bytes,
+            keys_per_principal: self.max_keys_per_principal,
         }
     }
 }
