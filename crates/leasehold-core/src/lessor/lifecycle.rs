@@ -198,6 +198,7 @@ impl<W: WaiterHandle> Lessor<W> {
             .get_mut(key)
             .ok_or_else(|| Error::NotFound(key.clone()))?;
         if state.quarantined || state.failures > 0 {
+            self.stats.quarantined -= usize::from(state.quarantined);
             state.quarantined = false;
             state.failures = 0;
             state.visible_seq = self.changes.next_seq();

@@ -158,6 +158,10 @@ pub struct Stats {
     pub expirations: u64,
     /// Since start-up: successful renewals.
     pub renewals: u64,
+    /// Keys quarantined now.
+    pub quarantined: usize,
+    /// Since start-up: keys that became quarantined.
+    pub quarantines: u64,
 }
 
 /// The largest List page, and the one given when a request names none.
@@ -274,6 +278,7 @@ impl<W: WaiterHandle> Lessor<W> {
                 }
             }
             state.last_ended = record.last_ended;
+            lessor.stats.quarantined += usize::from(state.quarantined);
             lessor.keys.insert(record.key, state);
         }
         let mut by_key: BTreeMap<Key, Vec<ToolCall>> = BTreeMap::new();
@@ -817,7 +822,16 @@ impl<W: WaiterHandle> Lessor<W> {
         self.stats.live_terms -= 1;
         let default_max_recoveries = self.default_max_recoveries;
         let history_len = self.history_len;
+        let was_quarantined = state.quarantined;
         state.record_end(&term, end, at, default_max_recoveries, history_len);
+        match (was_quarantined, state.quarantined) {
+            (false, true) => {
+                self.stats.quarantined += 1;
+                self.stats.quarantines += 1;
+            }
+            (true, false) => self.stats.quarantined -= 1,
+            _ => {}
+        }
         if end == TermEnd::Expired && term.lifecycle.lock_delay_ms > 0 {
             self.reserve(
                 key,

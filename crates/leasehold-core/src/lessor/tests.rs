@@ -771,6 +771,8 @@ fn a_key_is_quarantined_after_k_failed_terms_in_a_row() {
     }
     let page = lessor.list("", ListFilter::Quarantined, None, 10, 100, now);
     assert_eq!(page.keys.len(), 1);
+    assert_eq!(lessor.stats().quarantined, 1);
+    assert_eq!(lessor.stats().quarantines, 1);
     let page = lessor.list("", ListFilter::Recoverable, None, 10, 100, now);
     assert!(
         page.keys.is_empty(),
@@ -789,6 +791,7 @@ fn a_key_is_quarantined_after_k_failed_terms_in_a_row() {
     assert!(lessor.get(&k("k"), now + 1).unwrap().quarantined);
     let (view, _) = lessor.unquarantine(&k("k"), now + 2).unwrap();
     assert!(!view.quarantined);
+    assert_eq!(lessor.stats().quarantined, 0);
     assert!(view.recoverable);
     granted(lessor.acquire(spec("k", "w"), now + 3, None));
 }

@@ -85,6 +85,13 @@ impl EventLog {
         let _ = inner.live.send(events.into());
     }
 
+    /// How many watchers follow the live feed, and the highest revision
+    /// published (for metrics).
+    pub fn stats(&self) -> (usize, u64) {
+        let inner = self.inner.lock().expect("event log lock");
+        (inner.live.receiver_count(), inner.revision)
+    }
+
     /// Starts a watch of `selector` from `start` (0: only what comes next).
     ///
     /// # Errors

@@ -965,6 +965,27 @@ impl Backend for Engine {
             "Tool calls recorded as running and not yet settled.",
             stats.unsettled_tool_calls as f64,
         );
+        out.gauge(
+            "leasehold_keys_quarantined",
+            "Keys refused to Acquire after too many failed terms in a row (see Unquarantine).",
+            stats.quarantined as f64,
+        );
+        out.counter(
+            "leasehold_quarantines_total",
+            "Keys that became quarantined.",
+            stats.quarantines,
+        );
+        let (watchers, revision) = self.shared.events.stats();
+        out.gauge(
+            "leasehold_watchers",
+            "Watch streams following the live event feed.",
+            watchers as f64,
+        );
+        out.gauge(
+            "leasehold_revision",
+            "The highest event revision committed and published to watchers.",
+            revision as f64,
+        );
         out.counter(
             "leasehold_grants_total",
             "New terms granted (replays not counted).",
