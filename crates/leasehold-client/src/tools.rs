@@ -219,6 +219,8 @@ impl SessionGuard {
                     input_digest: c.input_digest.clone(),
                 })
                 .collect(),
+            across_turns: Default::default(),
+            turn: Default::default(),
         };
         let timeout = shared.timing.rpc_timeout;
         let mut rpc = shared.rpc.clone();
@@ -264,6 +266,7 @@ impl SessionGuard {
             outcome: state as i32,
             result_digest: String::new(),
             result,
+            turn: Default::default(),
         };
         let timeout = shared.timing.rpc_timeout;
         let mut rpc = shared.rpc.clone();

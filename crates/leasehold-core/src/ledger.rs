@@ -7,6 +7,16 @@
 //! the stored record back and reuses its outcome. After a crash or takeover,
 //! the calls still `Running` are exactly the ones whose outcome nobody knows;
 //! the new owner settles each explicitly, under its own, higher fence.
+//!
+//! # Turns
+//! Some models reuse call ids across turns (`call_0` in every turn). A call
+//! may name its **turn**; its identity is then `(turn, call_id)`, and a
+//! duplicate is looked for within the turn only, unless the begin asks
+//! `across_turns` (reject an id declared anywhere in the key's ledger). A
+//! call that names no turn (the empty turn) is checked across every turn, as
+//! before turns existed. Which to use: name the turn when the provider's ids
+//! are only unique per turn; leave it out (or ask `across_turns`) when they
+//! are unique per conversation, so a replayed id from an old turn is caught.
 
 use std::collections::HashMap;
 
@@ -29,6 +39,14 @@ pub const MAX_BATCH_CALLS: usize = 256;
 /// `leasehold:tool-call`.
 pub const IDEMPOTENCY_NAMESPACE: uuid::Uuid = uuid::uuid!("ab524bdc-58dc-56d8-b437-c4cf5ed10325");
 
+/// The identity of a call in a key's ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallRef {
+    /// Empty when the call named no turn.
+    pub turn: String,
+    pub call_id: String,
+}
+
 /// A stable id for a tool call's side effects, for downstream services that
 /// cannot check fences (an external API's idempotency key): the UUIDv5 of
 /// `key`, a NUL byte and `call_id` in [`IDEMPOTENCY_NAMESPACE`]. In Python:
@@ -41,6 +59,16 @@ pub fn idempotency_key(key: &str, call_id: &str) -> String {
     uuid::Uuid::new_v5(&IDEMPOTENCY_NAMESPACE, &name)
         .hyphenated()
         .to_string()
+}
+
+/// [`idempotency_key`] of a call that named a turn: the UUIDv5 of `key`,
+/// NUL, `turn`, NUL, `call_id` (a call without a turn keeps the key of
+/// [`idempotency_key`]).
+pub fn idempotency_key_in_turn(key: &str, turn: &str, call_id: &str) -> String {
+    if turn.is_empty() {
+        return idempotency_key(key, call_id);
+    }
+    idempotency_key(&format!("{key}\0{turn}"), call_id)
 }
 
 /// Where a call stands.
@@ -67,11 +95,17 @@ pub struct CallSpec {
     pub call_id: String,
     pub name: String,
     pub input_digest: String,
+    /// The turn the call belongs to (empty: none; see the module docs).
+    pub turn: String,
+    /// Refuse an id declared in any turn, not only this one.
+    pub across_turns: bool,
 }
 
 /// One ledger entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolCall {
+    /// The turn it was begun in (empty: none).
+    pub turn: String,
     pub call_id: String,
     pub name: String,
     pub input_digest: String,
@@ -88,9 +122,22 @@ pub struct ToolCall {
     pub ordinal: u64,
 }
 
+impl ToolCall {
+    /// This call's identity in its key's ledger.
+    pub fn reference(&self) -> CallRef {
+        CallRef {
+            turn: self.turn.clone(),
+            call_id: self.call_id.clone(),
+        }
+    }
+}
+
 /// A terminal outcome to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
+    /// The call's turn; empty settles the one call with this id, whatever
+    /// its turn (an id in several turns then needs the turn).
+    pub turn: String,
     pub call_id: String,
     pub outcome: CallState,
     pub result_digest: String,
@@ -122,20 +169,29 @@ pub enum CallFilter {
 pub struct Ledger {
     /// Calls ordered by ordinal.
     calls: Vec<ToolCall>,
-    /// call id -> position in `calls`.
-    index: HashMap<String, usize>,
+    /// call id -> positions in `calls` (one per turn that used the id).
+    index: HashMap<String, Vec<usize>>,
 }
 
 impl Ledger {
     /// Rebuilds a ledger from stored calls (any order).
     pub fn from_calls(mut calls: Vec<ToolCall>) -> Self {
         calls.sort_by_key(|c| c.ordinal);
-        let index = calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.call_id.clone(), i))
-            .collect();
+        let mut index: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, c) in calls.iter().enumerate() {
+            index.entry(c.call_id.clone()).or_default().push(i);
+        }
         Ledger { calls, index }
+    }
+
+    /// The call a new `spec` would duplicate, if any.
+    fn duplicate_of(&self, spec: &CallSpec) -> Option<&ToolCall> {
+        let across = spec.turn.is_empty() || spec.across_turns;
+        self.index
+            .get(&spec.call_id)?
+            .iter()
+            .map(|&i| &self.calls[i])
+            .find(|c| across || c.turn == spec.turn)
     }
 
     /// Records `specs` as running under `fence`, all or none.
@@ -152,7 +208,7 @@ impl Ledger {
         let mut ids = Vec::new();
         let mut existing = Vec::new();
         for spec in &specs {
-            if let Some(call) = self.get(&spec.call_id) {
+            if let Some(call) = self.duplicate_of(spec) {
                 if !ids.contains(&spec.call_id) {
                     ids.push(spec.call_id.clone());
                     existing.push(call.clone());
@@ -170,6 +226,7 @@ impl Ledger {
                 let ordinal = *next_ordinal;
                 *next_ordinal += 1;
                 ToolCall {
+                    turn: spec.turn,
                     call_id: spec.call_id,
                     name: spec.name,
                     input_digest: spec.input_digest,
@@ -185,7 +242,10 @@ impl Ledger {
             })
             .collect();
         for call in &recorded {
-            self.index.insert(call.call_id.clone(), self.calls.len());
+            self.index
+                .entry(call.call_id.clone())
+                .or_default()
+                .push(self.calls.len());
             self.calls.push(call.clone());
         }
         BeginOutcome::Recorded(recorded)
@@ -196,7 +256,9 @@ impl Ledger {
     /// Returns the winning record and whether an earlier settle had won.
     ///
     /// # Errors
-    /// [`Error::ToolCallNotFound`] when the ledger has no such call.
+    /// [`Error::ToolCallNotFound`] when the ledger has no such call;
+    /// [`Error::InvalidArgument`] when no turn is named and the id is in
+    /// several turns.
     pub fn settle(
         &mut self,
         key: &Key,
@@ -204,11 +266,32 @@ impl Ledger {
         fence: Fence,
         now: Millis,
     ) -> Result<(ToolCall, bool)> {
-        let Some(&i) = self.index.get(&settlement.call_id) else {
-            return Err(Error::ToolCallNotFound {
-                key: key.clone(),
-                call_id: settlement.call_id,
-            });
+        let found: Vec<usize> = self
+            .index
+            .get(&settlement.call_id)
+            .map(|at| {
+                at.iter()
+                    .copied()
+                    .filter(|&i| {
+                        settlement.turn.is_empty() || self.calls[i].turn == settlement.turn
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let i = match found[..] {
+            [i] => i,
+            [] => {
+                return Err(Error::ToolCallNotFound {
+                    key: key.clone(),
+                    call_id: settlement.call_id,
+                });
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "tool call {:?} was begun in several turns; name the turn to settle",
+                    settlement.call_id
+                )));
+            }
         };
         let call = &mut self.calls[i];
         if call.state.is_settled() {
@@ -222,9 +305,13 @@ impl Ledger {
         Ok((call.clone(), false))
     }
 
-    /// The call with this id.
-    pub fn get(&self, call_id: &str) -> Option<&ToolCall> {
-        self.index.get(call_id).map(|&i| &self.calls[i])
+    /// The call with this identity.
+    pub fn get(&self, call: &CallRef) -> Option<&ToolCall> {
+        self.index
+            .get(&call.call_id)?
+            .iter()
+            .map(|&i| &self.calls[i])
+            .find(|c| c.turn == call.turn)
     }
 
     /// Calls in registration order.
@@ -246,14 +333,14 @@ impl Ledger {
         self.calls.iter().any(|c| c.state.is_settled())
     }
 
-    /// Drops settled calls; returns their ids. Running calls stay: their
+    /// Drops settled calls; returns them. Running calls stay: their
     /// outcome is still owed.
-    pub fn prune_settled(&mut self) -> Vec<String> {
+    pub fn prune_settled(&mut self) -> Vec<CallRef> {
         let (settled, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.calls)
             .into_iter()
             .partition(|c| c.state.is_settled());
         *self = Ledger::from_calls(running);
-        settled.into_iter().map(|c| c.call_id).collect()
+        settled.into_iter().map(|c| c.reference()).collect()
     }
 
     /// Whether the ledger holds nothing.
@@ -278,10 +365,25 @@ pub fn validate_specs(specs: &[CallSpec]) -> Result<()> {
     }
     for spec in specs {
         validate_call_id(&spec.call_id)?;
+        validate_turn(&spec.turn)?;
         limit("name", &spec.name, MAX_NAME_BYTES)?;
         limit("input_digest", &spec.input_digest, MAX_DIGEST_BYTES)?;
     }
     Ok(())
+}
+
+/// Checks a turn: at most [`MAX_CALL_ID_BYTES`], no control characters
+/// (empty is no turn).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the rule broken.
+pub fn validate_turn(turn: &str) -> Result<()> {
+    if turn.chars().any(char::is_control) {
+        return Err(Error::InvalidArgument(
+            "turn must not contain control characters".into(),
+        ));
+    }
+    limit("turn", turn, MAX_CALL_ID_BYTES)
 }
 
 /// Checks a call id: non-empty, at most [`MAX_CALL_ID_BYTES`], no control characters.
@@ -307,6 +409,7 @@ pub fn validate_call_id(call_id: &str) -> Result<()> {
 /// an over-long digest or payload.
 pub fn validate_settlement(settlement: &Settlement) -> Result<()> {
     validate_call_id(&settlement.call_id)?;
+    validate_turn(&settlement.turn)?;
     if !settlement.outcome.is_settled() {
         return Err(Error::InvalidArgument(
             "outcome must be SUCCEEDED, FAILED or UNKNOWN".into(),
@@ -341,6 +444,8 @@ mod tests {
             call_id: id.into(),
             name: "shell".into(),
             input_digest: String::new(),
+            across_turns: Default::default(),
+            turn: Default::default(),
         }
     }
 
@@ -358,7 +463,11 @@ mod tests {
         };
         assert_eq!(ids, ["a"]);
         assert_eq!(existing[0].call_id, "a");
-        assert!(ledger.get("b").is_none());
+        let b = CallRef {
+            turn: String::new(),
+            call_id: "b".into(),
+        };
+        assert!(ledger.get(&b).is_none());
     }
 
     #[test]
@@ -386,6 +495,7 @@ mod tests {
             outcome,
             result_digest: String::new(),
             result: Vec::new(),
+            turn: Default::default(),
         };
         let (first, already) = ledger
             .settle(
@@ -415,6 +525,89 @@ mod tests {
         assert_eq!(
             idempotency_key("session:1", "call_1"),
             "a2d46a7a-2e77-5d22-b2cb-c49159a0b511"
+        );
+    }
+
+    fn in_turn(id: &str, turn: &str, across_turns: bool) -> CallSpec {
+        CallSpec {
+            turn: turn.into(),
+            across_turns,
+            ..spec(id)
+        }
+    }
+
+    #[test]
+    fn a_reused_id_runs_in_a_new_turn_and_is_refused_within_one() {
+        let mut ledger = Ledger::default();
+        let mut ordinal = 1;
+        let begin = |ledger: &mut Ledger, s: CallSpec, ordinal: &mut u64| {
+            ledger.begin(vec![s], Fence(1), 0, ordinal)
+        };
+        assert!(matches!(
+            begin(&mut ledger, in_turn("call_0", "t1", false), &mut ordinal),
+            BeginOutcome::Recorded(_)
+        ));
+        // The same id in the next turn is a new call.
+        assert!(matches!(
+            begin(&mut ledger, in_turn("call_0", "t2", false), &mut ordinal),
+            BeginOutcome::Recorded(_)
+        ));
+        // Within a turn it is a duplicate, with the existing record.
+        match begin(&mut ledger, in_turn("call_0", "t2", false), &mut ordinal) {
+            BeginOutcome::Duplicate { ids, existing } => {
+                assert_eq!(ids, ["call_0"]);
+                assert_eq!(existing[0].turn, "t2");
+            }
+            other => panic!("expected a duplicate, got {other:?}"),
+        }
+        // Across turns (asked, or no turn named): any earlier turn counts.
+        assert!(matches!(
+            begin(&mut ledger, in_turn("call_0", "t3", true), &mut ordinal),
+            BeginOutcome::Duplicate { .. }
+        ));
+        assert!(matches!(
+            begin(&mut ledger, spec("call_0"), &mut ordinal),
+            BeginOutcome::Duplicate { .. }
+        ));
+        // Settling needs the turn once an id is in several.
+        let key = Key::parse("k").unwrap();
+        let settle = |turn: &str| Settlement {
+            turn: turn.into(),
+            call_id: "call_0".into(),
+            outcome: CallState::Succeeded,
+            result_digest: String::new(),
+            result: Vec::new(),
+        };
+        assert!(matches!(
+            ledger.settle(&key, settle(""), Fence(1), 1),
+            Err(Error::InvalidArgument(_))
+        ));
+        let (call, already) = ledger.settle(&key, settle("t1"), Fence(1), 1).unwrap();
+        assert_eq!(call.turn, "t1");
+        assert!(!already);
+        assert_eq!(ledger.unsettled(), 1);
+        let pruned = ledger.prune_settled();
+        assert_eq!(
+            pruned,
+            vec![CallRef {
+                turn: "t1".into(),
+                call_id: "call_0".into()
+            }]
+        );
+        // One call left with the id: settling without a turn finds it.
+        let (call, _) = ledger.settle(&key, settle(""), Fence(1), 2).unwrap();
+        assert_eq!(call.turn, "t2");
+    }
+
+    #[test]
+    fn a_turn_changes_the_idempotency_key_and_no_turn_keeps_it() {
+        assert_eq!(
+            idempotency_key_in_turn("k", "", "c"),
+            idempotency_key("k", "c")
+        );
+        assert_ne!(
+            idempotency_key_in_turn("k", "t1", "c"),
+            idempotency_key_in_turn("k", "t2", "c")
         );
     }
 }

@@ -10,7 +10,7 @@
 
 use crate::events::Event;
 use crate::lease::{EndedTerm, Fence, HistoryEntry, Key, Reservation, Term};
-use crate::ledger::ToolCall;
+use crate::ledger::{CallRef, ToolCall};
 
 /// A key's durable state: what storage keeps, and what start-up restores.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,8 +55,8 @@ pub struct Batch {
     /// Keys forgotten (released cleanly long enough ago): their rows go.
     /// Applied before `records`, which may hold a key created again since.
     pub forgotten: Vec<Key>,
-    /// Tool calls pruned from ledgers: (key, call ids). Applied before `calls`.
-    pub pruned_calls: Vec<(Key, Vec<String>)>,
+    /// Tool calls pruned from ledgers. Applied before `calls`.
+    pub pruned_calls: Vec<(Key, Vec<CallRef>)>,
     /// The current state of every tool call changed since the last batch.
     pub calls: Vec<(Key, ToolCall)>,
     /// The highest fence ever granted. Storage must keep it durable by the

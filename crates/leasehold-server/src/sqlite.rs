@@ -45,6 +45,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0002_tool_calls.sql"),
     include_str!("../../../migrations/0003_lifecycle.sql"),
     include_str!("../../../migrations/0004_events.sql"),
+    include_str!("../../../migrations/0005_tool_call_turns.sql"),
 ];
 
 /// How hard a commit waits for the disk.
@@ -228,7 +229,7 @@ impl Store for SqliteStore {
             .conn
             .prepare(
                 "SELECT key, call_id, ordinal, name, input_digest, fence, state, settled_fence,
-                        result_digest, result, begun_at_ms, settled_at_ms
+                        result_digest, result, begun_at_ms, settled_at_ms, turn
                  FROM tool_calls",
             )
             .map_err(io)?;
@@ -360,19 +361,23 @@ impl Store for SqliteStore {
                 }
             }
             let mut prune = tx
-                .prepare_cached("DELETE FROM tool_calls WHERE key = ?1 AND call_id = ?2")
+                .prepare_cached(
+                    "DELETE FROM tool_calls WHERE key = ?1 AND turn = ?2 AND call_id = ?3",
+                )
                 .map_err(io)?;
-            for (key, call_ids) in &batch.pruned_calls {
-                for call_id in call_ids {
-                    prune.execute(params![Sql(key), call_id]).map_err(io)?;
+            for (key, calls) in &batch.pruned_calls {
+                for call in calls {
+                    prune
+                        .execute(params![Sql(key), call.turn, call.call_id])
+                        .map_err(io)?;
                 }
             }
             let mut put_call = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO tool_calls (key, call_id, ordinal, name, input_digest,
                         fence, state, settled_fence, result_digest, result, begun_at_ms,
-                        settled_at_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                        settled_at_ms, turn)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )
                 .map_err(io)?;
             for (key, call) in &batch.calls {
@@ -390,6 +395,7 @@ impl Store for SqliteStore {
                         call.result,
                         call.begun_at as i64,
                         call.settled_at.map(|t| t as i64),
+                        call.turn,
                     ])
                     .map_err(io)?;
             }
@@ -607,6 +613,7 @@ fn read_call(row: &Row<'_>) -> rusqlite::Result<(Key, ToolCall)> {
         result: row.get(9)?,
         begun_at: row.get::<_, i64>(10)? as u64,
         settled_at: row.get::<_, Option<i64>>(11)?.map(|t| t as u64),
+        turn: row.get(12)?,
     };
     Ok((col(row, 0)?, call))
 }
@@ -838,6 +845,9 @@ mod tests {
             "INSERT INTO keys (key, live_fence, live_owner, live_lease_id, live_ttl_ms,
                 live_acquired_at_ms, live_expires_at_ms)
              VALUES ('k', 1, 'o', zeroblob(16), 5, 0, 5)",
+            "INSERT INTO keys (key, reserved_kind, reserved_after_fence, reserved_until_ms)
+             VALUES ('k', 9, 1, 5)",
+            "INSERT INTO events (first_revision, last_revision, data) VALUES (1, 1, x'0100')",
         ];
         for corruption in corruptions {
             let dir = tempfile::tempdir().unwrap();

@@ -756,6 +756,7 @@ fn settle(lease: &pb::Lease, id: &str, outcome: pb::ToolCallState) -> pb::Settle
         outcome: outcome as i32,
         result_digest: "out".into(),
         result: b"ok".to_vec(),
+        turn: Default::default(),
     }
 }
 
@@ -772,6 +773,8 @@ async fn the_tool_call_ledger() {
         fence: lease.fence,
         lease_id: lease.lease_id.clone(),
         calls,
+        across_turns: Default::default(),
+        turn: Default::default(),
     };
     let begun = c
         .begin_tool_calls(begin(vec![spec("a"), spec("b"), spec("c")]))

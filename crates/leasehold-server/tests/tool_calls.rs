@@ -30,6 +30,8 @@ fn begin(lease: &pb::Lease, call_id: &str) -> pb::BeginToolCallRequest {
         call_id: call_id.into(),
         name: "shell".into(),
         input_digest: "sha256:abc".into(),
+        across_turns: Default::default(),
+        turn: Default::default(),
     }
 }
 
@@ -39,6 +41,8 @@ fn begin_batch(lease: &pb::Lease, ids: &[&str]) -> pb::BeginToolCallsRequest {
         fence: lease.fence,
         lease_id: lease.lease_id.clone(),
         calls: ids.iter().map(|id| spec(id)).collect(),
+        across_turns: Default::default(),
+        turn: Default::default(),
     }
 }
 
@@ -55,6 +59,7 @@ fn settle(
         outcome: outcome as i32,
         result_digest: String::new(),
         result: b"ok".to_vec(),
+        turn: Default::default(),
     }
 }
 
@@ -475,4 +480,90 @@ async fn ledger_writes_are_durable_before_reply() {
         server.engine.commits() > before,
         "settle committed before its reply"
     );
+}
+
+/// Turn-scoped call ids: a model that reuses `call_0` in every turn runs it
+/// again in a new turn, is refused within a turn, and (asked `across_turns`,
+/// or naming no turn) is refused for any id already in the ledger; turns
+/// survive a restart, and settling names the turn.
+#[tokio::test]
+async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let lease = lease_of(client.acquire(acquire("s", "w", 60_000)).await.unwrap());
+    let in_turn = |turn: &str, across_turns: bool| pb::BeginToolCallsRequest {
+        turn: turn.into(),
+        across_turns,
+        ..begin_batch(&lease, &["call_0"])
+    };
+    let first = client
+        .begin_tool_calls(in_turn("t1", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!first.duplicate);
+    assert_eq!(first.calls[0].turn, "t1");
+    let second = client
+        .begin_tool_calls(in_turn("t2", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!second.duplicate, "a new turn runs the reused id");
+    assert_ne!(
+        first.calls[0].idempotency_key, second.calls[0].idempotency_key,
+        "each turn's call has its own idempotency key"
+    );
+    let again = client
+        .begin_tool_calls(in_turn("t2", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.duplicate, "twice in one turn is refused");
+    assert_eq!(again.calls[0].turn, "t2");
+    let across = client
+        .begin_tool_calls(in_turn("t3", true))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(across.duplicate, "across_turns sees the earlier turns");
+    let unscoped = client
+        .begin_tool_call(begin(&lease, "call_0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(unscoped.duplicate, "no turn named: every turn counts");
+
+    // Settling an id begun in two turns needs the turn.
+    let ambiguous = client
+        .settle_tool_call(settle(&lease, "call_0", pb::ToolCallState::Succeeded))
+        .await
+        .unwrap_err();
+    assert_eq!(ambiguous.code(), Code::InvalidArgument);
+    let settled = client
+        .settle_tool_call(pb::SettleToolCallRequest {
+            turn: "t1".into(),
+            ..settle(&lease, "call_0", pb::ToolCallState::Succeeded)
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(settled.call.unwrap().turn, "t1");
+
+    let server = server.restart().await;
+    let mut client = server.client().await;
+    let calls = list(&mut client, "s", false).await;
+    let turns: Vec<(&str, i32)> = calls.iter().map(|c| (c.turn.as_str(), c.state)).collect();
+    assert_eq!(
+        turns,
+        vec![
+            ("t1", pb::ToolCallState::Succeeded as i32),
+            ("t2", pb::ToolCallState::Running as i32)
+        ]
+    );
+    let again = client
+        .begin_tool_calls(in_turn("t2", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.duplicate, "still refused after a restart");
 }

@@ -17,7 +17,7 @@ use leasehold_core::lease::{
     Owner, RequestId, Reservation, Term, TermEnd, Ttl, Wait,
 };
 use leasehold_core::ledger::{
-    CallFilter, CallSpec, CallState, Settlement, ToolCall, idempotency_key,
+    CallFilter, CallSpec, CallState, Settlement, ToolCall, idempotency_key_in_turn,
 };
 use leasehold_core::lessor::{Acquire, Grant, HistoryPage, KeyView, ListFilter};
 
@@ -208,7 +208,8 @@ pub fn tool_call(key: &Key, call: &ToolCall) -> pb::ToolCall {
         begun_at_ms: call.begun_at,
         settled_at_ms: call.settled_at.unwrap_or(0),
         ordinal: call.ordinal,
-        idempotency_key: idempotency_key(key.as_str(), &call.call_id),
+        idempotency_key: idempotency_key_in_turn(key.as_str(), &call.turn, &call.call_id),
+        turn: call.turn.clone(),
     }
 }
 
@@ -310,11 +311,13 @@ pub fn list_filter_to_pb(filter: ListFilter) -> pb::ListFilter {
 }
 
 /// A call to begin, as the domain sees it (checked by the ledger's rules).
-pub fn call_spec(spec: pb::ToolCallSpec) -> CallSpec {
+pub fn call_spec(spec: pb::ToolCallSpec, turn: &str, across_turns: bool) -> CallSpec {
     CallSpec {
         call_id: spec.call_id,
         name: spec.name,
         input_digest: spec.input_digest,
+        turn: turn.to_owned(),
+        across_turns,
     }
 }
 
@@ -323,6 +326,7 @@ pub fn call_spec(spec: pb::ToolCallSpec) -> CallSpec {
 /// # Errors
 /// [`Error::InvalidArgument`] when the outcome is not SUCCEEDED, FAILED or UNKNOWN.
 pub fn settlement(
+    turn: String,
     call_id: String,
     outcome: i32,
     result_digest: String,
@@ -343,6 +347,7 @@ pub fn settlement(
         outcome,
         result_digest,
         result,
+        turn,
     })
 }
 
@@ -536,6 +541,7 @@ pub fn tool_call_from_pb(call: pb::ToolCall) -> Result<(Key, ToolCall)> {
             begun_at: call.begun_at_ms,
             settled_at,
             ordinal: call.ordinal,
+            turn: call.turn,
         },
     ))
 }

@@ -380,7 +380,7 @@ class ListResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[_Union[KeyState, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ToolCall(_message.Message):
-    __slots__ = ("key", "call_id", "name", "input_digest", "fence", "state", "settled_fence", "result_digest", "result", "begun_at_ms", "settled_at_ms", "ordinal", "idempotency_key")
+    __slots__ = ("key", "call_id", "name", "input_digest", "fence", "state", "settled_fence", "result_digest", "result", "begun_at_ms", "settled_at_ms", "ordinal", "idempotency_key", "turn")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -394,6 +394,7 @@ class ToolCall(_message.Message):
     SETTLED_AT_MS_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
     key: str
     call_id: str
     name: str
@@ -407,7 +408,8 @@ class ToolCall(_message.Message):
     settled_at_ms: int
     ordinal: int
     idempotency_key: str
-    def __init__(self, key: _Optional[str] = ..., call_id: _Optional[str] = ..., name: _Optional[str] = ..., input_digest: _Optional[str] = ..., fence: _Optional[int] = ..., state: _Optional[_Union[ToolCallState, str]] = ..., settled_fence: _Optional[int] = ..., result_digest: _Optional[str] = ..., result: _Optional[bytes] = ..., begun_at_ms: _Optional[int] = ..., settled_at_ms: _Optional[int] = ..., ordinal: _Optional[int] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    turn: str
+    def __init__(self, key: _Optional[str] = ..., call_id: _Optional[str] = ..., name: _Optional[str] = ..., input_digest: _Optional[str] = ..., fence: _Optional[int] = ..., state: _Optional[_Union[ToolCallState, str]] = ..., settled_fence: _Optional[int] = ..., result_digest: _Optional[str] = ..., result: _Optional[bytes] = ..., begun_at_ms: _Optional[int] = ..., settled_at_ms: _Optional[int] = ..., ordinal: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., turn: _Optional[str] = ...) -> None: ...
 
 class ToolCallSpec(_message.Message):
     __slots__ = ("call_id", "name", "input_digest")
@@ -420,20 +422,24 @@ class ToolCallSpec(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., name: _Optional[str] = ..., input_digest: _Optional[str] = ...) -> None: ...
 
 class BeginToolCallRequest(_message.Message):
-    __slots__ = ("key", "fence", "lease_id", "call_id", "name", "input_digest")
+    __slots__ = ("key", "fence", "lease_id", "call_id", "name", "input_digest", "turn", "across_turns")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     INPUT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    ACROSS_TURNS_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_id: str
     call_id: str
     name: str
     input_digest: str
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., call_id: _Optional[str] = ..., name: _Optional[str] = ..., input_digest: _Optional[str] = ...) -> None: ...
+    turn: str
+    across_turns: bool
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., call_id: _Optional[str] = ..., name: _Optional[str] = ..., input_digest: _Optional[str] = ..., turn: _Optional[str] = ..., across_turns: _Optional[bool] = ...) -> None: ...
 
 class BeginToolCallResponse(_message.Message):
     __slots__ = ("call", "duplicate")
@@ -444,16 +450,20 @@ class BeginToolCallResponse(_message.Message):
     def __init__(self, call: _Optional[_Union[ToolCall, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class BeginToolCallsRequest(_message.Message):
-    __slots__ = ("key", "fence", "lease_id", "calls")
+    __slots__ = ("key", "fence", "lease_id", "calls", "turn", "across_turns")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    ACROSS_TURNS_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_id: str
     calls: _containers.RepeatedCompositeFieldContainer[ToolCallSpec]
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., calls: _Optional[_Iterable[_Union[ToolCallSpec, _Mapping]]] = ...) -> None: ...
+    turn: str
+    across_turns: bool
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., calls: _Optional[_Iterable[_Union[ToolCallSpec, _Mapping]]] = ..., turn: _Optional[str] = ..., across_turns: _Optional[bool] = ...) -> None: ...
 
 class BeginToolCallsResponse(_message.Message):
     __slots__ = ("calls", "duplicate", "duplicate_call_ids")
@@ -466,7 +476,7 @@ class BeginToolCallsResponse(_message.Message):
     def __init__(self, calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., duplicate_call_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SettleToolCallRequest(_message.Message):
-    __slots__ = ("key", "fence", "lease_id", "call_id", "outcome", "result_digest", "result")
+    __slots__ = ("key", "fence", "lease_id", "call_id", "outcome", "result_digest", "result", "turn")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -474,6 +484,7 @@ class SettleToolCallRequest(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     RESULT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_id: str
@@ -481,7 +492,8 @@ class SettleToolCallRequest(_message.Message):
     outcome: ToolCallState
     result_digest: str
     result: bytes
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., call_id: _Optional[str] = ..., outcome: _Optional[_Union[ToolCallState, str]] = ..., result_digest: _Optional[str] = ..., result: _Optional[bytes] = ...) -> None: ...
+    turn: str
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., call_id: _Optional[str] = ..., outcome: _Optional[_Union[ToolCallState, str]] = ..., result_digest: _Optional[str] = ..., result: _Optional[bytes] = ..., turn: _Optional[str] = ...) -> None: ...
 
 class SettleToolCallResponse(_message.Message):
     __slots__ = ("call", "already_settled")

@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashSet};
 use crate::clock::Millis;
 use crate::events::EventKind;
 use crate::lease::{Fence, Key, Owner};
+use crate::ledger::CallRef;
 
 /// An event not yet handed to storage: it gets its revision then.
 #[derive(Debug)]
@@ -37,10 +38,10 @@ pub(super) struct Changes {
     urgent: bool,
     /// The last sequence number given to a change that must be durable.
     seq: u64,
-    /// Tool calls changed: (key, call id).
-    calls: HashSet<(Key, String)>,
+    /// Tool calls changed.
+    calls: HashSet<(Key, CallRef)>,
     /// Tool calls pruned from ledgers.
-    pruned_calls: Vec<(Key, Vec<String>)>,
+    pruned_calls: Vec<(Key, Vec<CallRef>)>,
     /// Keys forgotten.
     forgotten: Vec<Key>,
     /// Events of changed keys, in the order they happened.
@@ -50,8 +51,8 @@ pub(super) struct Changes {
 /// The keys and calls a batch must write, before their rows are read.
 pub(super) struct Taken {
     pub keys: Vec<Key>,
-    pub calls: Vec<(Key, String)>,
-    pub pruned_calls: Vec<(Key, Vec<String>)>,
+    pub calls: Vec<(Key, CallRef)>,
+    pub pruned_calls: Vec<(Key, Vec<CallRef>)>,
     pub forgotten: Vec<Key>,
     pub seq: u64,
     /// The events of the keys taken, in the order they happened, for
@@ -81,8 +82,8 @@ impl Changes {
     }
 
     /// Records that a tool call of `key` changed.
-    pub fn call(&mut self, key: &Key, call_id: String) {
-        self.calls.insert((key.clone(), call_id));
+    pub fn call(&mut self, key: &Key, call: CallRef) {
+        self.calls.insert((key.clone(), call));
         self.urgent = true;
     }
 
@@ -92,8 +93,8 @@ impl Changes {
     }
 
     /// Records calls pruned from `key`'s ledger.
-    pub fn pruned(&mut self, key: &Key, call_ids: Vec<String>) {
-        self.pruned_calls.push((key.clone(), call_ids));
+    pub fn pruned(&mut self, key: &Key, calls: Vec<CallRef>) {
+        self.pruned_calls.push((key.clone(), calls));
     }
 
     /// Records that `key` was forgotten: its row goes, pending writes of it

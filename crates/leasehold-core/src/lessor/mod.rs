@@ -693,8 +693,8 @@ impl<W: WaiterHandle> Lessor<W> {
         let calls = taken
             .calls
             .into_iter()
-            .filter_map(|(key, call_id)| {
-                let call = self.keys.get(&key)?.ledger.as_ref()?.get(&call_id)?.clone();
+            .filter_map(|(key, call)| {
+                let call = self.keys.get(&key)?.ledger.as_ref()?.get(&call)?.clone();
                 Some((key, call))
             })
             .collect();

@@ -443,6 +443,8 @@ fn a_key_with_running_tool_calls_is_not_forgotten() {
         call_id: "c1".into(),
         name: "tool".into(),
         input_digest: String::new(),
+        across_turns: Default::default(),
+        turn: Default::default(),
     }];
     lessor
         .begin_tool_calls(&k("k"), g.term.fence, g.term.lease_id, calls, 0)
@@ -493,11 +495,15 @@ fn stats_follow_the_table() {
             call_id: "c1".into(),
             name: "t".into(),
             input_digest: String::new(),
+            across_turns: Default::default(),
+            turn: Default::default(),
         },
         CallSpec {
             call_id: "c2".into(),
             name: "t".into(),
             input_digest: String::new(),
+            across_turns: Default::default(),
+            turn: Default::default(),
         },
     ];
     lessor
@@ -508,6 +514,7 @@ fn stats_follow_the_table() {
         outcome: crate::ledger::CallState::Succeeded,
         result_digest: String::new(),
         result: Vec::new(),
+        turn: Default::default(),
     };
     lessor
         .settle_tool_call(&k("b"), b.term.fence, b.term.lease_id, settle.clone(), 3)

@@ -40,7 +40,7 @@ impl<W: WaiterHandle> Lessor<W> {
         state.visible_seq = seq;
         self.stats.unsettled_tool_calls += calls.len();
         for call in calls {
-            self.changes.call(key, call.call_id.clone());
+            self.changes.call(key, call.reference());
         }
         Ok((outcome, seq))
     }
@@ -60,7 +60,6 @@ impl<W: WaiterHandle> Lessor<W> {
         settlement: Settlement,
         now: Millis,
     ) -> Result<(ToolCall, bool, u64)> {
-        let call_id = settlement.call_id.clone();
         self.catch_up(key, now);
         let state = holder(&mut self.keys, key, fence, lease_id)?;
         let (call, already) = state
@@ -73,7 +72,7 @@ impl<W: WaiterHandle> Lessor<W> {
         let seq = self.changes.next_seq();
         state.visible_seq = seq;
         self.stats.unsettled_tool_calls -= 1;
-        self.changes.call(key, call_id);
+        self.changes.call(key, call.reference());
         Ok((call, false, seq))
     }
 

@@ -347,11 +347,15 @@ impl Leasehold for LeaseholdService {
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("BeginToolCall", convert::held(r.key, &r.lease_id))?;
         self.authorize("BeginToolCall", who.as_deref(), Right::Hold, key.as_str())?;
-        let spec = convert::call_spec(pb::ToolCallSpec {
-            call_id: r.call_id,
-            name: r.name,
-            input_digest: r.input_digest,
-        });
+        let spec = convert::call_spec(
+            pb::ToolCallSpec {
+                call_id: r.call_id,
+                name: r.name,
+                input_digest: r.input_digest,
+            },
+            &r.turn,
+            r.across_turns,
+        );
         let outcome = self
             .timed(
                 "BeginToolCall",
@@ -379,7 +383,11 @@ impl Leasehold for LeaseholdService {
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("BeginToolCalls", convert::held(r.key, &r.lease_id))?;
         self.authorize("BeginToolCalls", who.as_deref(), Right::Hold, key.as_str())?;
-        let specs = r.calls.into_iter().map(convert::call_spec).collect();
+        let specs = r
+            .calls
+            .into_iter()
+            .map(|spec| convert::call_spec(spec, &r.turn, r.across_turns))
+            .collect();
         let outcome = self
             .timed(
                 "BeginToolCalls",
@@ -416,7 +424,7 @@ impl Leasehold for LeaseholdService {
         self.authorize("SettleToolCall", who.as_deref(), Right::Hold, key.as_str())?;
         let settlement = self.parsed(
             "SettleToolCall",
-            convert::settlement(r.call_id, r.outcome, r.result_digest, r.result),
+            convert::settlement(r.turn, r.call_id, r.outcome, r.result_digest, r.result),
         )?;
         let settled = self
             .timed(

@@ -103,6 +103,7 @@ impl Inner {
                     begun_at: now,
                     settled_at: None,
                     ordinal: ordinal as u64,
+                    turn: Default::default(),
                 })
                 .collect();
             return Ok(BeginOutcome::Recorded(calls));

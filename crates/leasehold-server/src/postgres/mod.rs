@@ -558,6 +558,9 @@ impl Backend for PgBackend {
         lease_id: LeaseId,
         specs: Vec<CallSpec>,
     ) -> Pending<BeginOutcome> {
+        if specs.iter().any(|s| !s.turn.is_empty()) {
+            return lifecycle_unsupported("turn-scoped tool calls (turn)");
+        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner.begin_tool_calls(&k, fence, lease_id, specs).await
@@ -571,6 +574,9 @@ impl Backend for PgBackend {
         lease_id: LeaseId,
         settlement: Settlement,
     ) -> Pending<(ToolCall, bool)> {
+        if !settlement.turn.is_empty() {
+            return lifecycle_unsupported("turn-scoped tool calls (turn)");
+        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner
@@ -673,6 +679,8 @@ mod tests {
             call_id: id.into(),
             name: "n".into(),
             input_digest: String::new(),
+            across_turns: Default::default(),
+            turn: Default::default(),
         };
         assert_eq!(duplicates(&[spec("a"), spec("b")], Vec::new()), None);
         let Some(BeginOutcome::Duplicate { ids, existing }) =
