@@ -22,6 +22,18 @@
 //! with a heartbeat; dropping its future deletes the row, and rows of a
 //! server that died lapse after [`PgConfig::waiter_lease`].
 //!
+//! # Lifecycle
+//! Lock-delay, handoff reservations, the failure count, quarantine and the
+//! term history (#15) are columns of the key's row and rows of
+//! `term_history`, written by the same single statements as the terms: the
+//! statement that ends a term (release, sweeper, or the grant that replaces
+//! an expired term) records its history entry (idempotent by key and
+//! fence), counts the failure and starts its lock-delay; the grant's
+//! condition checks lock-delay, handoff (the successor goes ahead of the
+//! line) and quarantine. Expiry stays lazy: until someone moves an expired
+//! term, readers derive what its end does from the row (`row::KeyRow::at`),
+//! and History, Unquarantine and refusals move it first (`sql::EXPIRE_KEY`).
+//!
 //! # Order
 //! Operations take effect in the order they are called on this server for
 //! each key (the Session stream pipelines on it): each operation on a key
