@@ -182,39 +182,50 @@ async fn lock_delay_holds_after_expiry_and_not_after_release() {
 
 /// A waiter keeps its place through a lock-delay and gets the key when the
 /// delay ends, not when the term expires; a newcomer meanwhile is told
-/// about the delay.
+/// about the delay. Checked with the sweeper moving the expiry, and with
+/// the waiter itself acting on it (no sweeper).
 #[tokio::test]
 async fn a_waiter_keeps_its_place_through_a_lock_delay() {
     let schema = schema_or_skip!();
-    let server = PgServer::start(&schema).await;
-    let mut client = server.client().await;
-    let held = lease_of(
-        client
-            .acquire(with_delay("k", "a", 300, 800))
+    for config in [schema.config(), schema.config_without_sweeper()] {
+        let mut server = PgServer::start_with(config).await;
+        let key = format!("k-{}", server.addr.port());
+        let mut client = server.client().await;
+        let held = lease_of(
+            client
+                .acquire(with_delay(&key, "a", 300, 800))
+                .await
+                .unwrap(),
+        );
+        let mut waiter = server.client().await;
+        let waited = key.clone();
+        let waiting_for = tokio::spawn(async move {
+            waiter
+                .acquire(waiting(acquire(&waited, "w", 5000), 10_000))
+                .await
+        });
+        schema.in_line(&key, 1).await;
+        until_db_time(&schema, held.expires_at_ms + 200).await;
+        assert!(!waiting_for.is_finished(), "granted during the lock-delay");
+        let refused = client.acquire(acquire(&key, "x", 1000)).await.unwrap_err();
+        assert_eq!(reason(&refused), "lock_delay", "{refused:?}");
+        let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
             .await
-            .unwrap(),
-    );
-    let mut waiter = server.client().await;
-    let waiting_for = tokio::spawn(async move {
-        waiter
-            .acquire(waiting(acquire("k", "w", 5000), 10_000))
-            .await
-    });
-    schema.in_line("k", 1).await;
-    until_db_time(&schema, held.expires_at_ms + 200).await;
-    assert!(!waiting_for.is_finished(), "granted during the lock-delay");
-    let refused = client.acquire(acquire("k", "x", 1000)).await.unwrap_err();
-    assert_eq!(reason(&refused), "lock_delay", "{refused:?}");
-    let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
-        .await
-        .expect("woken when the delay ends")
-        .unwrap()
-        .unwrap()
-        .into_inner();
-    let lease = reply.lease.unwrap();
-    assert_eq!(lease.owner, "w");
-    assert!(lease.acquired_at_ms >= held.expires_at_ms + 800);
-    assert_eq!(reply.previous.unwrap().end, pb::TermEnd::Expired as i32);
+            .expect("woken when the delay ends")
+            .unwrap()
+            .unwrap()
+            .into_inner();
+        let lease = reply.lease.unwrap();
+        assert_eq!(lease.owner, "w");
+        assert!(
+            lease.acquired_at_ms >= held.expires_at_ms + 800,
+            "granted {} ms into the lock-delay",
+            lease.acquired_at_ms - held.expires_at_ms
+        );
+        assert_eq!(reply.previous.unwrap().end, pb::TermEnd::Expired as i32);
+        drop(client);
+        server.stop().await;
+    }
 }
 
 /// A release naming a successor keeps the key for it, ahead of a waiter;
