@@ -699,6 +699,28 @@ async fn waiters_are_refused_when_the_key_becomes_quarantined() {
         .unwrap()
         .into_inner();
     assert_eq!(ops.lease.unwrap().owner, "ops");
+
+    // With nobody forced in line, the key stays free and the waiter is
+    // refused all the same.
+    let held = lease_of(client.acquire(acquire("p2", "worker", 5000)).await.unwrap());
+    let mut plain = server.client().await;
+    let plain_wait = tokio::spawn(async move {
+        plain
+            .acquire(waiting(acquire("p2", "w", 5000), 10_000))
+            .await
+    });
+    schema.in_line("p2", 1).await;
+    client
+        .release(release_to(&held, true, "", 0))
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(5), plain_wait)
+        .await
+        .expect("refused at once, not at the end of its wait")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(reason(&refused), "quarantined", "{refused:?}");
+    assert!(get(&mut client, "p2").await.lease.is_none());
 }
 
 /// Many Acquires through two servers race for a key whose term expired with

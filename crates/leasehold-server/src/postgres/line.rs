@@ -263,12 +263,17 @@ impl Inner {
                 place.leave(&client).await;
                 return Ok(replay);
             }
-            if mine.get::<_, bool>("refused") {
-                // The key became quarantined while we waited (see
-                // `sql::SERVE_FIRST`): nobody but a forced Acquire gets it.
-                place.leave(&client).await;
+            let shut = snapshot.key.live.is_none() && snapshot.key.quarantined;
+            if mine.get::<_, bool>("refused") || (shut && !request.options.force) {
+                // The key became quarantined while we waited: nobody but a
+                // forced Acquire gets it (see `sql::SERVE_FIRST`), so say so
+                // now rather than at the end of the wait.
                 let failures = snapshot.key.failures.max(1);
-                return Err(self.quarantined(&client, &request.key, failures).await?);
+                let refusal = self.quarantined(&client, &request.key, failures).await?;
+                return match self.leave_line(&client, &mut place, &request).await? {
+                    Some(grant) => Ok(grant),
+                    None => Err(refusal),
+                };
             }
             let now = snapshot.now;
             if now >= until {

@@ -221,23 +221,17 @@ pub const GRANT: &str = concat!(
 /// it: `$1` key, `$2` the new term's lease_id, `$3` the history length.
 /// While a handoff reserves the key only the successor's rows qualify (the
 /// successor goes ahead of every waiter); during a lock-delay nobody; while
-/// the key is quarantined only forced Acquires: the others are marked
-/// refused in the same statement (once the key is free, as the SQLite
-/// engine refuses them), and their requests answer with the quarantine.
+/// the key is quarantined only forced Acquires. The others are refused, as
+/// the SQLite engine refuses them once the key is free: each sees the free
+/// quarantined key itself (`line`), and when a forced waiter takes the key
+/// first they are marked refused in this statement. That mark needs the
+/// grant's row (`refused` reads `served`), so the key's row is always
+/// locked before any waiter row, the order every transaction that touches
+/// both keeps: two servers serving one key cannot deadlock.
 /// Returns the waiter's id and the term, or nothing when nobody qualifies.
 /// Run in a transaction with [`MARK_GRANTED`] and [`NOTIFY`].
 pub const SERVE_FIRST: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
-     refused AS (
-         UPDATE waiters w SET refused = true
-         FROM keys k, n
-         WHERE k.key = $1 AND w.key = $1 AND NOT w.force AND ",
-    in_line!("w", "n.ms"),
-    "
-           AND (k.live_fence IS NULL OR k.live_expires_at_ms <= n.ms) AND ",
-    quarantined_at!("n.ms"),
-    "
-         RETURNING w.id),
      w AS (SELECT w.id, w.owner, w.ttl_ms, w.request_id, w.lock_delay_ms, w.max_recoveries,
                   w.force
            FROM waiters w, n, keys k
@@ -272,6 +266,13 @@ pub const SERVE_FIRST: &str = concat!(
     quarantined_at!("n.ms"),
     ")
      RETURNING k.*, w.id AS waiter_id),
+     refused AS (
+         UPDATE waiters w SET refused = true
+         FROM served, n
+         WHERE w.key = served.key AND served.quarantined AND NOT w.force AND ",
+    in_line!("w", "n.ms"),
+    "
+         RETURNING w.id),
      ",
     record_history!("served", "$3"),
     "
