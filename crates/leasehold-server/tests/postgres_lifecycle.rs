@@ -752,6 +752,33 @@ async fn waiters_are_refused_when_the_key_becomes_quarantined() {
     assert!(get(&mut client, "p2").await.lease.is_none());
 }
 
+/// A term carries the recovery limit of the server that granted it: with
+/// two servers on one schema whose `--max-recoveries` differ, a term's end
+/// quarantines the key (or not) whichever server ends it.
+#[tokio::test]
+async fn a_terms_recovery_limit_is_fixed_when_it_is_granted() {
+    let schema = schema_or_skip!();
+    let strict = PgServer::start_with(PgConfig {
+        default_max_recoveries: Some(1),
+        ..schema.config()
+    })
+    .await;
+    let lenient = PgServer::start(&schema).await;
+    let mut s = strict.client().await;
+    let mut l = lenient.client().await;
+
+    // Granted by the lenient server, suspended through the strict one.
+    let a = lease_of(l.acquire(acquire("a", "w", 5000)).await.unwrap());
+    s.release(release_to(&a, true, "", 0)).await.unwrap();
+    assert!(!get(&mut s, "a").await.quarantined);
+
+    // Granted by the strict server, suspended through the lenient one.
+    let b = lease_of(s.acquire(acquire("b", "w", 5000)).await.unwrap());
+    l.release(release_to(&b, true, "", 0)).await.unwrap();
+    let refused = l.acquire(acquire("b", "w", 5000)).await.unwrap_err();
+    assert_eq!(reason(&refused), "quarantined", "{refused:?}");
+}
+
 /// Many Acquires through two servers race for a key whose term expired with
 /// nobody acting on it: exactly one wins, and the expiry is recorded once
 /// (one history entry, one failure: K = 2 does not quarantine).
