@@ -8,6 +8,9 @@
 mod common;
 mod pg_harness;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{acquire, lease_of};
@@ -889,4 +892,103 @@ async fn the_rust_client_hands_off_reads_history_and_lifts_quarantine() {
         .release()
         .await
         .unwrap();
+}
+
+/// Eight workers through two servers take two keys over and over, each
+/// release handing the key to a named successor, suspending it or
+/// releasing it, with quarantine at K = 3 (even workers force): at most one
+/// holder at a time, fences rise, a handed-off grant always went to the
+/// owner its predecessor named, and nothing fails but with a refusal
+/// (never UNAVAILABLE from a deadlock or a race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_hand_off_and_quarantine_under_contention() {
+    let schema = schema_or_skip!();
+    let servers = [
+        PgServer::start(&schema).await,
+        PgServer::start(&schema).await,
+    ];
+    let keys = ["hot/0", "hot/1"];
+    let holding: Arc<Vec<AtomicBool>> =
+        Arc::new(keys.iter().map(|_| AtomicBool::new(false)).collect());
+    let last_fence: Arc<Vec<AtomicU64>> =
+        Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let named: Arc<Mutex<HashMap<(usize, u64), String>>> = Arc::default();
+    let (grants, handed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut workers = Vec::new();
+    for worker in 0..8usize {
+        let mut client = servers[worker % 2].client().await;
+        let (holding, last_fence, named) = (holding.clone(), last_fence.clone(), named.clone());
+        let (grants, handed) = (grants.clone(), handed.clone());
+        workers.push(tokio::spawn(async move {
+            let owner = format!("w{worker}");
+            let deadline = Instant::now() + Duration::from_secs(4);
+            let mut round = 0;
+            while Instant::now() < deadline {
+                round += 1;
+                let k = (worker + round) % keys.len();
+                let request = pb::AcquireRequest {
+                    max_recoveries: 3,
+                    force: worker % 2 == 0,
+                    ..waiting(acquire(keys[k], &owner, 5_000), 1_000)
+                };
+                let reply = match client.acquire(request).await {
+                    Ok(reply) => reply.into_inner(),
+                    Err(status)
+                        if status.code() == Code::Aborted
+                            || (status.code() == Code::FailedPrecondition
+                                && reason(&status) == "quarantined") =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    Err(status) => panic!("acquire: {status:?}"),
+                };
+                let lease = reply.lease.clone().unwrap();
+                assert!(
+                    !holding[k].swap(true, Ordering::SeqCst),
+                    "two live terms on {}",
+                    keys[k]
+                );
+                let previous_fence = last_fence[k].swap(lease.fence, Ordering::SeqCst);
+                assert!(
+                    lease.fence > previous_fence,
+                    "fence {} after {previous_fence}",
+                    lease.fence
+                );
+                grants.fetch_add(1, Ordering::Relaxed);
+                if let Some(previous) = reply.previous.as_ref().filter(|p| p.handed_off) {
+                    let successor = named.lock().unwrap().get(&(k, previous.fence)).cloned();
+                    assert_eq!(
+                        successor.as_deref(),
+                        Some(owner.as_str()),
+                        "handed to the wrong owner"
+                    );
+                    handed.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                holding[k].store(false, Ordering::SeqCst);
+                let release = match round % 3 {
+                    0 => {
+                        let successor = format!("w{}", (worker + 1) % 8);
+                        named
+                            .lock()
+                            .unwrap()
+                            .insert((k, lease.fence), successor.clone());
+                        release_to(&lease, false, &successor, 300)
+                    }
+                    1 => release_to(&lease, true, "", 0),
+                    _ => release_to(&lease, false, "", 0),
+                };
+                client.release(release).await.expect("release");
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    assert!(
+        grants.load(Ordering::Relaxed) > 20,
+        "too few grants to mean anything"
+    );
+    assert!(handed.load(Ordering::Relaxed) > 0, "no handoff was taken");
 }
