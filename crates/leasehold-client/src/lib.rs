@@ -103,6 +103,7 @@ mod guard;
 mod ops;
 mod session;
 mod tools;
+mod watch;
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -121,6 +122,7 @@ use tonic::service::interceptor::InterceptedService;
 pub use error::{ClientError, LossReason};
 pub use guard::{Ended, SessionGuard};
 pub use leasehold_core::error::Held;
+pub use leasehold_core::events::{Event, EventKind, Selector};
 pub use leasehold_core::lease::{
     AcquireOptions, Fence, HistoryEntry, Key, KeyState, Lease, LeaseId, Owner, Reservation,
     TermEnd, Ttl,
@@ -130,6 +132,7 @@ pub use leasehold_core::lessor::{Acquire, ListFilter};
 pub use leasehold_core::{Error, StaleReason};
 pub use ops::{Granted, HistoryPage, KeyPage};
 pub use tools::{ToolCallRequest, ToolInvocation, ToolOutcome, ToolResult};
+pub use watch::Watch;
 
 /// The TTL an acquire asks for unless told otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);

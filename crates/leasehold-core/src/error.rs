@@ -156,6 +156,13 @@ pub enum Error {
     #[error("unavailable: {0}")]
     Unavailable(String),
 
+    /// A watch asked to start from a revision the event log no longer
+    /// holds: the watcher must re-list, then watch from the current one.
+    #[error(
+        "revision {requested} is compacted; the oldest the log holds is {oldest}: \
+         list the keys again, then watch from the revision the list was read at"
+    )]
+    Compacted { requested: u64, oldest: u64 },
     /// This server (its storage backend) does not offer the feature asked
     /// for; the request changed nothing.
     #[error("unsupported: {0}")]

@@ -8,6 +8,7 @@
 //! the writer: the full current state of every key changed since the last
 //! batch.
 
+use crate::events::Event;
 use crate::lease::{EndedTerm, Fence, HistoryEntry, Key, Reservation, Term};
 use crate::ledger::ToolCall;
 
@@ -64,6 +65,9 @@ pub struct Batch {
     pub fence_high_water: u64,
     /// Once this batch commits, every change up to this sequence is durable.
     pub seq: u64,
+    /// The events of this batch's changes, revisions rising, continuing the
+    /// last batch's. Storage keeps a bounded tail of them for Watch.
+    pub events: Vec<Event>,
 }
 
 /// A storage failure. Storage errors are never the client's fault.
@@ -97,6 +101,9 @@ pub struct Snapshot {
     /// Start-up takes the highest of this and every fence in `records`, so
     /// a store must keep it current only when it deletes rows.
     pub fence_high_water: u64,
+    /// The stored tail of the event log, revisions rising (the last one is
+    /// the highest revision ever given).
+    pub events: Vec<Event>,
 }
 
 /// Durable storage for the lease table.

@@ -20,7 +20,9 @@
 
 use futures_util::future::BoxFuture;
 
+use crate::engine::Watching;
 use crate::metrics::Exposition;
+use leasehold_core::events::Selector;
 
 use leasehold_core::error::Result;
 use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, Ttl};
@@ -70,6 +72,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Lifts `key`'s quarantine; the key's state after.
     fn unquarantine(&self, key: &Key) -> Pending<KeyView>;
+
+    /// Follows the keys `selector` picks, from revision `start` (0: from
+    /// now on); events only once durable, in revision order, none twice.
+    fn watch(&self, selector: Selector, start: u64) -> Pending<Watching>;
 
     /// Records tool calls as running under the live term, all or none.
     fn begin_tool_calls(

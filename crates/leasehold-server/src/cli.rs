@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use leasehold_client::{Client, ClientError};
 use leasehold_core::SystemClock;
+use leasehold_core::events::{Event, EventKind, Selector};
 use leasehold_core::lease::{
     Ended, Fence, Handoff, HistoryEntry, Key, Lease, LeaseId, Reservation, TermEnd, Ttl,
 };
@@ -78,6 +79,13 @@ enum Command {
         /// suspension, when its Acquire sets no limit of its own (0: never).
         #[arg(long, default_value_t = 0)]
         max_recoveries: u32,
+        /// How many events the Watch log keeps (SQLite); a watcher resuming
+        /// from an older revision must re-list.
+        #[arg(long, default_value_t = leasehold_core::events::DEFAULT_EVENT_LOG_LEN)]
+        event_log_len: usize,
+        /// How many commits a watcher may fall behind before it is cut off.
+        #[arg(long, default_value_t = 4096)]
+        watch_buffer: usize,
         /// Log lines on stderr: text for people (coloured only on a terminal,
         /// and not when NO_COLOR is set), json for log pipelines (one JSON
         /// object per line). RUST_LOG picks the level (default info).
@@ -164,6 +172,24 @@ enum Command {
         /// Entries per page (at most 1000).
         #[arg(long, default_value_t = 100)]
         page_size: u32,
+    },
+    /// Print every change of ownership of a key or prefix as it happens, one
+    /// line per event (JSON with --json), until interrupted or --count.
+    Watch {
+        #[command(flatten)]
+        target: Target,
+        /// Keys starting with this (empty: every key).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Exactly this key instead of a prefix.
+        #[arg(long)]
+        key: Option<String>,
+        /// The first revision to print (0: only what happens from now on).
+        #[arg(long, default_value_t = 0)]
+        from_revision: u64,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<usize>,
     },
     /// Lift a key's quarantine (admin).
     Unquarantine {
@@ -261,6 +287,10 @@ struct ServeLimits {
     /// The largest request message, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_bytes: usize,
+    /// Keys one principal (under --auth) may hold at once: its live terms
+    /// and Acquires in flight; 0 is no limit.
+    #[arg(long, default_value_t = 10_000)]
+    max_keys_per_principal: usize,
 }
 
 impl ServeLimits {
@@ -270,6 +300,7 @@ impl ServeLimits {
             streams_per_connection: self.max_streams_per_connection,
             ops_per_second: self.max_ops_per_second,
             max_message_bytes: self.max_message_bytes,
+            keys_per_principal: self.max_keys_per_principal,
         }
     }
 }
@@ -406,6 +437,8 @@ async fn run(command: Command) -> ExitCode {
             retention_ms,
             history_len,
             max_recoveries,
+            event_log_len,
+            watch_buffer,
             log_format,
             metrics_listen,
             tls,
@@ -431,6 +464,8 @@ async fn run(command: Command) -> ExitCode {
                         max_waiters_per_key: limits.max_waiters_per_key,
                         history_len,
                         default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
+                        event_log_len,
+                        watch_buffer,
                         ..EngineConfig::default()
                     };
                     serve(db, sync, config, edge).await
@@ -837,6 +872,43 @@ async fn operate(command: Command) -> Result<(), String> {
             let entries: Vec<Value> = page.entries.iter().map(history_json).collect();
             print(target.json, json!({ "entries": entries }));
         }
+        Command::Watch {
+            target,
+            prefix,
+            key: watched,
+            from_revision,
+            count,
+        } => {
+            use futures_util::StreamExt;
+            let selector = match watched {
+                Some(k) => Selector::Key(key(k)?),
+                None => Selector::Prefix(prefix),
+            };
+            let mut watch = connect(&target)
+                .await?
+                .watch(selector, from_revision)
+                .await
+                .map_err(refused)?;
+            let mut printed = 0;
+            while count.is_none_or(|n| printed < n) {
+                let Some(event) = watch.next().await else {
+                    return Err(format!(
+                        "the watch ended; resume with --from-revision {}",
+                        watch.next_revision()
+                    ));
+                };
+                let event = event.map_err(|e| {
+                    format!(
+                        "{}; resume with --from-revision {}",
+                        refused(e),
+                        watch.next_revision()
+                    )
+                })?;
+                print(target.json, event_json(&event));
+                let _ = std::io::stdout().flush();
+                printed += 1;
+            }
+        }
         Command::Unquarantine { key: k, target } => {
             let k = key(k)?;
             let state = connect(&target)
@@ -1082,6 +1154,24 @@ fn ended_json(ended: &Ended) -> Value {
         "end": end_name(ended.end),
         "ended_at_ms": ended.ended_at,
         "handed_off": ended.handed_off,
+    })
+}
+
+fn event_json(e: &Event) -> Value {
+    let kind = match e.kind {
+        EventKind::Granted => "GRANTED",
+        EventKind::Released => "RELEASED",
+        EventKind::Suspended => "SUSPENDED",
+        EventKind::Expired => "EXPIRED",
+        EventKind::Forgotten => "FORGOTTEN",
+    };
+    json!({
+        "revision": e.revision,
+        "key": e.key.as_str(),
+        "kind": kind,
+        "fence": e.fence.0,
+        "owner": e.owner.as_str(),
+        "at_ms": e.at,
     })
 }
 

@@ -28,12 +28,15 @@ use std::path::Path;
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
+use leasehold_core::events::DEFAULT_EVENT_LOG_LEN;
 use leasehold_core::lease::{
     EndedTerm, Fence, HistoryEntry, Key, LeaseId, Lifecycle, Owner, RequestId, Reservation, Term,
     TermEnd, Ttl,
 };
 use leasehold_core::ledger::{CallState, ToolCall};
 use leasehold_core::store::{Batch, KeyRecord};
+
+use crate::event_codec;
 use leasehold_core::store::{Snapshot, Store, StoreError};
 
 /// The schema migrations, in order. Never remove or reorder an entry; only append.
@@ -41,6 +44,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0001_leases.sql"),
     include_str!("../../../migrations/0002_tool_calls.sql"),
     include_str!("../../../migrations/0003_lifecycle.sql"),
+    include_str!("../../../migrations/0004_events.sql"),
 ];
 
 /// How hard a commit waits for the disk.
@@ -59,6 +63,10 @@ pub struct SqliteStore {
     conn: Connection,
     /// Transactions committed, for batching metrics.
     commits: u64,
+    /// How many events the stored log keeps at least; older rows go.
+    event_log_len: u64,
+    /// The first revision of the oldest stored row (0: none yet).
+    oldest_revision: u64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -106,9 +114,20 @@ impl SqliteStore {
         };
         conn.pragma_update(None, "synchronous", sync)
             .map_err(open_err)?;
-        let mut store = SqliteStore { conn, commits: 0 };
+        let mut store = SqliteStore {
+            conn,
+            commits: 0,
+            event_log_len: DEFAULT_EVENT_LOG_LEN as u64,
+            oldest_revision: 0,
+        };
         store.migrate(&shown)?;
         Ok(store)
+    }
+
+    /// Keeps at least the last `len` events for Watch (older ones are
+    /// deleted as new ones come, a few thousand at a time).
+    pub fn set_event_log_len(&mut self, len: usize) {
+        self.event_log_len = len.max(1) as u64;
     }
 
     /// Applies the migrations this database has not seen yet, in one
@@ -218,10 +237,27 @@ impl Store for SqliteStore {
             .map_err(io)?
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT first_revision, data FROM events ORDER BY first_revision")
+            .map_err(io)?;
+        let mut events = Vec::new();
+        let mut rows = stmt.query([]).map_err(io)?;
+        while let Some(row) = rows.next().map_err(io)? {
+            let first: i64 = row.get(0).map_err(io)?;
+            if self.oldest_revision == 0 {
+                self.oldest_revision = first as u64;
+            }
+            let data: Vec<u8> = row.get(1).map_err(io)?;
+            let decoded = event_codec::decode(&data)
+                .map_err(|e| StoreError::Io(format!("stored events at revision {first}: {e}")))?;
+            events.extend(decoded);
+        }
         Ok(Snapshot {
             records,
             calls,
             fence_high_water: fence_high_water as u64,
+            events,
         })
     }
 
@@ -356,6 +392,30 @@ impl Store for SqliteStore {
                         call.settled_at.map(|t| t as i64),
                     ])
                     .map_err(io)?;
+            }
+            if let (Some(first), Some(last)) = (batch.events.first(), batch.events.last()) {
+                tx.prepare_cached(
+                    "INSERT INTO events (first_revision, last_revision, data) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(io)?
+                .execute(params![
+                    first.revision as i64,
+                    last.revision as i64,
+                    event_codec::encode(&batch.events)
+                ])
+                .map_err(io)?;
+                if self.oldest_revision == 0 {
+                    self.oldest_revision = first.revision;
+                }
+                // Compact in steps of an eighth of the log, not every commit.
+                let keep_from = last.revision.saturating_sub(self.event_log_len);
+                if keep_from > self.oldest_revision + self.event_log_len / 8 {
+                    tx.prepare_cached("DELETE FROM events WHERE last_revision < ?1")
+                        .map_err(io)?
+                        .execute([keep_from as i64])
+                        .map_err(io)?;
+                    self.oldest_revision = keep_from;
+                }
             }
             // Every fence granted is in its key's row until the row is
             // deleted, and start-up takes the highest of the rows' fences and
@@ -723,6 +783,8 @@ mod tests {
             0,
             100,
         );
+        // As the engine does: the event log continues after the stored one.
+        reopened.resume_revisions(snapshot.events.last().map_or(0, |e| e.revision));
         let leasehold_core::lessor::AcquireOutcome::Granted(c) =
             reopened.acquire(spec("c"), 0, None)
         else {

@@ -11,6 +11,7 @@
 use crate::pb;
 use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result};
+use leasehold_core::events::{Event, EventKind, Selector};
 use leasehold_core::lease::{
     AcquireOptions, Ended, EndedTerm, Fence, Handoff, HistoryEntry, Key, KeyState, Lease, LeaseId,
     Owner, RequestId, Reservation, Term, TermEnd, Ttl, Wait,
@@ -73,6 +74,67 @@ pub fn reservation(reservation: &Reservation) -> pb::Reservation {
             until_ms: *until,
         },
     }
+}
+
+/// An event as Watch streams it.
+pub fn event(e: &Event) -> pb::Event {
+    let kind = match e.kind {
+        EventKind::Granted => pb::event::Kind::Granted,
+        EventKind::Released => pb::event::Kind::Released,
+        EventKind::Suspended => pb::event::Kind::Suspended,
+        EventKind::Expired => pb::event::Kind::Expired,
+        EventKind::Forgotten => pb::event::Kind::Forgotten,
+    };
+    pb::Event {
+        revision: e.revision,
+        key: e.key.as_str().to_owned(),
+        kind: kind as i32,
+        fence: e.fence.0,
+        owner: e.owner.as_str().to_owned(),
+        at_ms: e.at,
+    }
+}
+
+/// What a Watch request follows: its key, else its prefix.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a malformed key.
+pub fn selector(key: String, prefix: String) -> Result<Selector> {
+    if key.is_empty() {
+        Ok(Selector::Prefix(prefix))
+    } else if !prefix.is_empty() {
+        Err(Error::InvalidArgument(
+            "give a key or a prefix to watch, not both".into(),
+        ))
+    } else {
+        Ok(Selector::Key(Key::parse(key)?))
+    }
+}
+
+/// An event from a Watch reply.
+///
+/// # Errors
+/// [`Error::Storage`] when a field does not parse or the kind is unknown.
+pub fn event_from_pb(e: pb::Event) -> Result<Event> {
+    let kind = match pb::event::Kind::try_from(e.kind) {
+        Ok(pb::event::Kind::Granted) => EventKind::Granted,
+        Ok(pb::event::Kind::Released) => EventKind::Released,
+        Ok(pb::event::Kind::Suspended) => EventKind::Suspended,
+        Ok(pb::event::Kind::Expired) => EventKind::Expired,
+        Ok(pb::event::Kind::Forgotten) => EventKind::Forgotten,
+        _ => {
+            let err = Error::InvalidArgument(format!("unknown event kind {}", e.kind));
+            return Err(malformed("kind", &err));
+        }
+    };
+    Ok(Event {
+        revision: e.revision,
+        key: reply_key(e.key)?,
+        kind,
+        fence: Fence(e.fence),
+        owner: reply_owner(e.owner)?,
+        at: e.at_ms,
+    })
 }
 
 /// A page of a key's history, with the token for the next page.

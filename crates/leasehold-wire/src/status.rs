@@ -30,6 +30,7 @@ const LIMIT: &str = "leasehold-limit";
 const BY: &str = "leasehold-superseded-by";
 const SUCCESSOR: &str = "leasehold-successor-bin";
 const FAILURES: &str = "leasehold-failures";
+const OLDEST: &str = "leasehold-oldest-revision";
 
 /// Turns a domain error into the gRPC status a client sees.
 pub fn to_status(err: Error) -> Status {
@@ -117,6 +118,10 @@ pub fn to_status(err: Error) -> Status {
         }
         Error::Unavailable(_) => Code::Unavailable,
         Error::Unsupported(_) => Code::Unimplemented,
+        Error::Compacted { oldest, .. } => {
+            put(&mut meta, OLDEST, *oldest);
+            Code::OutOfRange
+        }
         Error::Storage(_) => Code::Internal,
     };
     Status::with_metadata(code, message, meta)
@@ -139,6 +144,16 @@ pub fn from_status(status: &Status) -> Error {
             limit: limit.to_owned(),
             detail: message.strip_prefix(&prefix).unwrap_or(&message).to_owned(),
         };
+    }
+    if status.code() == Code::OutOfRange {
+        if let Some(oldest) = get(meta, OLDEST) {
+            let requested = message
+                .strip_prefix("revision ")
+                .and_then(|m| m.split_once(' '))
+                .and_then(|(r, _)| r.parse().ok())
+                .unwrap_or(0);
+            return Error::Compacted { requested, oldest };
+        }
     }
     if status.code() == Code::PermissionDenied {
         if let Some(right) = meta.get(RIGHT).and_then(|v| v.to_str().ok()) {
@@ -433,6 +448,10 @@ mod tests {
                 recent: "fence 1 expired, fence 2 suspended, fence 3 expired".into(),
             },
             Error::Unsupported("handoff on the postgres backend".into()),
+            Error::Compacted {
+                requested: 3,
+                oldest: 40,
+            },
             Error::NotAllowed {
                 principal: "dashboard".into(),
                 right: "hold".into(),

@@ -311,6 +311,54 @@ class HistoryResponse(_message.Message):
     next_page_token: str
     def __init__(self, entries: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class WatchRequest(_message.Message):
+    __slots__ = ("key", "prefix", "start_revision")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    START_REVISION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    prefix: str
+    start_revision: int
+    def __init__(self, key: _Optional[str] = ..., prefix: _Optional[str] = ..., start_revision: _Optional[int] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("revision", "key", "kind", "fence", "owner", "at_ms")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[Event.Kind]
+        GRANTED: _ClassVar[Event.Kind]
+        RELEASED: _ClassVar[Event.Kind]
+        SUSPENDED: _ClassVar[Event.Kind]
+        EXPIRED: _ClassVar[Event.Kind]
+        FORGOTTEN: _ClassVar[Event.Kind]
+    KIND_UNSPECIFIED: Event.Kind
+    GRANTED: Event.Kind
+    RELEASED: Event.Kind
+    SUSPENDED: Event.Kind
+    EXPIRED: Event.Kind
+    FORGOTTEN: Event.Kind
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    key: str
+    kind: Event.Kind
+    fence: int
+    owner: str
+    at_ms: int
+    def __init__(self, revision: _Optional[int] = ..., key: _Optional[str] = ..., kind: _Optional[_Union[Event.Kind, str]] = ..., fence: _Optional[int] = ..., owner: _Optional[str] = ..., at_ms: _Optional[int] = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ("events", "revision")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    revision: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
 class UnquarantineRequest(_message.Message):
     __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -48,7 +48,8 @@ use crate::lease::{
 use crate::ledger::{Ledger, ToolCall};
 use crate::store::{Batch, KeyRecord};
 
-use changes::Changes;
+use crate::events::{Event, EventKind};
+use changes::{Changes, Draft};
 use key_state::{KeyState, denied, holder, stale, unknown};
 use timers::Timers;
 
@@ -218,6 +219,8 @@ pub struct Lessor<W> {
     /// The recovery limit of terms whose Acquire named none (`None`: no
     /// quarantine).
     default_max_recoveries: Option<u32>,
+    /// The revision the next event gets (see [`crate::events`]).
+    next_revision: u64,
 }
 
 impl<W: WaiterHandle> Lessor<W> {
@@ -246,6 +249,7 @@ impl<W: WaiterHandle> Lessor<W> {
             max_waiters_per_key: usize::MAX,
             history_len: DEFAULT_HISTORY_LEN,
             default_max_recoveries: None,
+            next_revision: 1,
         };
         for record in records {
             let mut state = KeyState::new();
@@ -301,6 +305,16 @@ impl<W: WaiterHandle> Lessor<W> {
     /// quarantines them.
     pub fn set_default_max_recoveries(&mut self, max: Option<u32>) {
         self.default_max_recoveries = max.filter(|&k| k > 0);
+    }
+
+    /// Continues the event log after `revision`, the highest stored.
+    pub fn resume_revisions(&mut self, revision: u64) {
+        self.next_revision = self.next_revision.max(revision + 1);
+    }
+
+    /// The highest revision given so far (0: none).
+    pub fn revision(&self) -> u64 {
+        self.next_revision - 1
     }
 
     /// An empty lessor whose first fence is 1.
@@ -679,6 +693,22 @@ impl<W: WaiterHandle> Lessor<W> {
                 Some((key, call))
             })
             .collect();
+        let events = taken
+            .events
+            .into_iter()
+            .map(|draft| {
+                let revision = self.next_revision;
+                self.next_revision += 1;
+                Event {
+                    revision,
+                    key: draft.key,
+                    kind: draft.kind,
+                    fence: draft.fence,
+                    owner: draft.owner,
+                    at: draft.at,
+                }
+            })
+            .collect();
         Batch {
             records,
             forgotten: taken.forgotten,
@@ -686,6 +716,7 @@ impl<W: WaiterHandle> Lessor<W> {
             calls,
             fence_high_water: self.next_fence - 1,
             seq: taken.seq,
+            events,
         }
     }
 
@@ -758,6 +789,13 @@ impl<W: WaiterHandle> Lessor<W> {
             visible_seq: seq,
         };
         self.changes.key(&grant.key, true);
+        self.changes.event(Draft {
+            key: grant.key.clone(),
+            kind: EventKind::Granted,
+            fence,
+            owner: grant.term.owner.clone(),
+            at: now,
+        });
         grant
     }
 
@@ -800,6 +838,13 @@ impl<W: WaiterHandle> Lessor<W> {
             state.visible_seq = self.changes.next_seq();
         }
         self.changes.key(key, urgent);
+        self.changes.event(Draft {
+            key: key.clone(),
+            kind: EventKind::of_end(end),
+            fence: ended.fence,
+            owner: ended.owner.clone(),
+            at,
+        });
         Some(ended)
     }
 }

@@ -915,3 +915,44 @@ fn reservations_quarantine_and_history_survive_a_restore() {
     ));
     granted(restored.acquire(spec("h", "ui"), 101, None));
 }
+
+// ---- events: revisions given at commit, with their key's row ----
+
+#[test]
+fn events_get_revisions_in_commit_order_and_wait_for_their_keys_row() {
+    use crate::events::EventKind;
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    lessor.resume_revisions(41);
+    let long = Acquire {
+        ttl: ttl(5000),
+        ..spec("a", "w")
+    };
+    let a = granted(lessor.acquire(long, 0, None));
+    granted(lessor.acquire(spec("lazy", "w"), 0, None));
+    let batch = lessor.take_batch();
+    let revisions: Vec<u64> = batch.events.iter().map(|e| e.revision).collect();
+    assert_eq!(revisions, vec![42, 43]);
+    assert_eq!(batch.events[0].kind, EventKind::Granted);
+    assert_eq!(batch.events[0].fence, a.term.fence);
+
+    // "lazy" expires (a lazy change), then "a" is released (urgent): a
+    // batch that leaves the lazy key for later leaves its event too, and
+    // the release gets the next revision.
+    lessor.expire_due(1000);
+    lessor
+        .release(&k("a"), a.term.fence, a.term.lease_id, false, None, 1000)
+        .unwrap();
+    let batch = lessor.take_batch_up_to(0);
+    assert_eq!(batch.records.len(), 1);
+    assert_eq!(batch.events.len(), 1);
+    assert_eq!(batch.events[0].key, "a");
+    assert_eq!(batch.events[0].kind, EventKind::Released);
+    assert_eq!(batch.events[0].revision, 44);
+    let batch = lessor.take_batch();
+    assert_eq!(batch.events.len(), 1);
+    assert_eq!(batch.events[0].key, "lazy");
+    assert_eq!(batch.events[0].kind, EventKind::Expired);
+    assert_eq!(batch.events[0].revision, 45);
+    assert_eq!(batch.events[0].at, 1000);
+    assert_eq!(lessor.revision(), 45);
+}

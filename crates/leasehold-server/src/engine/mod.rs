@@ -27,8 +27,12 @@
 //! - `writer`: the writer thread (group commit);
 //! - `timer`: the expiry timer.
 
+mod event_log;
 mod timer;
 mod writer;
+
+use event_log::EventLog;
+pub use event_log::Watching;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +44,7 @@ use tokio::sync::{Notify, oneshot, watch};
 
 use leasehold_core::clock::{Clock, Millis};
 use leasehold_core::error::{Error, Result};
+use leasehold_core::events::{DEFAULT_EVENT_LOG_LEN, Selector};
 use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, Ttl};
 use leasehold_core::ledger::{
     BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
@@ -81,6 +86,10 @@ pub struct EngineConfig {
     /// The recovery limit of terms whose Acquire names none (`None`: keys
     /// are never quarantined unless their Acquire asks).
     pub default_max_recoveries: Option<u32>,
+    /// How many events the Watch log keeps (older revisions are compacted).
+    pub event_log_len: usize,
+    /// How many commits a watcher may fall behind before it is cut off.
+    pub watch_buffer: usize,
 }
 
 impl Default for EngineConfig {
@@ -92,6 +101,8 @@ impl Default for EngineConfig {
             max_waiters_per_key: 1_000,
             history_len: DEFAULT_HISTORY_LEN,
             default_max_recoveries: None,
+            event_log_len: DEFAULT_EVENT_LOG_LEN,
+            watch_buffer: 4096,
         }
     }
 }
@@ -220,6 +231,8 @@ struct Shared {
     commit_batch_size: Histogram,
     /// The writer thread, joined at shutdown.
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Committed events, for Watch.
+    events: EventLog,
     /// Tuning.
     config: EngineConfig,
 }
@@ -272,6 +285,14 @@ impl Engine {
         lessor.set_max_waiters_per_key(config.max_waiters_per_key);
         lessor.set_history_len(config.history_len);
         lessor.set_default_max_recoveries(config.default_max_recoveries);
+        let revision = snapshot.events.last().map_or(0, |e| e.revision);
+        lessor.resume_revisions(revision);
+        let events = EventLog::new(
+            snapshot.events,
+            revision,
+            config.event_log_len,
+            config.watch_buffer,
+        );
         tracing::info!(
             keys,
             fence_high_water = snapshot.fence_high_water,
@@ -282,6 +303,7 @@ impl Engine {
             writer_wake: Condvar::new(),
             writer_idle: AtomicBool::new(false),
             durable: watch::Sender::new(Durable::default()),
+            events,
             timer_wake: Notify::new(),
             clock,
             closing: watch::Sender::new(false),
@@ -413,6 +435,18 @@ impl Engine {
                 Ok((page, seq))
             })
             .durable()
+    }
+
+    /// Follows the keys `selector` picks from revision `start` (0: from
+    /// now on): first what the log still holds from `start`, then each
+    /// commit's events as it becomes durable.
+    ///
+    /// # Errors
+    /// [`Error::Compacted`] when `start` is older than the log holds;
+    /// [`Error::Unavailable`] when the engine is closed.
+    pub fn watch(&self, selector: Selector, start: u64) -> Result<Watching> {
+        self.shared.ensure_open()?;
+        self.shared.events.watch(selector, start)
     }
 
     /// Lifts `key`'s quarantine; its state after.
@@ -846,6 +880,10 @@ impl Backend for Engine {
 
     fn unquarantine(&self, key: &Key) -> Pending<KeyView> {
         Box::pin(Engine::unquarantine(self, key))
+    }
+
+    fn watch(&self, selector: Selector, start: u64) -> Pending<Watching> {
+        Box::pin(std::future::ready(Engine::watch(self, selector, start)))
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {

@@ -510,6 +510,15 @@ impl PgBackend {
     }
 }
 
+/// The refusal of a feature this backend does not have yet (Watch): said
+/// plainly rather than ignored.
+fn unsupported<T: Send + 'static>(feature: &str) -> Pending<T> {
+    let err = Error::Unsupported(format!(
+        "{feature} is not available on the PostgreSQL backend yet (it is on SQLite)"
+    ));
+    Box::pin(std::future::ready(Err(err)))
+}
+
 impl Backend for PgBackend {
     fn acquire(&self, request: Acquire) -> Pending<Grant> {
         // The next operation on the key starts once this one is granted,
@@ -557,6 +566,14 @@ impl Backend for PgBackend {
         self.ordered(key, Access::Write, move |inner| async move {
             inner.unquarantine(&k).await
         })
+    }
+
+    fn watch(
+        &self,
+        _selector: leasehold_core::events::Selector,
+        _start: u64,
+    ) -> Pending<crate::engine::Watching> {
+        unsupported("Watch")
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {

@@ -28,7 +28,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/leasehold.proto.
  */
 export const file_leasehold_v1_leasehold: GenFile = /*@__PURE__*/
-  fileDesc("ChxsZWFzZWhvbGQvdjEvbGVhc2Vob2xkLnByb3RvEgxsZWFzZWhvbGQudjEi3gEKDlNlc3Npb25SZXF1ZXN0EisKBXJlbmV3GAEgASgLMhoubGVhc2Vob2xkLnYxLlJlbmV3UmVxdWVzdEgAEisKBWNoZWNrGAIgASgLMhoubGVhc2Vob2xkLnYxLkNoZWNrUmVxdWVzdEgAEi8KB2FjcXVpcmUYAyABKAsyHC5sZWFzZWhvbGQudjEuQWNxdWlyZVJlcXVlc3RIABIvCgdyZWxlYXNlGAQgASgLMhwubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXF1ZXN0SAASCgoCaWQYDyABKARCBAoCb3Ai4AIKD1Nlc3Npb25SZXNwb25zZRIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGcmVhc29uGAMgASgJEiIKBWxlYXNlGAQgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlEikKCHByZXZpb3VzGAUgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRIQCghyZXBsYXllZBgGIAEoCBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgHIAEoDRImCgVlbmRlZBgIIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SCgoCaWQYCSABKAQSOwoHZGV0YWlscxgKIAMoCzIqLmxlYXNlaG9sZC52MS5TZXNzaW9uUmVzcG9uc2UuRGV0YWlsc0VudHJ5Gi4KDERldGFpbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAw6AjgBIoMBCgVMZWFzZRILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSDQoFb3duZXIYAyABKAkSEAoIbGVhc2VfaWQYBCABKAkSDgoGdHRsX21zGAUgASgEEhYKDmFjcXVpcmVkX2F0X21zGAYgASgEEhUKDWV4cGlyZXNfYXRfbXMYByABKAQidgoJRW5kZWRUZXJtEg0KBWZlbmNlGAEgASgEEg0KBW93bmVyGAIgASgJEiIKA2VuZBgDIAEoDjIVLmxlYXNlaG9sZC52MS5UZXJtRW5kEhMKC2VuZGVkX2F0X21zGAQgASgEEhIKCmhhbmRlZF9vZmYYBSABKAginwEKDkFjcXVpcmVSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVvd25lchgCIAEoCRIOCgZ0dGxfbXMYAyABKAQSDwoHd2FpdF9tcxgEIAEoBBISCgpyZXF1ZXN0X2lkGAUgASgJEhUKDWxvY2tfZGVsYXlfbXMYBiABKAQSFgoObWF4X3JlY292ZXJpZXMYByABKA0SDQoFZm9yY2UYCCABKAgikAEKD0FjcXVpcmVSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIpCghwcmV2aW91cxgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEAoIcmVwbGF5ZWQYAyABKAgSHAoUdW5zZXR0bGVkX3Rvb2xfY2FsbHMYBCABKA0iTAoMUmVuZXdSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIOCgZ0dGxfbXMYBCABKAQiMwoNUmVuZXdSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSJ2Cg5SZWxlYXNlUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHc3VzcGVuZBgEIAEoCBIRCglzdWNjZXNzb3IYBSABKAkSEgoKaGFuZG9mZl9tcxgGIAEoBCI5Cg9SZWxlYXNlUmVzcG9uc2USJgoFZW5kZWQYASABKAsyFy5sZWFzZWhvbGQudjEuRW5kZWRUZXJtIioKDENoZWNrUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQiMwoNQ2hlY2tSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSIZCgpHZXRSZXF1ZXN0EgsKA2tleRgBIAEoCSK4AQoLR2V0UmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2USKwoKbGFzdF9lbmRlZBgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEwoLcmVjb3ZlcmFibGUYAyABKAgSEwoLcXVhcmFudGluZWQYBCABKAgSLgoLcmVzZXJ2YXRpb24YBSABKAsyGS5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24isAEKC1Jlc2VydmF0aW9uEiwKBGtpbmQYASABKA4yHi5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24uS2luZBITCgthZnRlcl9mZW5jZRgCIAEoBBIRCglzdWNjZXNzb3IYAyABKAkSEAoIdW50aWxfbXMYBCABKAQiOQoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASDgoKTE9DS19ERUxBWRABEgsKB0hBTkRPRkYQAiJuCgtMaXN0UmVxdWVzdBIOCgZwcmVmaXgYASABKAkSKAoGZmlsdGVyGAIgASgOMhgubGVhc2Vob2xkLnYxLkxpc3RGaWx0ZXISEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkiwgEKCEtleVN0YXRlEgsKA2tleRgBIAEoCRIiCgVsZWFzZRgCIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIrCgpsYXN0X2VuZGVkGAMgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRITCgtyZWNvdmVyYWJsZRgEIAEoCBITCgtxdWFyYW50aW5lZBgFIAEoCBIuCgtyZXNlcnZhdGlvbhgGIAEoCzIZLmxlYXNlaG9sZC52MS5SZXNlcnZhdGlvbiJECg5IaXN0b3J5UmVxdWVzdBILCgNrZXkYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkirwEKDEhpc3RvcnlFbnRyeRINCgVmZW5jZRgBIAEoBBINCgVvd25lchgCIAEoCRIWCg5hY3F1aXJlZF9hdF9tcxgDIAEoBBITCgtlbmRlZF9hdF9tcxgEIAEoBBIiCgNlbmQYBSABKA4yFS5sZWFzZWhvbGQudjEuVGVybUVuZBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgGIAEoDRISCgpoYW5kZWRfb2ZmGAcgASgIIlcKD0hpc3RvcnlSZXNwb25zZRIrCgdlbnRyaWVzGAEgAygLMhoubGVhc2Vob2xkLnYxLkhpc3RvcnlFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIgoTVW5xdWFyYW50aW5lUmVxdWVzdBILCgNrZXkYASABKAkiOwoUVW5xdWFyYW50aW5lUmVzcG9uc2USIwoDa2V5GAEgASgLMhYubGVhc2Vob2xkLnYxLktleVN0YXRlIk0KDExpc3RSZXNwb25zZRIkCgRrZXlzGAEgAygLMhYubGVhc2Vob2xkLnYxLktleVN0YXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKbAgoIVG9vbENhbGwSCwoDa2V5GAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIUCgxpbnB1dF9kaWdlc3QYBCABKAkSDQoFZmVuY2UYBSABKAQSKgoFc3RhdGUYBiABKA4yGy5sZWFzZWhvbGQudjEuVG9vbENhbGxTdGF0ZRIVCg1zZXR0bGVkX2ZlbmNlGAcgASgEEhUKDXJlc3VsdF9kaWdlc3QYCCABKAkSDgoGcmVzdWx0GAkgASgMEhMKC2JlZ3VuX2F0X21zGAogASgEEhUKDXNldHRsZWRfYXRfbXMYCyABKAQSDwoHb3JkaW5hbBgMIAEoBBIXCg9pZGVtcG90ZW5jeV9rZXkYDSABKAkiQwoMVG9vbENhbGxTcGVjEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxpbnB1dF9kaWdlc3QYAyABKAkieQoUQmVnaW5Ub29sQ2FsbFJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEg8KB2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCRIUCgxpbnB1dF9kaWdlc3QYBiABKAkiUAoVQmVnaW5Ub29sQ2FsbFJlc3BvbnNlEiQKBGNhbGwYASABKAsyFi5sZWFzZWhvbGQudjEuVG9vbENhbGwSEQoJZHVwbGljYXRlGAIgASgIInAKFUJlZ2luVG9vbENhbGxzUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSKQoFY2FsbHMYBCADKAsyGi5sZWFzZWhvbGQudjEuVG9vbENhbGxTcGVjIm4KFkJlZ2luVG9vbENhbGxzUmVzcG9uc2USJQoFY2FsbHMYASADKAsyFi5sZWFzZWhvbGQudjEuVG9vbENhbGwSEQoJZHVwbGljYXRlGAIgASgIEhoKEmR1cGxpY2F0ZV9jYWxsX2lkcxgDIAMoCSKrAQoVU2V0dGxlVG9vbENhbGxSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIPCgdjYWxsX2lkGAQgASgJEiwKB291dGNvbWUYBSABKA4yGy5sZWFzZWhvbGQudjEuVG9vbENhbGxTdGF0ZRIVCg1yZXN1bHRfZGlnZXN0GAYgASgJEg4KBnJlc3VsdBgHIAEoDCJXChZTZXR0bGVUb29sQ2FsbFJlc3BvbnNlEiQKBGNhbGwYASABKAsyFi5sZWFzZWhvbGQudjEuVG9vbENhbGwSFwoPYWxyZWFkeV9zZXR0bGVkGAIgASgIIpgBChRMaXN0VG9vbENhbGxzUmVxdWVzdBILCgNrZXkYASABKAkSOQoGZmlsdGVyGAIgASgOMikubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXF1ZXN0LkZpbHRlciI4CgZGaWx0ZXISFgoSRklMVEVSX1VOU1BFQ0lGSUVEEAASDQoJVU5TRVRUTEVEEAESBwoDQUxMEAIiPgoVTGlzdFRvb2xDYWxsc1Jlc3BvbnNlEiUKBWNhbGxzGAEgAygLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsIjwKFlRyYW5zY3JpcHRDaGVja1JlcXVlc3QSEgoKdHJhbnNjcmlwdBgBIAEoCRIOCgZmb3JtYXQYAiABKAkidwoRVHJhbnNjcmlwdEZpbmRpbmcSDAoEa2luZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEg0KBWluZGV4GAMgASgEEgwKBGxpbmUYBCABKAQSDgoGZGV0YWlsGAUgASgJEhYKDnByb3ZpZGVyX2Vycm9yGAYgASgJIpQBChdUcmFuc2NyaXB0Q2hlY2tSZXNwb25zZRIPCgdoZWFsdGh5GAEgASgIEg4KBmZvcm1hdBgCIAEoCRIQCghtZXNzYWdlcxgDIAEoBBIxCghmaW5kaW5ncxgEIAMoCzIfLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0RmluZGluZxITCgtyZXBvcnRfanNvbhgFIAEoCSJaChdUcmFuc2NyaXB0UmVwYWlyUmVxdWVzdBISCgp0cmFuc2NyaXB0GAEgASgJEg4KBmZvcm1hdBgCIAEoCRIbChNwbGFjZWhvbGRlcl9tYXJrZXJzGAMgAygJIo0BChhUcmFuc2NyaXB0UmVwYWlyUmVzcG9uc2USEgoKdHJhbnNjcmlwdBgBIAEoCRIPCgdoZWFsdGh5GAIgASgIEhQKDGFjdGlvbnNfanNvbhgDIAEoCRI2Cg11bnJlY292ZXJhYmxlGAQgAygLMh8ubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRGaW5kaW5nKk0KB1Rlcm1FbmQSGAoUVEVSTV9FTkRfVU5TUEVDSUZJRUQQABIMCghSRUxFQVNFRBABEg0KCVNVU1BFTkRFRBACEgsKB0VYUElSRUQQAypeCgpMaXN0RmlsdGVyEhsKF0xJU1RfRklMVEVSX1VOU1BFQ0lGSUVEEAASCAoETElWRRABEg8KC1JFQ09WRVJBQkxFEAISBwoDQUxMEAMSDwoLUVVBUkFOVElORUQQBCplCg1Ub29sQ2FsbFN0YXRlEh8KG1RPT0xfQ0FMTF9TVEFURV9VTlNQRUNJRklFRBAAEgsKB1JVTk5JTkcQARINCglTVUNDRUVERUQQAhIKCgZGQUlMRUQQAxILCgdVTktOT1dOEAQy8wcKCUxlYXNlaG9sZBJGCgdBY3F1aXJlEhwubGVhc2Vob2xkLnYxLkFjcXVpcmVSZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLkFjcXVpcmVSZXNwb25zZRJACgVSZW5ldxIaLmxlYXNlaG9sZC52MS5SZW5ld1JlcXVlc3QaGy5sZWFzZWhvbGQudjEuUmVuZXdSZXNwb25zZRJGCgdSZWxlYXNlEhwubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXNwb25zZRJACgVDaGVjaxIaLmxlYXNlaG9sZC52MS5DaGVja1JlcXVlc3QaGy5sZWFzZWhvbGQudjEuQ2hlY2tSZXNwb25zZRI6CgNHZXQSGC5sZWFzZWhvbGQudjEuR2V0UmVxdWVzdBoZLmxlYXNlaG9sZC52MS5HZXRSZXNwb25zZRI9CgRMaXN0EhkubGVhc2Vob2xkLnYxLkxpc3RSZXF1ZXN0GhoubGVhc2Vob2xkLnYxLkxpc3RSZXNwb25zZRJGCgdIaXN0b3J5EhwubGVhc2Vob2xkLnYxLkhpc3RvcnlSZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLkhpc3RvcnlSZXNwb25zZRJVCgxVbnF1YXJhbnRpbmUSIS5sZWFzZWhvbGQudjEuVW5xdWFyYW50aW5lUmVxdWVzdBoiLmxlYXNlaG9sZC52MS5VbnF1YXJhbnRpbmVSZXNwb25zZRJYCg1CZWdpblRvb2xDYWxsEiIubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXNwb25zZRJbCg5CZWdpblRvb2xDYWxscxIjLmxlYXNlaG9sZC52MS5CZWdpblRvb2xDYWxsc1JlcXVlc3QaJC5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbHNSZXNwb25zZRJbCg5TZXR0bGVUb29sQ2FsbBIjLmxlYXNlaG9sZC52MS5TZXR0bGVUb29sQ2FsbFJlcXVlc3QaJC5sZWFzZWhvbGQudjEuU2V0dGxlVG9vbENhbGxSZXNwb25zZRJYCg1MaXN0VG9vbENhbGxzEiIubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXNwb25zZRJKCgdTZXNzaW9uEhwubGVhc2Vob2xkLnYxLlNlc3Npb25SZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLlNlc3Npb25SZXNwb25zZSgBMAEyvAEKC1RyYW5zY3JpcHRzElQKBUNoZWNrEiQubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRDaGVja1JlcXVlc3QaJS5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USVwoGUmVwYWlyEiUubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXF1ZXN0GiYubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChxsZWFzZWhvbGQvdjEvbGVhc2Vob2xkLnByb3RvEgxsZWFzZWhvbGQudjEi3gEKDlNlc3Npb25SZXF1ZXN0EisKBXJlbmV3GAEgASgLMhoubGVhc2Vob2xkLnYxLlJlbmV3UmVxdWVzdEgAEisKBWNoZWNrGAIgASgLMhoubGVhc2Vob2xkLnYxLkNoZWNrUmVxdWVzdEgAEi8KB2FjcXVpcmUYAyABKAsyHC5sZWFzZWhvbGQudjEuQWNxdWlyZVJlcXVlc3RIABIvCgdyZWxlYXNlGAQgASgLMhwubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXF1ZXN0SAASCgoCaWQYDyABKARCBAoCb3Ai4AIKD1Nlc3Npb25SZXNwb25zZRIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGcmVhc29uGAMgASgJEiIKBWxlYXNlGAQgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlEikKCHByZXZpb3VzGAUgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRIQCghyZXBsYXllZBgGIAEoCBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgHIAEoDRImCgVlbmRlZBgIIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SCgoCaWQYCSABKAQSOwoHZGV0YWlscxgKIAMoCzIqLmxlYXNlaG9sZC52MS5TZXNzaW9uUmVzcG9uc2UuRGV0YWlsc0VudHJ5Gi4KDERldGFpbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAw6AjgBIoMBCgVMZWFzZRILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSDQoFb3duZXIYAyABKAkSEAoIbGVhc2VfaWQYBCABKAkSDgoGdHRsX21zGAUgASgEEhYKDmFjcXVpcmVkX2F0X21zGAYgASgEEhUKDWV4cGlyZXNfYXRfbXMYByABKAQidgoJRW5kZWRUZXJtEg0KBWZlbmNlGAEgASgEEg0KBW93bmVyGAIgASgJEiIKA2VuZBgDIAEoDjIVLmxlYXNlaG9sZC52MS5UZXJtRW5kEhMKC2VuZGVkX2F0X21zGAQgASgEEhIKCmhhbmRlZF9vZmYYBSABKAginwEKDkFjcXVpcmVSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVvd25lchgCIAEoCRIOCgZ0dGxfbXMYAyABKAQSDwoHd2FpdF9tcxgEIAEoBBISCgpyZXF1ZXN0X2lkGAUgASgJEhUKDWxvY2tfZGVsYXlfbXMYBiABKAQSFgoObWF4X3JlY292ZXJpZXMYByABKA0SDQoFZm9yY2UYCCABKAgikAEKD0FjcXVpcmVSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIpCghwcmV2aW91cxgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEAoIcmVwbGF5ZWQYAyABKAgSHAoUdW5zZXR0bGVkX3Rvb2xfY2FsbHMYBCABKA0iTAoMUmVuZXdSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIOCgZ0dGxfbXMYBCABKAQiMwoNUmVuZXdSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSJ2Cg5SZWxlYXNlUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHc3VzcGVuZBgEIAEoCBIRCglzdWNjZXNzb3IYBSABKAkSEgoKaGFuZG9mZl9tcxgGIAEoBCI5Cg9SZWxlYXNlUmVzcG9uc2USJgoFZW5kZWQYASABKAsyFy5sZWFzZWhvbGQudjEuRW5kZWRUZXJtIioKDENoZWNrUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQiMwoNQ2hlY2tSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSIZCgpHZXRSZXF1ZXN0EgsKA2tleRgBIAEoCSK4AQoLR2V0UmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2USKwoKbGFzdF9lbmRlZBgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEwoLcmVjb3ZlcmFibGUYAyABKAgSEwoLcXVhcmFudGluZWQYBCABKAgSLgoLcmVzZXJ2YXRpb24YBSABKAsyGS5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24isAEKC1Jlc2VydmF0aW9uEiwKBGtpbmQYASABKA4yHi5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24uS2luZBITCgthZnRlcl9mZW5jZRgCIAEoBBIRCglzdWNjZXNzb3IYAyABKAkSEAoIdW50aWxfbXMYBCABKAQiOQoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASDgoKTE9DS19ERUxBWRABEgsKB0hBTkRPRkYQAiJuCgtMaXN0UmVxdWVzdBIOCgZwcmVmaXgYASABKAkSKAoGZmlsdGVyGAIgASgOMhgubGVhc2Vob2xkLnYxLkxpc3RGaWx0ZXISEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkiwgEKCEtleVN0YXRlEgsKA2tleRgBIAEoCRIiCgVsZWFzZRgCIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIrCgpsYXN0X2VuZGVkGAMgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRITCgtyZWNvdmVyYWJsZRgEIAEoCBITCgtxdWFyYW50aW5lZBgFIAEoCBIuCgtyZXNlcnZhdGlvbhgGIAEoCzIZLmxlYXNlaG9sZC52MS5SZXNlcnZhdGlvbiJECg5IaXN0b3J5UmVxdWVzdBILCgNrZXkYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkirwEKDEhpc3RvcnlFbnRyeRINCgVmZW5jZRgBIAEoBBINCgVvd25lchgCIAEoCRIWCg5hY3F1aXJlZF9hdF9tcxgDIAEoBBITCgtlbmRlZF9hdF9tcxgEIAEoBBIiCgNlbmQYBSABKA4yFS5sZWFzZWhvbGQudjEuVGVybUVuZBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgGIAEoDRISCgpoYW5kZWRfb2ZmGAcgASgIIlcKD0hpc3RvcnlSZXNwb25zZRIrCgdlbnRyaWVzGAEgAygLMhoubGVhc2Vob2xkLnYxLkhpc3RvcnlFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQwoMV2F0Y2hSZXF1ZXN0EgsKA2tleRgBIAEoCRIOCgZwcmVmaXgYAiABKAkSFgoOc3RhcnRfcmV2aXNpb24YAyABKAQi3wEKBUV2ZW50EhAKCHJldmlzaW9uGAEgASgEEgsKA2tleRgCIAEoCRImCgRraW5kGAMgASgOMhgubGVhc2Vob2xkLnYxLkV2ZW50LktpbmQSDQoFZmVuY2UYBCABKAQSDQoFb3duZXIYBSABKAkSDQoFYXRfbXMYBiABKAQiYgoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASCwoHR1JBTlRFRBABEgwKCFJFTEVBU0VEEAISDQoJU1VTUEVOREVEEAMSCwoHRVhQSVJFRBAEEg0KCUZPUkdPVFRFThAFIkYKDVdhdGNoUmVzcG9uc2USIwoGZXZlbnRzGAEgAygLMhMubGVhc2Vob2xkLnYxLkV2ZW50EhAKCHJldmlzaW9uGAIgASgEIiIKE1VucXVhcmFudGluZVJlcXVlc3QSCwoDa2V5GAEgASgJIjsKFFVucXVhcmFudGluZVJlc3BvbnNlEiMKA2tleRgBIAEoCzIWLmxlYXNlaG9sZC52MS5LZXlTdGF0ZSJNCgxMaXN0UmVzcG9uc2USJAoEa2V5cxgBIAMoCzIWLmxlYXNlaG9sZC52MS5LZXlTdGF0ZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkimwIKCFRvb2xDYWxsEgsKA2tleRgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSFAoMaW5wdXRfZGlnZXN0GAQgASgJEg0KBWZlbmNlGAUgASgEEioKBXN0YXRlGAYgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNc2V0dGxlZF9mZW5jZRgHIAEoBBIVCg1yZXN1bHRfZGlnZXN0GAggASgJEg4KBnJlc3VsdBgJIAEoDBITCgtiZWd1bl9hdF9tcxgKIAEoBBIVCg1zZXR0bGVkX2F0X21zGAsgASgEEg8KB29yZGluYWwYDCABKAQSFwoPaWRlbXBvdGVuY3lfa2V5GA0gASgJIkMKDFRvb2xDYWxsU3BlYxIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFAoMaW5wdXRfZGlnZXN0GAMgASgJInkKFEJlZ2luVG9vbENhbGxSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIPCgdjYWxsX2lkGAQgASgJEgwKBG5hbWUYBSABKAkSFAoMaW5wdXRfZGlnZXN0GAYgASgJIlAKFUJlZ2luVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCCJwChVCZWdpblRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEikKBWNhbGxzGAQgAygLMhoubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3BlYyJuChZCZWdpblRvb2xDYWxsc1Jlc3BvbnNlEiUKBWNhbGxzGAEgAygLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCBIaChJkdXBsaWNhdGVfY2FsbF9pZHMYAyADKAkiqwEKFVNldHRsZVRvb2xDYWxsUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHY2FsbF9pZBgEIAEoCRIsCgdvdXRjb21lGAUgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNcmVzdWx0X2RpZ2VzdBgGIAEoCRIOCgZyZXN1bHQYByABKAwiVwoWU2V0dGxlVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhcKD2FscmVhZHlfc2V0dGxlZBgCIAEoCCKYAQoUTGlzdFRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEjkKBmZpbHRlchgCIAEoDjIpLmxlYXNlaG9sZC52MS5MaXN0VG9vbENhbGxzUmVxdWVzdC5GaWx0ZXIiOAoGRmlsdGVyEhYKEkZJTFRFUl9VTlNQRUNJRklFRBAAEg0KCVVOU0VUVExFRBABEgcKA0FMTBACIj4KFUxpc3RUb29sQ2FsbHNSZXNwb25zZRIlCgVjYWxscxgBIAMoCzIWLmxlYXNlaG9sZC52MS5Ub29sQ2FsbCI8ChZUcmFuc2NyaXB0Q2hlY2tSZXF1ZXN0EhIKCnRyYW5zY3JpcHQYASABKAkSDgoGZm9ybWF0GAIgASgJIncKEVRyYW5zY3JpcHRGaW5kaW5nEgwKBGtpbmQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRINCgVpbmRleBgDIAEoBBIMCgRsaW5lGAQgASgEEg4KBmRldGFpbBgFIAEoCRIWCg5wcm92aWRlcl9lcnJvchgGIAEoCSKUAQoXVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USDwoHaGVhbHRoeRgBIAEoCBIOCgZmb3JtYXQYAiABKAkSEAoIbWVzc2FnZXMYAyABKAQSMQoIZmluZGluZ3MYBCADKAsyHy5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdEZpbmRpbmcSEwoLcmVwb3J0X2pzb24YBSABKAkiWgoXVHJhbnNjcmlwdFJlcGFpclJlcXVlc3QSEgoKdHJhbnNjcmlwdBgBIAEoCRIOCgZmb3JtYXQYAiABKAkSGwoTcGxhY2Vob2xkZXJfbWFya2VycxgDIAMoCSKNAQoYVHJhbnNjcmlwdFJlcGFpclJlc3BvbnNlEhIKCnRyYW5zY3JpcHQYASABKAkSDwoHaGVhbHRoeRgCIAEoCBIUCgxhY3Rpb25zX2pzb24YAyABKAkSNgoNdW5yZWNvdmVyYWJsZRgEIAMoCzIfLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0RmluZGluZypNCgdUZXJtRW5kEhgKFFRFUk1fRU5EX1VOU1BFQ0lGSUVEEAASDAoIUkVMRUFTRUQQARINCglTVVNQRU5ERUQQAhILCgdFWFBJUkVEEAMqXgoKTGlzdEZpbHRlchIbChdMSVNUX0ZJTFRFUl9VTlNQRUNJRklFRBAAEggKBExJVkUQARIPCgtSRUNPVkVSQUJMRRACEgcKA0FMTBADEg8KC1FVQVJBTlRJTkVEEAQqZQoNVG9vbENhbGxTdGF0ZRIfChtUT09MX0NBTExfU1RBVEVfVU5TUEVDSUZJRUQQABILCgdSVU5OSU5HEAESDQoJU1VDQ0VFREVEEAISCgoGRkFJTEVEEAMSCwoHVU5LTk9XThAEMrcICglMZWFzZWhvbGQSRgoHQWNxdWlyZRIcLmxlYXNlaG9sZC52MS5BY3F1aXJlUmVxdWVzdBodLmxlYXNlaG9sZC52MS5BY3F1aXJlUmVzcG9uc2USQAoFUmVuZXcSGi5sZWFzZWhvbGQudjEuUmVuZXdSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLlJlbmV3UmVzcG9uc2USRgoHUmVsZWFzZRIcLmxlYXNlaG9sZC52MS5SZWxlYXNlUmVxdWVzdBodLmxlYXNlaG9sZC52MS5SZWxlYXNlUmVzcG9uc2USQAoFQ2hlY2sSGi5sZWFzZWhvbGQudjEuQ2hlY2tSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLkNoZWNrUmVzcG9uc2USOgoDR2V0EhgubGVhc2Vob2xkLnYxLkdldFJlcXVlc3QaGS5sZWFzZWhvbGQudjEuR2V0UmVzcG9uc2USPQoETGlzdBIZLmxlYXNlaG9sZC52MS5MaXN0UmVxdWVzdBoaLmxlYXNlaG9sZC52MS5MaXN0UmVzcG9uc2USRgoHSGlzdG9yeRIcLmxlYXNlaG9sZC52MS5IaXN0b3J5UmVxdWVzdBodLmxlYXNlaG9sZC52MS5IaXN0b3J5UmVzcG9uc2USVQoMVW5xdWFyYW50aW5lEiEubGVhc2Vob2xkLnYxLlVucXVhcmFudGluZVJlcXVlc3QaIi5sZWFzZWhvbGQudjEuVW5xdWFyYW50aW5lUmVzcG9uc2USQgoFV2F0Y2gSGi5sZWFzZWhvbGQudjEuV2F0Y2hSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLldhdGNoUmVzcG9uc2UwARJYCg1CZWdpblRvb2xDYWxsEiIubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXNwb25zZRJbCg5CZWdpblRvb2xDYWxscxIjLmxlYXNlaG9sZC52MS5CZWdpblRvb2xDYWxsc1JlcXVlc3QaJC5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbHNSZXNwb25zZRJbCg5TZXR0bGVUb29sQ2FsbBIjLmxlYXNlaG9sZC52MS5TZXR0bGVUb29sQ2FsbFJlcXVlc3QaJC5sZWFzZWhvbGQudjEuU2V0dGxlVG9vbENhbGxSZXNwb25zZRJYCg1MaXN0VG9vbENhbGxzEiIubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXNwb25zZRJKCgdTZXNzaW9uEhwubGVhc2Vob2xkLnYxLlNlc3Npb25SZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLlNlc3Npb25SZXNwb25zZSgBMAEyvAEKC1RyYW5zY3JpcHRzElQKBUNoZWNrEiQubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRDaGVja1JlcXVlc3QaJS5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USVwoGUmVwYWlyEiUubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXF1ZXN0GiYubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXNwb25zZWIGcHJvdG8z");
 
 /**
  * @generated from message leasehold.v1.SessionRequest
@@ -844,6 +844,156 @@ export const HistoryResponseSchema: GenMessage<HistoryResponse> = /*@__PURE__*/
   messageDesc(file_leasehold_v1_leasehold, 19);
 
 /**
+ * @generated from message leasehold.v1.WatchRequest
+ */
+export type WatchRequest = Message<"leasehold.v1.WatchRequest"> & {
+  /**
+   * Exactly this key; or, when empty, every key starting with prefix
+   * (empty prefix: every key the caller may read).
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * @generated from field: string prefix = 2;
+   */
+  prefix: string;
+
+  /**
+   * The first revision wanted; 0 = only changes after the current revision.
+   *
+   * @generated from field: uint64 start_revision = 3;
+   */
+  startRevision: bigint;
+};
+
+/**
+ * Describes the message leasehold.v1.WatchRequest.
+ * Use `create(WatchRequestSchema)` to create a new message.
+ */
+export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 20);
+
+/**
+ * @generated from message leasehold.v1.Event
+ */
+export type Event = Message<"leasehold.v1.Event"> & {
+  /**
+   * @generated from field: uint64 revision = 1;
+   */
+  revision: bigint;
+
+  /**
+   * @generated from field: string key = 2;
+   */
+  key: string;
+
+  /**
+   * @generated from field: leasehold.v1.Event.Kind kind = 3;
+   */
+  kind: Event_Kind;
+
+  /**
+   * @generated from field: uint64 fence = 4;
+   */
+  fence: bigint;
+
+  /**
+   * @generated from field: string owner = 5;
+   */
+  owner: string;
+
+  /**
+   * Server wall-clock milliseconds: when it happened (for EXPIRED, when the
+   * TTL ran out).
+   *
+   * @generated from field: uint64 at_ms = 6;
+   */
+  atMs: bigint;
+};
+
+/**
+ * Describes the message leasehold.v1.Event.
+ * Use `create(EventSchema)` to create a new message.
+ */
+export const EventSchema: GenMessage<Event> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 21);
+
+/**
+ * @generated from enum leasehold.v1.Event.Kind
+ */
+export enum Event_Kind {
+  /**
+   * @generated from enum value: KIND_UNSPECIFIED = 0;
+   */
+  KIND_UNSPECIFIED = 0,
+
+  /**
+   * A term began: fence and owner are the new holder's.
+   *
+   * @generated from enum value: GRANTED = 1;
+   */
+  GRANTED = 1,
+
+  /**
+   * @generated from enum value: RELEASED = 2;
+   */
+  RELEASED = 2,
+
+  /**
+   * @generated from enum value: SUSPENDED = 3;
+   */
+  SUSPENDED = 3,
+
+  /**
+   * @generated from enum value: EXPIRED = 4;
+   */
+  EXPIRED = 4,
+
+  /**
+   * The key was forgotten (long released): fence and owner are its last
+   * term's.
+   *
+   * @generated from enum value: FORGOTTEN = 5;
+   */
+  FORGOTTEN = 5,
+}
+
+/**
+ * Describes the enum leasehold.v1.Event.Kind.
+ */
+export const Event_KindSchema: GenEnum<Event_Kind> = /*@__PURE__*/
+  enumDesc(file_leasehold_v1_leasehold, 21, 0);
+
+/**
+ * @generated from message leasehold.v1.WatchResponse
+ */
+export type WatchResponse = Message<"leasehold.v1.WatchResponse"> & {
+  /**
+   * Revisions rising; empty in the first response when nothing is due.
+   *
+   * @generated from field: repeated leasehold.v1.Event events = 1;
+   */
+  events: Event[];
+
+  /**
+   * The first response: the revision the watch starts after. Later ones:
+   * the last event's revision.
+   *
+   * @generated from field: uint64 revision = 2;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message leasehold.v1.WatchResponse.
+ * Use `create(WatchResponseSchema)` to create a new message.
+ */
+export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 22);
+
+/**
  * @generated from message leasehold.v1.UnquarantineRequest
  */
 export type UnquarantineRequest = Message<"leasehold.v1.UnquarantineRequest"> & {
@@ -858,7 +1008,7 @@ export type UnquarantineRequest = Message<"leasehold.v1.UnquarantineRequest"> & 
  * Use `create(UnquarantineRequestSchema)` to create a new message.
  */
 export const UnquarantineRequestSchema: GenMessage<UnquarantineRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 20);
+  messageDesc(file_leasehold_v1_leasehold, 23);
 
 /**
  * @generated from message leasehold.v1.UnquarantineResponse
@@ -875,7 +1025,7 @@ export type UnquarantineResponse = Message<"leasehold.v1.UnquarantineResponse"> 
  * Use `create(UnquarantineResponseSchema)` to create a new message.
  */
 export const UnquarantineResponseSchema: GenMessage<UnquarantineResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 21);
+  messageDesc(file_leasehold_v1_leasehold, 24);
 
 /**
  * @generated from message leasehold.v1.ListResponse
@@ -900,7 +1050,7 @@ export type ListResponse = Message<"leasehold.v1.ListResponse"> & {
  * Use `create(ListResponseSchema)` to create a new message.
  */
 export const ListResponseSchema: GenMessage<ListResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 22);
+  messageDesc(file_leasehold_v1_leasehold, 25);
 
 /**
  * One entry of a key's tool-call ledger.
@@ -992,7 +1142,7 @@ export type ToolCall = Message<"leasehold.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 23);
+  messageDesc(file_leasehold_v1_leasehold, 26);
 
 /**
  * @generated from message leasehold.v1.ToolCallSpec
@@ -1019,7 +1169,7 @@ export type ToolCallSpec = Message<"leasehold.v1.ToolCallSpec"> & {
  * Use `create(ToolCallSpecSchema)` to create a new message.
  */
 export const ToolCallSpecSchema: GenMessage<ToolCallSpec> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 24);
+  messageDesc(file_leasehold_v1_leasehold, 27);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallRequest
@@ -1061,7 +1211,7 @@ export type BeginToolCallRequest = Message<"leasehold.v1.BeginToolCallRequest"> 
  * Use `create(BeginToolCallRequestSchema)` to create a new message.
  */
 export const BeginToolCallRequestSchema: GenMessage<BeginToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 25);
+  messageDesc(file_leasehold_v1_leasehold, 28);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallResponse
@@ -1086,7 +1236,7 @@ export type BeginToolCallResponse = Message<"leasehold.v1.BeginToolCallResponse"
  * Use `create(BeginToolCallResponseSchema)` to create a new message.
  */
 export const BeginToolCallResponseSchema: GenMessage<BeginToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 26);
+  messageDesc(file_leasehold_v1_leasehold, 29);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallsRequest
@@ -1118,7 +1268,7 @@ export type BeginToolCallsRequest = Message<"leasehold.v1.BeginToolCallsRequest"
  * Use `create(BeginToolCallsRequestSchema)` to create a new message.
  */
 export const BeginToolCallsRequestSchema: GenMessage<BeginToolCallsRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 27);
+  messageDesc(file_leasehold_v1_leasehold, 30);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallsResponse
@@ -1151,7 +1301,7 @@ export type BeginToolCallsResponse = Message<"leasehold.v1.BeginToolCallsRespons
  * Use `create(BeginToolCallsResponseSchema)` to create a new message.
  */
 export const BeginToolCallsResponseSchema: GenMessage<BeginToolCallsResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 28);
+  messageDesc(file_leasehold_v1_leasehold, 31);
 
 /**
  * @generated from message leasehold.v1.SettleToolCallRequest
@@ -1200,7 +1350,7 @@ export type SettleToolCallRequest = Message<"leasehold.v1.SettleToolCallRequest"
  * Use `create(SettleToolCallRequestSchema)` to create a new message.
  */
 export const SettleToolCallRequestSchema: GenMessage<SettleToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 29);
+  messageDesc(file_leasehold_v1_leasehold, 32);
 
 /**
  * @generated from message leasehold.v1.SettleToolCallResponse
@@ -1226,7 +1376,7 @@ export type SettleToolCallResponse = Message<"leasehold.v1.SettleToolCallRespons
  * Use `create(SettleToolCallResponseSchema)` to create a new message.
  */
 export const SettleToolCallResponseSchema: GenMessage<SettleToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 30);
+  messageDesc(file_leasehold_v1_leasehold, 33);
 
 /**
  * @generated from message leasehold.v1.ListToolCallsRequest
@@ -1248,7 +1398,7 @@ export type ListToolCallsRequest = Message<"leasehold.v1.ListToolCallsRequest"> 
  * Use `create(ListToolCallsRequestSchema)` to create a new message.
  */
 export const ListToolCallsRequestSchema: GenMessage<ListToolCallsRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 31);
+  messageDesc(file_leasehold_v1_leasehold, 34);
 
 /**
  * @generated from enum leasehold.v1.ListToolCallsRequest.Filter
@@ -1276,7 +1426,7 @@ export enum ListToolCallsRequest_Filter {
  * Describes the enum leasehold.v1.ListToolCallsRequest.Filter.
  */
 export const ListToolCallsRequest_FilterSchema: GenEnum<ListToolCallsRequest_Filter> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_leasehold, 31, 0);
+  enumDesc(file_leasehold_v1_leasehold, 34, 0);
 
 /**
  * @generated from message leasehold.v1.ListToolCallsResponse
@@ -1293,7 +1443,7 @@ export type ListToolCallsResponse = Message<"leasehold.v1.ListToolCallsResponse"
  * Use `create(ListToolCallsResponseSchema)` to create a new message.
  */
 export const ListToolCallsResponseSchema: GenMessage<ListToolCallsResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 32);
+  messageDesc(file_leasehold_v1_leasehold, 35);
 
 /**
  * @generated from message leasehold.v1.TranscriptCheckRequest
@@ -1315,7 +1465,7 @@ export type TranscriptCheckRequest = Message<"leasehold.v1.TranscriptCheckReques
  * Use `create(TranscriptCheckRequestSchema)` to create a new message.
  */
 export const TranscriptCheckRequestSchema: GenMessage<TranscriptCheckRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 33);
+  messageDesc(file_leasehold_v1_leasehold, 36);
 
 /**
  * @generated from message leasehold.v1.TranscriptFinding
@@ -1366,7 +1516,7 @@ export type TranscriptFinding = Message<"leasehold.v1.TranscriptFinding"> & {
  * Use `create(TranscriptFindingSchema)` to create a new message.
  */
 export const TranscriptFindingSchema: GenMessage<TranscriptFinding> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 34);
+  messageDesc(file_leasehold_v1_leasehold, 37);
 
 /**
  * @generated from message leasehold.v1.TranscriptCheckResponse
@@ -1407,7 +1557,7 @@ export type TranscriptCheckResponse = Message<"leasehold.v1.TranscriptCheckRespo
  * Use `create(TranscriptCheckResponseSchema)` to create a new message.
  */
 export const TranscriptCheckResponseSchema: GenMessage<TranscriptCheckResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 35);
+  messageDesc(file_leasehold_v1_leasehold, 38);
 
 /**
  * @generated from message leasehold.v1.TranscriptRepairRequest
@@ -1436,7 +1586,7 @@ export type TranscriptRepairRequest = Message<"leasehold.v1.TranscriptRepairRequ
  * Use `create(TranscriptRepairRequestSchema)` to create a new message.
  */
 export const TranscriptRepairRequestSchema: GenMessage<TranscriptRepairRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 36);
+  messageDesc(file_leasehold_v1_leasehold, 39);
 
 /**
  * @generated from message leasehold.v1.TranscriptRepairResponse
@@ -1476,7 +1626,7 @@ export type TranscriptRepairResponse = Message<"leasehold.v1.TranscriptRepairRes
  * Use `create(TranscriptRepairResponseSchema)` to create a new message.
  */
 export const TranscriptRepairResponseSchema: GenMessage<TranscriptRepairResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 37);
+  messageDesc(file_leasehold_v1_leasehold, 40);
 
 /**
  * @generated from enum leasehold.v1.TermEnd
@@ -1678,6 +1828,26 @@ export const Leasehold: GenService<{
     methodKind: "unary";
     input: typeof UnquarantineRequestSchema;
     output: typeof UnquarantineResponseSchema;
+  },
+  /**
+   * Streams every change of ownership of a key or a prefix (granted,
+   * released, suspended, expired, forgotten) as it becomes durable, each
+   * with a revision: a server-wide counter, stored, rising in commit order.
+   * Watching again from the last revision seen plus one, after a reconnect
+   * or a server restart, misses nothing and repeats nothing. The first
+   * response carries the current revision (and, from start_revision, the
+   * events the log still holds). A start_revision older than the log holds
+   * is OUT_OF_RANGE (metadata leasehold-oldest-revision): list the keys,
+   * then watch from the response's revision. A watcher that falls too far
+   * behind is ended with RESOURCE_EXHAUSTED (limit watch_buffer) naming the
+   * revision to resume from.
+   *
+   * @generated from rpc leasehold.v1.Leasehold.Watch
+   */
+  watch: {
+    methodKind: "server_streaming";
+    input: typeof WatchRequestSchema;
+    output: typeof WatchResponseSchema;
   },
   /**
    * Records a tool call as running under the live term, before its side
