@@ -475,6 +475,8 @@ async fn run(command: Command) -> ExitCode {
                         schema: pg_schema,
                         pool_size: pg_pool_size,
                         retention_ms,
+                        history_len,
+                        default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
                         ..PgConfig::new(url)
                     };
                     serve_postgres(config, edge).await

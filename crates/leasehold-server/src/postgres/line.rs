@@ -4,6 +4,9 @@
 //! the waiting request picks its grant up when woken, at its holder's
 //! deadline, or after a poll interval.
 
+use leasehold_core::error::Held;
+use leasehold_core::lease::{Lifecycle, Reservation};
+
 use super::order::Turn;
 use super::*;
 
@@ -12,7 +15,7 @@ impl Inner {
     /// transaction with the waiter's row and the notification.
     pub(super) async fn serve_first(&self, client: &mut Client, key: &Key) -> Result<()> {
         let tx = client.transaction().await.map_err(db_error)?;
-        let served = serve_first_in(&tx, &self.channel, key).await?;
+        let served = serve_first_in(&tx, &self.channel, key, self.history_len()).await?;
         tx.commit().await.map_err(db_error)?;
         if served {
             tracing::debug!(key = %key, "handed to the first waiter");
@@ -20,8 +23,55 @@ impl Inner {
         Ok(())
     }
 
+    /// The recovery limit a term granted for `request` carries: its own,
+    /// or this server's default.
+    pub(super) fn max_recoveries(&self, request: &Acquire) -> Option<i32> {
+        request
+            .options
+            .max_recoveries
+            .or(self.config.default_max_recoveries)
+            .filter(|&k| k > 0)
+            .map(|k| k.min(i32::MAX as u32) as i32)
+    }
+
+    /// The refusal of an Acquire of quarantined `key` after `failures`
+    /// failed terms in a row, naming them (the core's wording).
+    pub(super) async fn quarantined(
+        &self,
+        client: &Client,
+        key: &Key,
+        failures: u32,
+    ) -> Result<Error> {
+        let stmt = client
+            .prepare_cached(sql::RECENT_ENDS)
+            .await
+            .map_err(db_error)?;
+        let shown = i64::from(failures).min(self.history_len());
+        let rows = client
+            .query(&stmt, &[&key.as_str(), &shown])
+            .await
+            .map_err(db_error)?;
+        let mut recent = Vec::with_capacity(rows.len());
+        for row in rows.iter().rev() {
+            let end = match row::term_end(row.get("end_kind"))? {
+                TermEnd::Released => "released",
+                TermEnd::Suspended => "suspended",
+                TermEnd::Expired => "expired",
+            };
+            let fence = row::fence_of(row.get("fence"));
+            recent.push(format!("fence {fence} {end}"));
+        }
+        Ok(Error::Quarantined {
+            key: key.clone(),
+            failures,
+            recent: recent.join(", "),
+        })
+    }
+
     /// The part of an Acquire that does not wait: the grant, a replay, or
-    /// the busy refusal (a free key with people in line goes to them first).
+    /// the refusal: busy, reserved (lock-delay, handoff) or quarantined. A
+    /// free key with people in line goes to them first, but the successor
+    /// a handoff names goes ahead of them.
     pub(super) async fn acquire_now(
         &self,
         client: &mut Client,
@@ -30,6 +80,10 @@ impl Inner {
         let key = request.key.as_str();
         let request_id = request.request_id.as_ref().map(|r| r.as_str());
         let ttl = request.ttl.as_millis() as i64;
+        let lock_delay = request.options.lock_delay_ms.min(i64::MAX as u64) as i64;
+        let max_recoveries = self.max_recoveries(request);
+        let force = request.options.force;
+        let history_len = self.history_len();
         let grant = client.prepare_cached(sql::GRANT).await.map_err(db_error)?;
         for _ in 0..RACE_RETRIES {
             let lease_id = LeaseId::random();
@@ -42,6 +96,10 @@ impl Inner {
                         &lease_id.0,
                         &request_id,
                         &ttl,
+                        &lock_delay,
+                        &max_recoveries,
+                        &force,
+                        &history_len,
                     ],
                 )
                 .await
@@ -60,7 +118,10 @@ impl Inner {
                     visible_seq: 0,
                 });
             }
-            let snapshot = self.read_key(client, &request.key).await?;
+            // Moves an expiry nobody recorded yet, and serves the line: a
+            // free key with people in line goes to them first, and the next
+            // look finds it held by the first of them.
+            let snapshot = self.read_key_served(client, &request.key).await?;
             if let Some(term) = &snapshot.key.live {
                 if let Some(replay) = replay_of(request, &snapshot) {
                     return Ok(replay);
@@ -72,10 +133,8 @@ impl Inner {
                     remaining_ms: term.expires_at.saturating_sub(snapshot.now),
                 });
             }
-            if snapshot.line {
-                // Free, with people in line: they go first; the next look
-                // finds the key held by the first of them.
-                self.serve_first(client, &request.key).await?;
+            if let Some(refusal) = self.refusal_of_free(client, request, &snapshot).await? {
+                return Err(refusal);
             }
         }
         Err(Error::Unavailable(format!(
@@ -84,16 +143,37 @@ impl Inner {
         )))
     }
 
+    /// Why `request` may not take the free key of `snapshot` (quarantined,
+    /// or reserved for someone else or for nobody), or `None` if it may.
+    async fn refusal_of_free(
+        &self,
+        client: &Client,
+        request: &Acquire,
+        snapshot: &Snapshot,
+    ) -> Result<Option<Error>> {
+        let state = &snapshot.key;
+        if state.quarantined && !request.options.force {
+            return self
+                .quarantined(client, &request.key, state.failures)
+                .await
+                .map(Some);
+        }
+        Ok(reserved_refusal(request, snapshot))
+    }
+
     /// An Acquire, waiting in line up to `request.wait` when the key is
-    /// held. `applied` is signalled once the request is granted, refused or
+    /// held or reserved. `applied` is signalled once the request is granted, refused or
     /// in line.
     pub(super) async fn acquire(self: Arc<Self>, request: Acquire, applied: Turn) -> Result<Grant> {
         let mut client = self.client().await?;
         let wakes = self.wakes.subscribe();
         let first = self.acquire_now(&mut client, &request).await;
         let wait = request.wait.as_millis();
+        // A reserved key keeps its line (waiters keep their places through
+        // a lock-delay, and come after the successor); a quarantined one
+        // sends everyone away.
         let busy = match first {
-            Err(busy @ Error::Busy { .. }) if wait > 0 => busy,
+            Err(busy @ (Error::Busy { .. } | Error::Reserved { .. })) if wait > 0 => busy,
             other => return other,
         };
         if *self.closing.borrow() {
@@ -114,6 +194,9 @@ impl Inner {
                     &request.request_id.as_ref().map(|r| r.as_str()),
                     &(wait as i64),
                     &lease,
+                    &(request.options.lock_delay_ms.min(i64::MAX as u64) as i64),
+                    &self.max_recoveries(&request),
+                    &request.options.force,
                 ],
             )
             .await
@@ -166,13 +249,31 @@ impl Inner {
                 return self.acquire_now(&mut client, &request).await;
             };
             if let Some(fence) = mine.get::<_, Option<i64>>("granted_fence") {
-                let grant = granted(&request, &mine, fence, &snapshot)?;
+                let grant = granted(
+                    &request,
+                    self.max_recoveries(&request),
+                    &mine,
+                    fence,
+                    &snapshot,
+                )?;
                 place.leave(&client).await;
                 return Ok(grant);
             }
             if let Some(replay) = replay_of(&request, &snapshot) {
                 place.leave(&client).await;
                 return Ok(replay);
+            }
+            let shut = snapshot.key.live.is_none() && snapshot.key.quarantined;
+            if mine.get::<_, bool>("refused") || (shut && !request.options.force) {
+                // The key became quarantined while we waited: nobody but a
+                // forced Acquire gets it (see `sql::SERVE_FIRST`), so say so
+                // now rather than at the end of the wait.
+                let failures = snapshot.key.failures.max(1);
+                let refusal = self.quarantined(&client, &request.key, failures).await?;
+                return match self.leave_line(&client, &mut place, &request).await? {
+                    Some(grant) => Ok(grant),
+                    None => Err(refusal),
+                };
             }
             let now = snapshot.now;
             if now >= until {
@@ -185,6 +286,12 @@ impl Inner {
             if let Some(term) = &snapshot.key.live {
                 // Wake when the holder's term runs out, if nobody renews it.
                 let left = Duration::from_millis(term.expires_at.saturating_sub(now) + 1);
+                sleep = sleep.min(left);
+            }
+            if let Some(reservation) = &snapshot.key.reservation {
+                // Look again when a lock-delay or handoff runs out: nobody
+                // notifies that.
+                let left = Duration::from_millis(reservation.until().saturating_sub(now) + 1);
                 sleep = sleep.min(left);
             }
             // Return the connection to the pool while asleep.
@@ -247,7 +354,13 @@ impl Inner {
             return Ok(None);
         };
         let snapshot = self.read_key(client, &request.key).await?;
-        let grant = granted(request, &mine, fence, &snapshot)?;
+        let grant = granted(
+            request,
+            self.max_recoveries(request),
+            &mine,
+            fence,
+            &snapshot,
+        )?;
         place.leave(client).await;
         Ok(Some(grant))
     }
@@ -260,6 +373,7 @@ pub(super) async fn serve_first_in(
     tx: &deadpool_postgres::Transaction<'_>,
     channel: &str,
     key: &Key,
+    history_len: i64,
 ) -> Result<bool> {
     let serve = tx
         .prepare_cached(sql::SERVE_FIRST)
@@ -267,7 +381,7 @@ pub(super) async fn serve_first_in(
         .map_err(db_error)?;
     let lease_id = LeaseId::random();
     let Some(row) = tx
-        .query_opt(&serve, &[&key.as_str(), &lease_id.0])
+        .query_opt(&serve, &[&key.as_str(), &lease_id.0, &history_len])
         .await
         .map_err(db_error)?
     else {
@@ -281,14 +395,44 @@ pub(super) async fn serve_first_in(
     let fence: i64 = row.get("live_fence");
     let acquired: i64 = row.get("live_acquired_at_ms");
     let expires: i64 = row.get("live_expires_at_ms");
-    tx.execute(&mark, &[&waiter, &fence, &lease_id.0, &acquired, &expires])
-        .await
-        .map_err(db_error)?;
+    let handed_off: bool = row.get("live_handed_off");
+    tx.execute(
+        &mark,
+        &[
+            &waiter,
+            &fence,
+            &lease_id.0,
+            &acquired,
+            &expires,
+            &handed_off,
+        ],
+    )
+    .await
+    .map_err(db_error)?;
     let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
     tx.execute(&notify, &[&channel, &key.as_str()])
         .await
         .map_err(db_error)?;
     Ok(true)
+}
+
+/// The refusal of `request` by a reservation of the free key of
+/// `snapshot` in force now: a lock-delay keeps everyone out, a handoff
+/// everyone but its successor.
+fn reserved_refusal(request: &Acquire, snapshot: &Snapshot) -> Option<Error> {
+    let reservation = snapshot.key.reservation.as_ref()?;
+    let held = match reservation {
+        Reservation::Handoff { successor, .. } if *successor == request.owner => return None,
+        Reservation::Handoff { successor, .. } => Held::Handoff {
+            successor: successor.clone(),
+        },
+        Reservation::LockDelay { after, .. } => Held::LockDelay { after: *after },
+    };
+    Some(Error::Reserved {
+        key: request.key.clone(),
+        reservation: held,
+        remaining_ms: reservation.until().saturating_sub(snapshot.now),
+    })
 }
 
 /// The replay of `request` if the key's live term is its earlier grant
@@ -313,6 +457,7 @@ pub(super) fn replay_of(request: &Acquire, snapshot: &Snapshot) -> Option<Grant>
 /// once).
 pub(super) fn granted(
     request: &Acquire,
+    max_recoveries: Option<i32>,
     mine: &tokio_postgres::Row,
     fence: i64,
     snapshot: &Snapshot,
@@ -326,7 +471,11 @@ pub(super) fn granted(
         ttl: request.ttl,
         acquired_at: millis(mine.get("granted_acquired_at_ms")),
         expires_at: millis(mine.get("granted_expires_at_ms")),
-        lifecycle: Default::default(),
+        lifecycle: Lifecycle {
+            lock_delay_ms: request.options.lock_delay_ms,
+            max_recoveries: max_recoveries.map(|k| k as u32),
+            handed_off: mine.get("granted_handed_off"),
+        },
     };
     let current = snapshot.key.live.as_ref().is_some_and(|t| t.fence == fence);
     Ok(Grant {

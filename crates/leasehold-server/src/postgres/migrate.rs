@@ -17,6 +17,7 @@ use super::sql;
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../migrations/postgres/0001_leases.sql"),
     include_str!("../../../../migrations/postgres/0002_tool_calls.sql"),
+    include_str!("../../../../migrations/postgres/0003_lifecycle.sql"),
 ];
 
 /// Creates `schema` if needed and brings it to the newest version.

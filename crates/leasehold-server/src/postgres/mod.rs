@@ -22,6 +22,18 @@
 //! with a heartbeat; dropping its future deletes the row, and rows of a
 //! server that died lapse after [`PgConfig::waiter_lease`].
 //!
+//! # Lifecycle
+//! Lock-delay, handoff reservations, the failure count, quarantine and the
+//! term history (#15) are columns of the key's row and rows of
+//! `term_history`, written by the same single statements as the terms: the
+//! statement that ends a term (release, sweeper, or the grant that replaces
+//! an expired term) records its history entry (idempotent by key and
+//! fence), counts the failure and starts its lock-delay; the grant's
+//! condition checks lock-delay, handoff (the successor goes ahead of the
+//! line) and quarantine. Expiry stays lazy: until someone moves an expired
+//! term, readers derive what its end does from the row (`row::KeyRow::at`),
+//! and History, Unquarantine and refusals move it first (`sql::EXPIRE_KEY`).
+//!
 //! # Order
 //! Operations take effect in the order they are called on this server for
 //! each key (the Session stream pipelines on it): each operation on a key
@@ -71,7 +83,8 @@ use leasehold_core::ledger::{
     BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
 };
 use leasehold_core::lessor::{
-    Acquire, DEFAULT_RETENTION_MS, Grant, HistoryPage, KeyView, ListFilter, ListPage,
+    Acquire, DEFAULT_HISTORY_LEN, DEFAULT_RETENTION_MS, Grant, HistoryPage, KeyView, ListFilter,
+    ListPage,
 };
 use leasehold_core::store::StoreError;
 
@@ -110,6 +123,14 @@ pub struct PgConfig {
     /// answering (a partition, a hung failover) must not hold requests
     /// forever. Its outcome is then unknown, as for any lost reply.
     pub op_timeout: Duration,
+    /// How many ended terms each key remembers (History); the statement
+    /// that records an end trims the key's history to this many.
+    pub history_len: usize,
+    /// The recovery limit of terms whose Acquire names none (`None`: keys
+    /// are quarantined only when their Acquire asks). Fixed into each term
+    /// when it is granted, so servers with different defaults never
+    /// disagree about a term.
+    pub default_max_recoveries: Option<u32>,
 }
 
 impl PgConfig {
@@ -125,6 +146,8 @@ impl PgConfig {
             waiter_lease: Duration::from_secs(3),
             connect_timeout: Duration::from_secs(3),
             op_timeout: Duration::from_secs(10),
+            history_len: DEFAULT_HISTORY_LEN,
+            default_max_recoveries: None,
         }
     }
 }
@@ -381,6 +404,9 @@ struct Snapshot {
     unsettled: usize,
     /// Whether someone alive waits in line.
     line: bool,
+    /// Whether the row holds a term past its deadline that nobody has moved
+    /// to ended yet (`key` already shows it ended).
+    expired_unmoved: bool,
 }
 
 impl Inner {
@@ -391,18 +417,48 @@ impl Inner {
         self.pool.get().await.map_err(pool_error)
     }
 
-    /// The key as [`Inner::read_key`] reads it, after handing it to the
-    /// first waiter in line if it is free: as the SQLite engine brings a key
-    /// up to date before every operation, so a refusal or a Get never shows
-    /// a free key that someone waits for (a fence whose term expired with
-    /// people in line is then superseded, on either backend).
+    /// The key as [`Inner::read_key`] reads it, after moving a term past
+    /// its deadline to ended (recording its history, failure and
+    /// lock-delay) and handing the key to the first waiter in line who may
+    /// take it: as the SQLite engine brings a key up to date before every
+    /// operation, so a refusal or a Get never shows a free key that someone
+    /// waits for (a fence whose term expired with people in line is then
+    /// superseded, on either backend), and History shows every ended term.
     async fn read_key_served(&self, client: &mut Client, key: &Key) -> Result<Snapshot> {
         let snapshot = self.read_key(client, key).await?;
+        if snapshot.expired_unmoved {
+            self.expire_and_serve(client, key).await?;
+            return self.read_key(client, key).await;
+        }
         if snapshot.key.live.is_some() || !snapshot.line {
             return Ok(snapshot);
         }
         self.serve_first(client, key).await?;
         self.read_key(client, key).await
+    }
+
+    /// Moves `key`'s term to ended if it is past its deadline, and hands the
+    /// key to the first waiter who may take it, in one transaction.
+    async fn expire_and_serve(&self, client: &mut Client, key: &Key) -> Result<()> {
+        let tx = client.transaction().await.map_err(db_error)?;
+        let expire = tx.prepare_cached(sql::EXPIRE_KEY).await.map_err(db_error)?;
+        let moved = tx
+            .query_opt(&expire, &[&key.as_str(), &self.history_len()])
+            .await
+            .map_err(db_error)?;
+        if moved.is_some() {
+            line::serve_first_in(&tx, &self.channel, key, self.history_len()).await?;
+            let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
+            tx.execute(&notify, &[&self.channel, &key.as_str()])
+                .await
+                .map_err(db_error)?;
+        }
+        tx.commit().await.map_err(db_error)
+    }
+
+    /// The history length, as a statement parameter.
+    fn history_len(&self) -> i64 {
+        self.config.history_len.clamp(1, i64::MAX as usize) as i64
     }
 
     async fn read_key(&self, client: &Client, key: &Key) -> Result<Snapshot> {
@@ -416,10 +472,12 @@ impl Inner {
             .map_err(db_error)?;
         let now = millis(row.get("now"));
         let found = row.get::<_, Option<String>>("found").is_some();
+        let stored = KeyRow::from_row(&row)?;
         Ok(Snapshot {
             now,
             found,
-            key: KeyRow::from_row(&row)?.at(now),
+            expired_unmoved: stored.expired_unmoved(now),
+            key: stored.at(now),
             unsettled: row.get::<_, i64>("unsettled") as usize,
             line: row.get("line"),
         })
@@ -452,10 +510,9 @@ impl PgBackend {
     }
 }
 
-/// The refusal of a lifecycle feature this backend does not have yet
-/// (lock-delay, handoff, quarantine, history): said plainly rather than
-/// ignored, since a client that asked for a lock-delay relies on it.
-fn lifecycle_unsupported<T: Send + 'static>(feature: &str) -> Pending<T> {
+/// The refusal of a feature this backend does not have yet (Watch): said
+/// plainly rather than ignored.
+fn unsupported<T: Send + 'static>(feature: &str) -> Pending<T> {
     let err = Error::Unsupported(format!(
         "{feature} is not available on the PostgreSQL backend yet (it is on SQLite)"
     ));
@@ -464,12 +521,6 @@ fn lifecycle_unsupported<T: Send + 'static>(feature: &str) -> Pending<T> {
 
 impl Backend for PgBackend {
     fn acquire(&self, request: Acquire) -> Pending<Grant> {
-        if request.options.lock_delay_ms > 0 {
-            return lifecycle_unsupported("lock_delay_ms");
-        }
-        if request.options.max_recoveries.is_some() || request.options.force {
-            return lifecycle_unsupported("quarantine (max_recoveries, force)");
-        }
         // The next operation on the key starts once this one is granted,
         // refused or in line, not when its wait ends.
         let (predecessor, turn, cleanup) = self.inner.turns.take(&request.key, Access::Write);
@@ -497,21 +548,24 @@ impl Backend for PgBackend {
         suspend: bool,
         handoff: Option<Handoff>,
     ) -> Pending<EndedTerm> {
-        if handoff.is_some() {
-            return lifecycle_unsupported("handoff (successor)");
-        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
-            inner.release(&k, fence, lease_id, suspend).await
+            inner.release(&k, fence, lease_id, suspend, handoff).await
         })
     }
 
-    fn history(&self, _key: &Key, _before: Option<Fence>, _limit: usize) -> Pending<HistoryPage> {
-        lifecycle_unsupported("History")
+    fn history(&self, key: &Key, before: Option<Fence>, limit: usize) -> Pending<HistoryPage> {
+        let k = key.clone();
+        self.ordered(key, Access::Read, move |inner| async move {
+            inner.history(&k, before, limit).await
+        })
     }
 
-    fn unquarantine(&self, _key: &Key) -> Pending<KeyView> {
-        lifecycle_unsupported("Unquarantine")
+    fn unquarantine(&self, key: &Key) -> Pending<KeyView> {
+        let k = key.clone();
+        self.ordered(key, Access::Write, move |inner| async move {
+            inner.unquarantine(&k).await
+        })
     }
 
     fn watch(
@@ -519,7 +573,7 @@ impl Backend for PgBackend {
         _selector: leasehold_core::events::Selector,
         _start: u64,
     ) -> Pending<crate::engine::Watching> {
-        lifecycle_unsupported("Watch")
+        unsupported("Watch")
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {

@@ -8,7 +8,10 @@
 
 use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result, StaleReason};
-use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Owner, RequestId, Term, TermEnd, Ttl};
+use leasehold_core::lease::{
+    EndedTerm, Fence, HistoryEntry, Key, LeaseId, Lifecycle, Owner, RequestId, Reservation, Term,
+    TermEnd, Ttl,
+};
 use leasehold_core::ledger::{CallState, ToolCall};
 use tokio_postgres::Row;
 
@@ -17,6 +20,12 @@ use tokio_postgres::Row;
 pub struct KeyRow {
     pub live: Option<Term>,
     pub last_ended: Option<EndedTerm>,
+    /// The stored reservation (in force only while no term is live and its
+    /// time has not run out).
+    pub reservation: Option<Reservation>,
+    /// Terms in a row that ended by expiry or suspension (as stored).
+    pub failures: u32,
+    pub quarantined: bool,
 }
 
 /// A key as it stands at the database's `now`.
@@ -26,6 +35,14 @@ pub struct KeyNow {
     pub live: Option<Term>,
     /// The last ended term (an expired live term counts as ended at its deadline).
     pub last_ended: Option<EndedTerm>,
+    /// Who alone may take the free key at `now`, if anyone is singled out
+    /// (a lock-delay keeps everyone out).
+    pub reservation: Option<Reservation>,
+    /// Terms in a row that ended by expiry or suspension, an expiry nobody
+    /// has recorded yet included.
+    pub failures: u32,
+    /// Acquires but forced ones are refused.
+    pub quarantined: bool,
 }
 
 impl KeyRow {
@@ -53,7 +70,14 @@ impl KeyRow {
                     .map_err(|e| Error::Storage(format!("stored ttl: {e}")))?,
                 acquired_at: millis(row.try_get("live_acquired_at_ms").map_err(storage)?),
                 expires_at: millis(row.try_get("live_expires_at_ms").map_err(storage)?),
-                lifecycle: Default::default(),
+                lifecycle: Lifecycle {
+                    lock_delay_ms: millis(row.try_get("live_lock_delay_ms").map_err(storage)?),
+                    max_recoveries: row
+                        .try_get::<_, Option<i32>>("live_max_recoveries")
+                        .map_err(storage)?
+                        .map(|k| k.max(0) as u32),
+                    handed_off: row.try_get("live_handed_off").map_err(storage)?,
+                },
             }),
         };
         let last_ended = match row
@@ -69,34 +93,119 @@ impl KeyRow {
                 ended_at: millis(row.try_get("ended_at_ms").map_err(storage)?),
             }),
         };
-        Ok(KeyRow { live, last_ended })
+        let reservation = match row
+            .try_get::<_, Option<i16>>("reserved_kind")
+            .map_err(storage)?
+        {
+            None => None,
+            Some(kind) => {
+                let after = fence_of(row.try_get("reserved_after_fence").map_err(storage)?);
+                let until = millis(row.try_get("reserved_until_ms").map_err(storage)?);
+                match kind {
+                    1 => Some(Reservation::LockDelay { after, until }),
+                    2 => Some(Reservation::Handoff {
+                        from: after,
+                        successor: owner_of(row.try_get("reserved_successor").map_err(storage)?)?,
+                        until,
+                    }),
+                    other => {
+                        return Err(Error::Storage(format!(
+                            "unknown stored reservation kind {other}"
+                        )));
+                    }
+                }
+            }
+        };
+        Ok(KeyRow {
+            live,
+            last_ended,
+            reservation,
+            // NULL when READ_KEY found no row.
+            failures: row
+                .try_get::<_, Option<i32>>("failures")
+                .map_err(storage)?
+                .unwrap_or(0)
+                .max(0) as u32,
+            quarantined: row
+                .try_get::<_, Option<bool>>("quarantined")
+                .map_err(storage)?
+                .unwrap_or(false),
+        })
     }
 
-    /// The key at `now`: a term past its deadline shows as ended, expired.
+    /// Whether the row holds a term past its deadline at `now` that nobody
+    /// has moved to ended yet.
+    pub fn expired_unmoved(&self, now: Millis) -> bool {
+        self.live.as_ref().is_some_and(|t| !t.is_live_at(now))
+    }
+
+    /// The key at `now`: a term past its deadline shows as ended, expired,
+    /// with what its end does (the failure counted, the quarantine it
+    /// earns, its lock-delay), exactly as the statement that records it
+    /// will write it (`sql::expire_live`).
     pub fn at(self, now: Millis) -> KeyNow {
         match self.live {
-            Some(term) if !term.is_live_at(now) => KeyNow {
-                last_ended: Some(EndedTerm {
-                    fence: term.fence,
-                    owner: term.owner,
-                    lease_id: term.lease_id,
-                    end: TermEnd::Expired,
-                    ended_at: term.expires_at,
-                }),
-                live: None,
-            },
+            Some(term) if !term.is_live_at(now) => {
+                let failures = self.failures.saturating_add(1);
+                let limit = term.lifecycle.max_recoveries.filter(|&k| k > 0);
+                let lock_delay = term.lifecycle.lock_delay_ms;
+                KeyNow {
+                    reservation: (lock_delay > 0)
+                        .then(|| Reservation::LockDelay {
+                            after: term.fence,
+                            until: term.expires_at + lock_delay,
+                        })
+                        .filter(|r| now < r.until()),
+                    quarantined: self.quarantined || limit.is_some_and(|k| failures >= k),
+                    failures,
+                    last_ended: Some(EndedTerm {
+                        fence: term.fence,
+                        owner: term.owner,
+                        lease_id: term.lease_id,
+                        end: TermEnd::Expired,
+                        ended_at: term.expires_at,
+                    }),
+                    live: None,
+                }
+            }
             live => KeyNow {
+                reservation: self
+                    .reservation
+                    .filter(|r| live.is_none() && now < r.until()),
                 live,
                 last_ended: self.last_ended,
+                failures: self.failures,
+                quarantined: self.quarantined,
             },
         }
     }
 }
 
+/// Reads a `term_history` row.
+///
+/// # Errors
+/// [`Error::Storage`] for a value outside the domain.
+pub fn history_entry(row: &Row) -> Result<HistoryEntry> {
+    Ok(HistoryEntry {
+        fence: fence_of(row.try_get("fence").map_err(storage)?),
+        owner: owner_of(row.try_get("owner").map_err(storage)?)?,
+        acquired_at: millis(row.try_get("acquired_at_ms").map_err(storage)?),
+        ended_at: millis(row.try_get("ended_at_ms").map_err(storage)?),
+        end: term_end(row.try_get("end_kind").map_err(storage)?)?,
+        unsettled_tool_calls: row
+            .try_get::<_, i32>("unsettled_tool_calls")
+            .map_err(storage)?
+            .max(0) as u32,
+        handed_off: row.try_get("handed_off").map_err(storage)?,
+    })
+}
+
 impl KeyNow {
-    /// No live term, and the last one ended expired or suspended.
+    /// No live term, the last one ended expired or suspended, and the key
+    /// is not quarantined.
     pub fn recoverable(&self) -> bool {
         self.live.is_none()
+            && !self.quarantined
             && self
                 .last_ended
                 .as_ref()
@@ -192,7 +301,7 @@ pub fn term_end_code(end: TermEnd) -> i16 {
     }
 }
 
-fn term_end(code: i16) -> Result<TermEnd> {
+pub fn term_end(code: i16) -> Result<TermEnd> {
     match code {
         1 => Ok(TermEnd::Released),
         2 => Ok(TermEnd::Suspended),

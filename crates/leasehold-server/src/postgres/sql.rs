@@ -12,15 +12,129 @@
 //! `search_path`).
 
 /// The ended term a grant moves out of the way: an expired live term
-/// becomes the last ended one (ended at its deadline); with no live term the
-/// last ended term stays.
+/// becomes the last ended one (ended at its deadline), with its failure
+/// counted and the quarantine it earns; with no live term the last ended
+/// term stays. (The grant then clears any reservation, and a term's
+/// lock-delay only keeps others out: the `WHERE` of the grant checks it.)
 macro_rules! end_expired_live {
     () => {
         "ended_fence    = CASE WHEN k.live_fence IS NULL THEN k.ended_fence    ELSE k.live_fence END,
          ended_owner    = CASE WHEN k.live_fence IS NULL THEN k.ended_owner    ELSE k.live_owner END,
          ended_lease_id = CASE WHEN k.live_fence IS NULL THEN k.ended_lease_id ELSE k.live_lease_id END,
          ended_end      = CASE WHEN k.live_fence IS NULL THEN k.ended_end      ELSE 3 END,
-         ended_at_ms    = CASE WHEN k.live_fence IS NULL THEN k.ended_at_ms    ELSE k.live_expires_at_ms END"
+         ended_at_ms    = CASE WHEN k.live_fence IS NULL THEN k.ended_at_ms    ELSE k.live_expires_at_ms END,
+         ended_acquired_at_ms = CASE WHEN k.live_fence IS NULL THEN k.ended_acquired_at_ms
+                                     ELSE k.live_acquired_at_ms END,
+         ended_handed_off = CASE WHEN k.live_fence IS NULL THEN k.ended_handed_off
+                                 ELSE k.live_handed_off END,
+         failures       = CASE WHEN k.live_fence IS NULL THEN k.failures ELSE k.failures + 1 END,
+         quarantined    = CASE WHEN k.live_fence IS NULL THEN k.quarantined
+                               ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
+                                                      AND k.failures + 1 >= k.live_max_recoveries) END,
+         reserved_kind = NULL, reserved_after_fence = NULL, reserved_successor = NULL,
+         reserved_until_ms = NULL"
+    };
+}
+
+/// Moves a live term that is past its deadline to ended (expired): its
+/// failure counted, the quarantine it earns, and its lock-delay (a
+/// reservation from its deadline) if it asked for one.
+macro_rules! expire_live {
+    () => {
+        "ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
+         ended_end = 3, ended_at_ms = k.live_expires_at_ms,
+         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
+         failures = k.failures + 1,
+         quarantined = k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
+                                         AND k.failures + 1 >= k.live_max_recoveries),
+         reserved_kind        = CASE WHEN k.live_lock_delay_ms > 0 THEN 1 END,
+         reserved_after_fence = CASE WHEN k.live_lock_delay_ms > 0 THEN k.live_fence END,
+         reserved_successor   = NULL,
+         reserved_until_ms    = CASE WHEN k.live_lock_delay_ms > 0
+                                     THEN k.live_expires_at_ms + k.live_lock_delay_ms END,
+         live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
+         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
+         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false"
+    };
+}
+
+/// Whether row `k` is quarantined at `$now`, counting the failure of a live
+/// term past its deadline that nobody has moved to ended yet.
+macro_rules! quarantined_at {
+    ($now:literal) => {
+        concat!(
+            "COALESCE(k.quarantined OR (k.live_fence IS NOT NULL AND k.live_expires_at_ms <= ",
+            $now,
+            " AND COALESCE(k.live_max_recoveries, 0) > 0 AND k.failures + 1 >= k.live_max_recoveries), false)"
+        )
+    };
+}
+
+/// Whether `$owner` may take row `k` at `$now` as far as terms and
+/// reservations go: no term (and no reservation in force but a handoff to
+/// `$owner`), or a term past its deadline and its lock-delay.
+macro_rules! takeable_by {
+    ($now:literal, $owner:literal) => {
+        concat!(
+            "COALESCE((k.live_fence IS NULL AND (k.reserved_until_ms IS NULL OR k.reserved_until_ms <= ",
+            $now,
+            " OR (k.reserved_kind = 2 AND k.reserved_successor = ",
+            $owner,
+            "))) OR (k.live_fence IS NOT NULL AND k.live_expires_at_ms + k.live_lock_delay_ms <= ",
+            $now,
+            "), false)"
+        )
+    };
+}
+
+/// Whether row `k` is reserved for `$owner` by a handoff in force at `$now`.
+macro_rules! handoff_to {
+    ($now:literal, $owner:literal) => {
+        concat!(
+            "COALESCE(k.live_fence IS NULL AND k.reserved_kind = 2 AND k.reserved_until_ms > ",
+            $now,
+            " AND k.reserved_successor = ",
+            $owner,
+            ", false)"
+        )
+    };
+}
+
+/// Two CTEs that record the ended term of each row of CTE `$rows` (a
+/// `keys` row after the write) in `term_history`, once per (key, fence)
+/// however often it is offered, and trim the key's history to the newest
+/// `$len` entries when one was added. `$which` narrows the rows offered (a
+/// grant only ever ends an expired term: `r.ended_end = 3` spares the hot
+/// path of a key released and taken again a look at the history).
+macro_rules! record_history {
+    ($rows:literal, $len:literal) => {
+        record_history!($rows, $len, "true")
+    };
+    ($rows:literal, $len:literal, $which:literal) => {
+        concat!(
+            "history_added AS (
+                INSERT INTO term_history (key, fence, owner, acquired_at_ms, ended_at_ms, end_kind,
+                                          unsettled_tool_calls, handed_off)
+                SELECT r.key, r.ended_fence, r.ended_owner, r.ended_acquired_at_ms, r.ended_at_ms,
+                       r.ended_end,
+                       (SELECT count(*) FROM tool_calls t WHERE t.key = r.key AND t.state = 1),
+                       r.ended_handed_off
+                FROM ",
+            $rows,
+            " r
+                WHERE r.ended_fence IS NOT NULL AND r.ended_acquired_at_ms IS NOT NULL AND ",
+            $which,
+            "
+                ON CONFLICT (key, fence) DO NOTHING
+                RETURNING key),
+             history_trimmed AS (
+                DELETE FROM term_history x USING history_added a
+                WHERE x.key = a.key
+                  AND x.fence <= (SELECT y.fence FROM term_history y WHERE y.key = a.key
+                                  ORDER BY y.fence DESC OFFSET (",
+            $len,
+            "::bigint - 1) LIMIT 1))"
+        )
     };
 }
 
@@ -31,13 +145,15 @@ macro_rules! unsettled {
     };
 }
 
-/// The line condition: waiters of the key not yet granted whose server is
-/// alive and whose wait has not run out at `$now`.
+/// The line condition: waiters of the key not yet granted (nor refused)
+/// whose server is alive and whose wait has not run out at `$now`.
 macro_rules! in_line {
     ($w:literal, $now:literal) => {
         concat!(
             $w,
-            ".granted_fence IS NULL AND ",
+            ".granted_fence IS NULL AND NOT ",
+            $w,
+            ".refused AND ",
             $w,
             ".alive_until_ms > ",
             $now,
@@ -49,20 +165,28 @@ macro_rules! in_line {
     };
 }
 
-/// Grants a key that is free (no term, or its term expired) and has nobody
-/// alive in line, to a newcomer: `$1` key, `$2` owner, `$3` lease_id, `$4`
-/// request_id (NULL for none), `$5` ttl_ms. Returns the row after the grant
-/// (its ended_* are the grant's `previous`), or nothing when the key is not
-/// free for a newcomer.
+/// Grants a key to a newcomer: `$1` key, `$2` owner, `$3` lease_id, `$4`
+/// request_id (NULL for none), `$5` ttl_ms, `$6` lock_delay_ms, `$7` the
+/// term's recovery limit (NULL: none), `$8` force, `$9` the history length.
+/// The key must be free for it: no term, or a term past its deadline and
+/// its lock-delay; no reservation but a handoff to this owner; not
+/// quarantined (unless forced); and nobody alive in line who could take it,
+/// unless the handoff is to this owner (the successor goes ahead of every
+/// waiter). Returns the row after the grant (its ended_* are the grant's
+/// `previous`), or nothing when the key is not free for this newcomer. An
+/// expired term it replaces is recorded (history, failure count,
+/// quarantine) in the same statement.
 ///
 /// The fence is `nextval` in the `DO UPDATE` branch, which PostgreSQL
 /// evaluates only after it has locked the row: a grant that waited for the
 /// lock cannot carry a fence drawn before the term it replaces.
 pub const GRANT: &str = concat!(
-    "WITH n AS (SELECT now_ms() AS ms)
+    "WITH n AS (SELECT now_ms() AS ms),
+     granted AS (
      INSERT INTO keys AS k (key, live_fence, live_owner, live_lease_id, live_request_id,
-                            live_ttl_ms, live_acquired_at_ms, live_expires_at_ms)
-     SELECT $1, nextval('fences'), $2, $3, $4, $5, n.ms, n.ms + $5 FROM n
+                            live_ttl_ms, live_acquired_at_ms, live_expires_at_ms,
+                            live_lock_delay_ms, live_max_recoveries)
+     SELECT $1, nextval('fences'), $2, $3, $4, $5, n.ms, n.ms + $5, $6::bigint, $7::integer FROM n
      ON CONFLICT (key) DO UPDATE SET ",
     end_expired_live!(),
     ",
@@ -72,25 +196,61 @@ pub const GRANT: &str = concat!(
          live_request_id     = EXCLUDED.live_request_id,
          live_ttl_ms         = EXCLUDED.live_ttl_ms,
          live_acquired_at_ms = EXCLUDED.live_acquired_at_ms,
-         live_expires_at_ms  = EXCLUDED.live_expires_at_ms
-     WHERE (k.live_fence IS NULL OR k.live_expires_at_ms <= EXCLUDED.live_acquired_at_ms)
-       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
-    in_line!("w", "EXCLUDED.live_acquired_at_ms"),
+         live_expires_at_ms  = EXCLUDED.live_expires_at_ms,
+         live_lock_delay_ms  = EXCLUDED.live_lock_delay_ms,
+         live_max_recoveries = EXCLUDED.live_max_recoveries,
+         live_handed_off     = ",
+    handoff_to!("EXCLUDED.live_acquired_at_ms", "EXCLUDED.live_owner"),
+    "
+     WHERE ",
+    takeable_by!("EXCLUDED.live_acquired_at_ms", "EXCLUDED.live_owner"),
+    "
+       AND ($8::boolean OR NOT ",
+    quarantined_at!("EXCLUDED.live_acquired_at_ms"),
     ")
+       AND (",
+    handoff_to!("EXCLUDED.live_acquired_at_ms", "EXCLUDED.live_owner"),
+    " OR NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
+    in_line!("w", "EXCLUDED.live_acquired_at_ms"),
+    " AND (w.force OR NOT ",
+    quarantined_at!("EXCLUDED.live_acquired_at_ms"),
+    ")))
      RETURNING k.*, ",
-    unsettled!()
+    unsettled!(),
+    "),
+     ",
+    record_history!("granted", "$9", "r.ended_end = 3"),
+    "
+     SELECT * FROM granted"
 );
 
-/// Grants a free key to the first waiter alive in its line: `$1` key, `$2`
-/// the new term's lease_id. Returns the waiter's id and the term, or nothing
-/// when the key is held or nobody waits. Run in a transaction with
-/// [`MARK_GRANTED`] and [`NOTIFY`].
+/// Grants a free key to the first waiter alive in its line who may take
+/// it: `$1` key, `$2` the new term's lease_id, `$3` the history length.
+/// While a handoff reserves the key only the successor's rows qualify (the
+/// successor goes ahead of every waiter); during a lock-delay nobody; while
+/// the key is quarantined only forced Acquires. The others are refused, as
+/// the SQLite engine refuses them once the key is free: each sees the free
+/// quarantined key itself (`line`), and when a forced waiter takes the key
+/// first they are marked refused in this statement. That mark needs the
+/// grant's row (`refused` reads `served`), so the key's row is always
+/// locked before any waiter row, the order every transaction that touches
+/// both keeps: two servers serving one key cannot deadlock.
+/// Returns the waiter's id and the term, or nothing when nobody qualifies.
+/// Run in a transaction with [`MARK_GRANTED`] and [`NOTIFY`].
 pub const SERVE_FIRST: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
-     w AS (SELECT w.id, w.owner, w.ttl_ms, w.request_id FROM waiters w, n
-           WHERE w.key = $1 AND ",
+     w AS (SELECT w.id, w.owner, w.ttl_ms, w.request_id, w.lock_delay_ms, w.max_recoveries,
+                  w.force
+           FROM waiters w, n, keys k
+           WHERE k.key = $1 AND w.key = $1 AND ",
     in_line!("w", "n.ms"),
-    " ORDER BY w.id LIMIT 1)
+    " AND ",
+    takeable_by!("n.ms", "w.owner"),
+    " AND (w.force OR NOT ",
+    quarantined_at!("n.ms"),
+    ")
+           ORDER BY w.id LIMIT 1),
+     served AS (
      UPDATE keys k SET ",
     end_expired_live!(),
     ",
@@ -100,17 +260,38 @@ pub const SERVE_FIRST: &str = concat!(
          live_request_id     = w.request_id,
          live_ttl_ms         = w.ttl_ms,
          live_acquired_at_ms = n.ms,
-         live_expires_at_ms  = n.ms + w.ttl_ms
+         live_expires_at_ms  = n.ms + w.ttl_ms,
+         live_lock_delay_ms  = w.lock_delay_ms,
+         live_max_recoveries = w.max_recoveries,
+         live_handed_off     = ",
+    handoff_to!("n.ms", "w.owner"),
+    "
      FROM w, n
-     WHERE k.key = $1 AND (k.live_fence IS NULL OR k.live_expires_at_ms <= n.ms)
-     RETURNING w.id AS waiter_id, k.live_fence, k.live_lease_id,
-               k.live_acquired_at_ms, k.live_expires_at_ms"
+     WHERE k.key = $1 AND ",
+    takeable_by!("n.ms", "w.owner"),
+    " AND (w.force OR NOT ",
+    quarantined_at!("n.ms"),
+    ")
+     RETURNING k.*, w.id AS waiter_id),
+     refused AS (
+         UPDATE waiters w SET refused = true
+         FROM served, n
+         WHERE w.key = served.key AND served.quarantined AND NOT w.force AND ",
+    in_line!("w", "n.ms"),
+    "
+         RETURNING w.id),
+     ",
+    record_history!("served", "$3", "r.ended_end = 3"),
+    "
+     SELECT waiter_id, live_fence, live_lease_id, live_acquired_at_ms, live_expires_at_ms,
+            live_handed_off
+     FROM served"
 );
 
 /// Hands a grant to its waiter row: `$1` waiter id, `$2` fence, `$3`
-/// lease_id, `$4` acquired_at, `$5` expires_at.
+/// lease_id, `$4` acquired_at, `$5` expires_at, `$6` handed off.
 pub const MARK_GRANTED: &str = "UPDATE waiters SET granted_fence = $2, granted_lease_id = $3,
-            granted_acquired_at_ms = $4, granted_expires_at_ms = $5
+            granted_acquired_at_ms = $4, granted_expires_at_ms = $5, granted_handed_off = $6
      WHERE id = $1";
 
 /// Wakes the waiters of key `$2` on every server (delivered at commit):
@@ -140,29 +321,52 @@ pub const RENEW: &str = "WITH n AS (SELECT now_ms() AS ms)
      RETURNING k.*";
 
 /// Ends the live term: `$1` key, `$2` fence, `$3` lease_id, `$4` how (1
-/// released, 2 suspended).
-pub const RELEASE: &str = "WITH n AS (SELECT now_ms() AS ms)
+/// released, 2 suspended), `$5` the successor to keep the key for (NULL:
+/// none), `$6` for how long, `$7` the history length. A clean release
+/// resets the failure count and lifts a quarantine; a suspension counts as
+/// a failure. The ended term is recorded in the history in the same
+/// statement.
+pub const RELEASE: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
+     released AS (
      UPDATE keys k SET
          ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
-         ended_end = $4, ended_at_ms = n.ms,
+         ended_end = $4::smallint, ended_at_ms = n.ms,
+         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
+         failures = CASE WHEN $4::smallint = 1 THEN 0 ELSE k.failures + 1 END,
+         quarantined = CASE WHEN $4::smallint = 1 THEN false
+                            ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
+                                                   AND k.failures + 1 >= k.live_max_recoveries) END,
+         reserved_kind        = CASE WHEN $5::text IS NULL THEN NULL ELSE 2 END,
+         reserved_after_fence = CASE WHEN $5::text IS NULL THEN NULL ELSE k.live_fence END,
+         reserved_successor   = $5::text,
+         reserved_until_ms    = CASE WHEN $5::text IS NULL THEN NULL ELSE n.ms + $6::bigint END,
          live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
-         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL
+         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
+         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false
      FROM n
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
-     RETURNING k.*";
+     RETURNING k.*),
+     ",
+    record_history!("released", "$7"),
+    "
+     SELECT * FROM released"
+);
 
 /// Puts an Acquire in line: `$1` key, `$2` owner, `$3` ttl_ms, `$4`
 /// request_id, `$5` wait_ms, `$6` how long the row lives without a
-/// heartbeat.
-pub const ENQUEUE: &str =
-    "INSERT INTO waiters (key, owner, ttl_ms, request_id, wait_until_ms, alive_until_ms)
-     SELECT $1, $2, $3, $4, n.ms + $5, n.ms + $6 FROM (SELECT now_ms() AS ms) n
+/// heartbeat, `$7` lock_delay_ms, `$8` the term's recovery limit (NULL:
+/// none), `$9` force.
+pub const ENQUEUE: &str = "INSERT INTO waiters (key, owner, ttl_ms, request_id, wait_until_ms,
+                                  alive_until_ms, lock_delay_ms, max_recoveries, force)
+     SELECT $1, $2, $3, $4, n.ms + $5, n.ms + $6, $7, $8, $9 FROM (SELECT now_ms() AS ms) n
      RETURNING id, wait_until_ms";
 
 /// A waiter's heartbeat, which also tells it whether it was granted: `$1`
 /// id, `$2` how long the row lives from now.
 pub const HEARTBEAT: &str = "UPDATE waiters SET alive_until_ms = now_ms() + $2 WHERE id = $1
-     RETURNING granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms";
+     RETURNING granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
+               granted_handed_off, refused";
 
 /// Leaves the line: `$1` id.
 pub const LEAVE: &str = "DELETE FROM waiters WHERE id = $1";
@@ -175,27 +379,70 @@ pub const LEAVE_UNGRANTED: &str =
 /// The grant of a waiter row (after [`LEAVE_UNGRANTED`] found it granted):
 /// `$1` id.
 pub const WAITER_GRANT: &str =
-    "SELECT granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms
+    "SELECT granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
+            granted_handed_off
      FROM waiters WHERE id = $1";
 
 /// Moves terms past their deadline to ended (expired) and wakes their
-/// waiters, at most 1000 keys a call: `$1` the schema's channel. Returns
-/// one row per key it moved. Each row is re-checked under its lock, so a
-/// renewal that got there first wins.
-pub const SWEEP_EXPIRED: &str = "WITH n AS (SELECT now_ms() AS ms),
+/// waiters, at most 1000 keys a call: `$1` the schema's channel, `$2` the
+/// history length. Returns one row per key it moved. Each row is
+/// re-checked under its lock, so a renewal that got there first wins; the
+/// history entry, failure count, quarantine and lock-delay of each expiry
+/// are written by whichever statement moves it first (this, a grant, or
+/// [`EXPIRE_KEY`]), once.
+pub const SWEEP_EXPIRED: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
      due AS (SELECT k.key FROM keys k
              WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= (SELECT ms FROM n)
              ORDER BY k.live_expires_at_ms LIMIT 1000 FOR UPDATE OF k SKIP LOCKED),
      moved AS (
-         UPDATE keys k SET
-             ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
-             ended_end = 3, ended_at_ms = k.live_expires_at_ms,
-             live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
-             live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL
+         UPDATE keys k SET ",
+    expire_live!(),
+    "
          FROM due, n
          WHERE k.key = due.key AND k.live_fence IS NOT NULL AND k.live_expires_at_ms <= n.ms
-         RETURNING k.key)
-     SELECT moved.key, pg_notify($1, moved.key) FROM moved";
+         RETURNING k.*),
+     ",
+    record_history!("moved", "$2"),
+    "
+     SELECT moved.key, pg_notify($1, moved.key) FROM moved"
+);
+
+/// Moves the term of key `$1` to ended (expired) if it is past its
+/// deadline, as [`SWEEP_EXPIRED`] does: `$2` the history length. Returns a
+/// row when it moved one. Run before reading what an expiry leaves behind
+/// (History, Unquarantine, a refusal that quotes the history).
+pub const EXPIRE_KEY: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
+     moved AS (
+         UPDATE keys k SET ",
+    expire_live!(),
+    "
+         FROM n
+         WHERE k.key = $1 AND k.live_fence IS NOT NULL AND k.live_expires_at_ms <= n.ms
+         RETURNING k.*),
+     ",
+    record_history!("moved", "$2"),
+    "
+     SELECT moved.key FROM moved"
+);
+
+/// Lifts the quarantine of key `$1` and resets its failure count. Returns
+/// a row when the key exists. Run after [`EXPIRE_KEY`] in one transaction,
+/// so an expiry nobody moved yet cannot quarantine the key again later.
+pub const LIFT_QUARANTINE: &str =
+    "UPDATE keys SET quarantined = false, failures = 0 WHERE key = $1 RETURNING key";
+
+/// The newest ended terms of key `$1`: of its newest `$2` (the history
+/// length), those with a fence below `$3`, newest first, at most `$4`.
+pub const HISTORY: &str = "SELECT h.* FROM (SELECT * FROM term_history WHERE key = $1
+                           ORDER BY fence DESC LIMIT $2) h
+     WHERE h.fence < $3 ORDER BY h.fence DESC LIMIT $4";
+
+/// The kinds of the newest `$2` ended terms of key `$1`, newest first (for
+/// the quarantine refusal).
+pub const RECENT_ENDS: &str = "SELECT fence, end_kind FROM term_history WHERE key = $1
+     ORDER BY fence DESC LIMIT $2";
 
 /// Retention, step 1: drops the settled tool calls of keys released cleanly
 /// at least `$1` ms ago.
@@ -204,12 +451,16 @@ pub const PRUNE_SETTLED_CALLS: &str = "DELETE FROM tool_calls t USING keys k
        AND k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)";
 
 /// Retention, step 2: forgets keys released cleanly at least `$1` ms ago
-/// that have no running tool calls and nobody in line. The fence sequence
-/// lives apart from the rows, so a forgotten key's fences are never reused.
-pub const FORGET_RELEASED: &str = "DELETE FROM keys k
-     WHERE k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)
-       AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
-       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)";
+/// that have no running tool calls and nobody in line, with their history.
+/// The fence sequence lives apart from the rows, so a forgotten key's
+/// fences are never reused.
+pub const FORGET_RELEASED: &str = "WITH gone AS (
+         DELETE FROM keys k
+         WHERE k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)
+           AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
+           AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)
+         RETURNING k.key)
+     DELETE FROM term_history h USING gone WHERE h.key = gone.key";
 
 /// Waiter rows whose server stopped keeping them alive (or whose grant was
 /// never picked up) for a minute.
@@ -229,17 +480,19 @@ pub const LIST_LIVE: &str = "SELECT n.ms AS now, k.* FROM keys k, (SELECT now_ms
        AND k.live_fence IS NOT NULL AND k.live_expires_at_ms > n.ms
      ORDER BY k.key LIMIT $5";
 
-/// List RECOVERABLE, parameters as [`LIST_ALL`]. Each half reads through
-/// its own partial index: `keys_recoverable` (last term expired or
-/// suspended) in key order, and `keys_deadline` for terms past their
-/// deadline that the sweeper has not moved yet (at most 1000 of them, the
-/// earliest; a mass expiry beyond that shows up as the sweeper catches up).
-/// `now` is read once, and used as a plan parameter (an InitPlan), so the
-/// deadline half is an index range, not a scan of every live key.
+/// List RECOVERABLE, parameters as [`LIST_ALL`]: free keys whose last term
+/// expired or was suspended, not quarantined. Each half reads through its
+/// own partial index: `keys_recoverable` (last term expired or suspended)
+/// in key order, and `keys_deadline` for terms past their deadline that the
+/// sweeper has not moved yet (at most 1000 of them, the earliest; a mass
+/// expiry beyond that shows up as the sweeper catches up), less those whose
+/// expiry quarantines the key. `now` is read once, and used as a plan
+/// parameter (an InitPlan), so the deadline half is an index range, not a
+/// scan of every live key.
 pub const LIST_RECOVERABLE: &str = "WITH n AS (SELECT now_ms() AS ms)
      SELECT * FROM (
          (SELECT n.ms AS now, k.* FROM keys k, n
-          WHERE k.live_fence IS NULL AND k.ended_end IN (2, 3)
+          WHERE k.live_fence IS NULL AND k.ended_end IN (2, 3) AND NOT k.quarantined
             AND k.key >= $2 AND k.key < $3 AND k.key LIKE $1 AND k.key > $4
           ORDER BY k.key LIMIT $5)
          UNION ALL
@@ -248,6 +501,29 @@ pub const LIST_RECOVERABLE: &str = "WITH n AS (SELECT now_ms() AS ms)
                   WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= (SELECT ms FROM n)
                   ORDER BY k.live_expires_at_ms LIMIT 1000) d
           WHERE d.key >= $2 AND d.key < $3 AND d.key LIKE $1 AND d.key > $4
+            AND NOT (d.quarantined OR (COALESCE(d.live_max_recoveries, 0) > 0
+                                       AND d.failures + 1 >= d.live_max_recoveries))
+          ORDER BY d.key LIMIT $5)
+     ) r ORDER BY r.key LIMIT $5";
+
+/// List QUARANTINED, parameters as [`LIST_ALL`]: keys flagged (through
+/// `keys_quarantined`), and keys whose expired term nobody has moved yet
+/// whose expiry quarantines them (through `keys_deadline`, as in
+/// [`LIST_RECOVERABLE`]).
+pub const LIST_QUARANTINED: &str = "WITH n AS (SELECT now_ms() AS ms)
+     SELECT * FROM (
+         (SELECT n.ms AS now, k.* FROM keys k, n
+          WHERE k.quarantined
+            AND k.key >= $2 AND k.key < $3 AND k.key LIKE $1 AND k.key > $4
+          ORDER BY k.key LIMIT $5)
+         UNION ALL
+         (SELECT n.ms AS now, d.* FROM n,
+                 (SELECT * FROM keys k
+                  WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= (SELECT ms FROM n)
+                  ORDER BY k.live_expires_at_ms LIMIT 1000) d
+          WHERE d.key >= $2 AND d.key < $3 AND d.key LIKE $1 AND d.key > $4
+            AND NOT d.quarantined
+            AND COALESCE(d.live_max_recoveries, 0) > 0 AND d.failures + 1 >= d.live_max_recoveries
           ORDER BY d.key LIMIT $5)
      ) r ORDER BY r.key LIMIT $5";
 

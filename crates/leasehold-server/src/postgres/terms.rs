@@ -44,8 +44,13 @@ impl Inner {
         fence: Fence,
         lease_id: LeaseId,
         suspend: bool,
+        handoff: Option<Handoff>,
     ) -> Result<EndedTerm> {
         let mut client = self.client().await?;
+        let successor = handoff.as_ref().map(|h| h.successor.as_str());
+        let handoff_ms = handoff
+            .as_ref()
+            .map_or(0, |h| h.for_ms.min(i64::MAX as u64) as i64);
         let end = if suspend {
             TermEnd::Suspended
         } else {
@@ -62,6 +67,9 @@ impl Inner {
                         &(fence.0 as i64),
                         &lease_id.0,
                         &row::term_end_code(end),
+                        &successor,
+                        &handoff_ms,
+                        &self.history_len(),
                     ],
                 )
                 .await
@@ -72,7 +80,7 @@ impl Inner {
                     .ok_or_else(|| Error::Storage("a release returned no ended term".into()))?;
                 // The first in line gets the key in the same commit, and
                 // every server's waiters for the key are woken.
-                serve_first_in(&tx, &self.channel, key).await?;
+                serve_first_in(&tx, &self.channel, key, self.history_len()).await?;
                 let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
                 tx.execute(&notify, &[&self.channel, &key.as_str()])
                     .await
@@ -124,9 +132,89 @@ impl Inner {
         }
     }
 
+    /// Up to `page_size` ended terms of `key`, newest first, with fences
+    /// below `before` when given (of the newest `history_len`).
+    pub(super) async fn history(
+        &self,
+        key: &Key,
+        before: Option<Fence>,
+        page_size: usize,
+    ) -> Result<HistoryPage> {
+        let limit = leasehold_core::lessor::page_limit(page_size)?;
+        let mut client = self.client().await?;
+        // An expiry nobody moved yet is in the history too.
+        let snapshot = self.read_key_served(&mut client, key).await?;
+        if !snapshot.found {
+            return Err(Error::NotFound(key.clone()));
+        }
+        let stmt = client
+            .prepare_cached(sql::HISTORY)
+            .await
+            .map_err(db_error)?;
+        let before = before.map_or(i64::MAX, |f| f.0.min(i64::MAX as u64) as i64);
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &key.as_str(),
+                    &self.history_len(),
+                    &before,
+                    &((limit + 1) as i64),
+                ],
+            )
+            .await
+            .map_err(db_error)?;
+        let mut page = HistoryPage::default();
+        for row in rows.iter().take(limit) {
+            page.entries.push(row::history_entry(row)?);
+        }
+        if rows.len() > limit {
+            page.next_before = page.entries.last().map(|h| h.fence);
+        }
+        Ok(page)
+    }
+
+    /// Lifts `key`'s quarantine and resets its failure count (an expiry
+    /// nobody moved yet is moved first, so it cannot quarantine the key
+    /// again afterwards), then hands the key to the first waiter who may
+    /// take it.
+    pub(super) async fn unquarantine(&self, key: &Key) -> Result<KeyView> {
+        let mut client = self.client().await?;
+        let history_len = self.history_len();
+        let tx = client.transaction().await.map_err(db_error)?;
+        let expire = tx.prepare_cached(sql::EXPIRE_KEY).await.map_err(db_error)?;
+        tx.query_opt(&expire, &[&key.as_str(), &history_len])
+            .await
+            .map_err(db_error)?;
+        let lift = tx
+            .prepare_cached(sql::LIFT_QUARANTINE)
+            .await
+            .map_err(db_error)?;
+        if tx
+            .query_opt(&lift, &[&key.as_str()])
+            .await
+            .map_err(db_error)?
+            .is_none()
+        {
+            tx.rollback().await.map_err(db_error)?;
+            return Err(Error::NotFound(key.clone()));
+        }
+        serve_first_in(&tx, &self.channel, key, history_len).await?;
+        let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
+        tx.execute(&notify, &[&self.channel, &key.as_str()])
+            .await
+            .map_err(db_error)?;
+        tx.commit().await.map_err(db_error)?;
+        self.get_with(&mut client, key).await
+    }
+
     pub(super) async fn get(&self, key: &Key) -> Result<KeyView> {
         let mut client = self.client().await?;
-        let snapshot = self.read_key_served(&mut client, key).await?;
+        self.get_with(&mut client, key).await
+    }
+
+    async fn get_with(&self, client: &mut Client, key: &Key) -> Result<KeyView> {
+        let snapshot = self.read_key_served(client, key).await?;
         if !snapshot.found {
             return Err(Error::NotFound(key.clone()));
         }
@@ -146,8 +234,7 @@ impl Inner {
             ListFilter::All => sql::LIST_ALL,
             ListFilter::Live => sql::LIST_LIVE,
             ListFilter::Recoverable => sql::LIST_RECOVERABLE,
-            // This backend never quarantines a key (see `lifecycle_unsupported`).
-            ListFilter::Quarantined => return Ok(ListPage::default()),
+            ListFilter::Quarantined => sql::LIST_QUARANTINED,
         };
         let stmt = client.prepare_cached(query).await.map_err(db_error)?;
         let pattern = like_prefix(&prefix);
@@ -184,7 +271,7 @@ impl Inner {
             .map_err(db_error)?;
         loop {
             let moved = client
-                .query(&expire, &[&self.channel])
+                .query(&expire, &[&self.channel, &self.history_len()])
                 .await
                 .map_err(db_error)?;
             if moved.len() < 1000 {
@@ -236,8 +323,8 @@ pub(super) fn view(key: Key, state: KeyNow) -> KeyView {
         key,
         live: state.live,
         last_ended: state.last_ended,
-        quarantined: false,
-        reservation: None,
+        quarantined: state.quarantined,
+        reservation: state.reservation,
         visible_seq: 0,
     }
 }

@@ -1,0 +1,1014 @@
+//! The ownership lifecycle (#15) on the PostgreSQL backend, over real gRPC:
+//! the behaviours `lifecycle.rs` specifies for SQLite (lock-delay, handoff to
+//! a named successor, term history, quarantine), with the database's clock
+//! instead of a manual one (short TTLs and delays, bounded polling), and
+//! what only a shared database has: several servers on one schema, and
+//! expiries that nobody has acted on yet (lazy expiry).
+
+mod common;
+mod pg_harness;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{acquire, lease_of};
+use leasehold_client::{Client, ClientError, Error, Held, ListFilter, TermEnd};
+use leasehold_core::lease::Key;
+use leasehold_server::postgres::PgConfig;
+use leasehold_wire::pb;
+use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use pg_harness::PgServer;
+use tonic::Code;
+use tonic::transport::Channel;
+
+fn release_to(lease: &pb::Lease, suspend: bool, successor: &str, ms: u64) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        suspend,
+        successor: successor.into(),
+        handoff_ms: ms,
+    }
+}
+
+fn reason(status: &tonic::Status) -> &str {
+    status
+        .metadata()
+        .get("leasehold-reason")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+fn remaining_ms(status: &tonic::Status) -> u64 {
+    status
+        .metadata()
+        .get("leasehold-remaining-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("leasehold-remaining-ms")
+}
+
+fn with_delay(key: &str, owner: &str, ttl_ms: u64, lock_delay_ms: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        lock_delay_ms,
+        ..acquire(key, owner, ttl_ms)
+    }
+}
+
+fn limited(key: &str, owner: &str, ttl_ms: u64, max_recoveries: u32) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        max_recoveries,
+        ..acquire(key, owner, ttl_ms)
+    }
+}
+
+fn waiting(request: pb::AcquireRequest, wait_ms: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest { wait_ms, ..request }
+}
+
+async fn get(client: &mut LeaseholdClient<Channel>, key: &str) -> pb::GetResponse {
+    client
+        .get(pb::GetRequest { key: key.into() })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn history(client: &mut LeaseholdClient<Channel>, key: &str) -> Vec<pb::HistoryEntry> {
+    client
+        .history(pb::HistoryRequest {
+            key: key.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+}
+
+/// Sleeps until the database's clock has passed `at_ms`.
+async fn until_db_time(schema: &pg_harness::Schema, at_ms: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = schema.now_ms().await;
+        if now > at_ms {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the database clock stands still");
+        tokio::time::sleep(Duration::from_millis((at_ms - now + 1).min(200))).await;
+    }
+}
+
+/// Asserts that `task` (a waiting Acquire) has not finished, while the
+/// database clock is still before `until_ms`: on a loaded machine the test
+/// may only look after that, and then the grant's own time (checked by the
+/// caller) is the evidence.
+async fn still_waiting<T>(
+    schema: &pg_harness::Schema,
+    task: &tokio::task::JoinHandle<T>,
+    until_ms: u64,
+    what: &str,
+) {
+    let finished = task.is_finished();
+    if schema.now_ms().await < until_ms {
+        assert!(!finished, "{what}");
+    }
+}
+
+/// Tries `request` until it is granted (at most 10 s), returning the grant.
+async fn acquire_eventually(
+    client: &mut LeaseholdClient<Channel>,
+    request: pb::AcquireRequest,
+) -> pb::AcquireResponse {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.acquire(request.clone()).await {
+            Ok(reply) => return reply.into_inner(),
+            Err(status) => {
+                assert_eq!(status.code(), Code::Aborted, "{status:?}");
+                assert!(Instant::now() < deadline, "never granted: {status:?}");
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        }
+    }
+}
+
+/// After an expiry the key stays untakeable for the lock-delay (ABORTED,
+/// reason lock_delay, with the time left), Get shows the reservation, and
+/// the key is granted once the delay has passed; a clean release skips it.
+/// Checked with the sweeper recording the expiry and with an Acquire
+/// recording it (no sweeper).
+#[tokio::test]
+async fn lock_delay_holds_after_expiry_and_not_after_release() {
+    let schema = schema_or_skip!();
+    for config in [schema.config(), schema.config_without_sweeper()] {
+        let mut server = PgServer::start_with(config).await;
+        let mut client = server.client().await;
+        let key = format!("k-{}", server.addr.port());
+        let held = lease_of(
+            client
+                .acquire(with_delay(&key, "a", 200, 2000))
+                .await
+                .unwrap(),
+        );
+        until_db_time(&schema, held.expires_at_ms + 150).await;
+        let refused = client.acquire(acquire(&key, "b", 1000)).await.unwrap_err();
+        assert_eq!(refused.code(), Code::Aborted, "{refused:?}");
+        assert_eq!(reason(&refused), "lock_delay");
+        assert!(refused.message().contains("lock-delay"), "{refused:?}");
+        let left = remaining_ms(&refused);
+        assert!(left > 0 && left <= 1850, "{left} ms left");
+        let reservation = get(&mut client, &key).await.reservation.expect("reserved");
+        assert_eq!(reservation.kind, pb::reservation::Kind::LockDelay as i32);
+        assert_eq!(reservation.after_fence, held.fence);
+        assert_eq!(reservation.until_ms, held.expires_at_ms + 2000);
+
+        let next = acquire_eventually(&mut client, acquire(&key, "b", 1000)).await;
+        let lease = next.lease.unwrap();
+        assert!(lease.fence > held.fence);
+        assert!(
+            lease.acquired_at_ms >= held.expires_at_ms + 2000,
+            "granted {} ms before the delay ended",
+            held.expires_at_ms + 2000 - lease.acquired_at_ms
+        );
+        assert_eq!(next.previous.unwrap().end, pb::TermEnd::Expired as i32);
+        // The next round runs without a sweeper: stop this one's.
+        drop(client);
+        server.stop().await;
+    }
+
+    // Released cleanly (or suspended): the next holder starts at once.
+    let server = PgServer::start(&schema).await;
+    let mut client = server.client().await;
+    for suspend in [false, true] {
+        let r = lease_of(
+            client
+                .acquire(with_delay("r", "a", 1000, 5000))
+                .await
+                .unwrap(),
+        );
+        client
+            .release(release_to(&r, suspend, "", 0))
+            .await
+            .unwrap();
+        let b = lease_of(client.acquire(acquire("r", "b", 1000)).await.unwrap());
+        client.release(release_to(&b, false, "", 0)).await.unwrap();
+    }
+}
+
+/// A waiter keeps its place through a lock-delay and gets the key when the
+/// delay ends, not when the term expires; a newcomer meanwhile is told
+/// about the delay. Checked with the sweeper moving the expiry, and with
+/// the waiter itself acting on it (no sweeper).
+#[tokio::test]
+async fn a_waiter_keeps_its_place_through_a_lock_delay() {
+    let schema = schema_or_skip!();
+    for config in [schema.config(), schema.config_without_sweeper()] {
+        let mut server = PgServer::start_with(config).await;
+        let key = format!("k-{}", server.addr.port());
+        let mut client = server.client().await;
+        let held = lease_of(
+            client
+                .acquire(with_delay(&key, "a", 300, 1500))
+                .await
+                .unwrap(),
+        );
+        let mut waiter = server.client().await;
+        let waited = key.clone();
+        let waiting_for = tokio::spawn(async move {
+            waiter
+                .acquire(waiting(acquire(&waited, "w", 5000), 10_000))
+                .await
+        });
+        schema.in_line(&key, 1).await;
+        until_db_time(&schema, held.expires_at_ms + 200).await;
+        let delay_end = held.expires_at_ms + 1500;
+        still_waiting(
+            &schema,
+            &waiting_for,
+            delay_end,
+            "granted during the lock-delay",
+        )
+        .await;
+        let refused = client.acquire(acquire(&key, "x", 1000)).await.unwrap_err();
+        assert_eq!(reason(&refused), "lock_delay", "{refused:?}");
+        let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
+            .await
+            .expect("woken when the delay ends")
+            .unwrap()
+            .unwrap()
+            .into_inner();
+        let lease = reply.lease.unwrap();
+        assert_eq!(lease.owner, "w");
+        assert!(
+            lease.acquired_at_ms >= held.expires_at_ms + 1500,
+            "granted {} ms into the lock-delay",
+            lease.acquired_at_ms - held.expires_at_ms
+        );
+        assert_eq!(reply.previous.unwrap().end, pb::TermEnd::Expired as i32);
+        drop(client);
+        server.stop().await;
+    }
+}
+
+/// A release naming a successor keeps the key for it, ahead of a waiter;
+/// others are told whom it is kept for; the successor's grant says
+/// handed_off; the waiter gets the key after the successor.
+#[tokio::test]
+async fn a_handoff_goes_to_the_named_successor_ahead_of_a_waiter() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut client = server.client().await;
+    let held = lease_of(client.acquire(acquire("s", "worker", 5000)).await.unwrap());
+    let mut waiter = server.client().await;
+    let waiting_for = tokio::spawn(async move {
+        waiter
+            .acquire(waiting(acquire("s", "w", 5000), 10_000))
+            .await
+    });
+    schema.in_line("s", 1).await;
+    client
+        .release(release_to(&held, true, "ui", 10_000))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting_for.is_finished(),
+        "the waiter went before the successor"
+    );
+
+    let refused = client.acquire(acquire("s", "x", 5000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+    assert_eq!(reason(&refused), "handoff");
+    assert!(refused.message().contains("\"ui\""), "{refused:?}");
+    let reservation = get(&mut client, "s").await.reservation.expect("reserved");
+    assert_eq!(reservation.kind, pb::reservation::Kind::Handoff as i32);
+    assert_eq!(reservation.successor, "ui");
+    assert_eq!(reservation.after_fence, held.fence);
+
+    let ui = client
+        .acquire(acquire("s", "ui", 5000))
+        .await
+        .unwrap()
+        .into_inner();
+    let previous = ui.previous.unwrap();
+    assert!(previous.handed_off);
+    assert_eq!(previous.end, pb::TermEnd::Suspended as i32);
+    assert_eq!(previous.fence, held.fence);
+    let ui = ui.lease.unwrap();
+    assert!(get(&mut client, "s").await.reservation.is_none());
+    client.release(release_to(&ui, false, "", 0)).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
+        .await
+        .expect("the waiter is served after the successor")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.lease.unwrap().owner, "w");
+    assert!(!reply.previous.unwrap().handed_off);
+}
+
+/// Two servers on one schema: the successor already waits in line (through
+/// the other server) behind an earlier waiter; the release hands it the key
+/// at once, ahead of that waiter, and the earlier waiter is served next.
+/// A successor that arrives later through the other server gets it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_in_line_on_another_server_goes_first() {
+    let schema = schema_or_skip!();
+    let one = PgServer::start(&schema).await;
+    let two = PgServer::start(&schema).await;
+    let mut c1 = one.client().await;
+    let held = lease_of(c1.acquire(acquire("s", "worker", 5000)).await.unwrap());
+    let mut early = one.client().await;
+    let early_wait = tokio::spawn(async move {
+        early
+            .acquire(waiting(acquire("s", "early", 5000), 10_000))
+            .await
+    });
+    schema.in_line("s", 1).await;
+    let mut ui = two.client().await;
+    let ui_wait =
+        tokio::spawn(async move { ui.acquire(waiting(acquire("s", "ui", 5000), 10_000)).await });
+    schema.in_line("s", 2).await;
+    c1.release(release_to(&held, false, "ui", 10_000))
+        .await
+        .unwrap();
+    let ui_reply = tokio::time::timeout(Duration::from_secs(5), ui_wait)
+        .await
+        .expect("the successor is served at once")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    assert!(ui_reply.previous.as_ref().unwrap().handed_off);
+    assert!(!early_wait.is_finished(), "the earlier waiter went first");
+    let ui_lease = ui_reply.lease.unwrap();
+    let mut c2 = two.client().await;
+    c2.release(release_to(&ui_lease, false, "", 0))
+        .await
+        .unwrap();
+    let early_reply = tokio::time::timeout(Duration::from_secs(10), early_wait)
+        .await
+        .expect("the earlier waiter follows")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    let early_lease = early_reply.lease.unwrap();
+    assert_eq!(early_lease.owner, "early");
+    assert!(early_lease.fence > ui_lease.fence);
+
+    // Handed off through one server, taken through the other.
+    c1.release(release_to(&early_lease, false, "late-ui", 10_000))
+        .await
+        .unwrap();
+    let refused = c1.acquire(acquire("s", "x", 5000)).await.unwrap_err();
+    assert_eq!(reason(&refused), "handoff");
+    let late = c2
+        .acquire(acquire("s", "late-ui", 5000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(late.previous.unwrap().handed_off);
+}
+
+/// A successor that does not come loses the key to the waiter when the
+/// handoff time runs out; the successor is then plainly told the key is
+/// held.
+#[tokio::test]
+async fn a_handoff_times_out_to_the_waiter() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut client = server.client().await;
+    let held = lease_of(client.acquire(acquire("s", "worker", 5000)).await.unwrap());
+    let mut waiter = server.client().await;
+    let waiting_for = tokio::spawn(async move {
+        waiter
+            .acquire(waiting(acquire("s", "w", 5000), 10_000))
+            .await
+    });
+    schema.in_line("s", 1).await;
+    client
+        .release(release_to(&held, false, "ui", 800))
+        .await
+        .unwrap();
+    let released_at = get(&mut client, "s").await.last_ended.unwrap().ended_at_ms;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    still_waiting(
+        &schema,
+        &waiting_for,
+        released_at + 800,
+        "served during the handoff",
+    )
+    .await;
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
+        .await
+        .expect("served when the handoff runs out")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    let lease = reply.lease.unwrap();
+    assert_eq!(lease.owner, "w");
+    assert!(lease.acquired_at_ms >= released_at + 800);
+    assert!(!reply.previous.unwrap().handed_off);
+    let late = client.acquire(acquire("s", "ui", 5000)).await.unwrap_err();
+    assert_eq!(late.code(), Code::Aborted);
+    assert_eq!(reason(&late), "", "plainly busy now: {late:?}");
+}
+
+/// History pages newest first, with a token for older entries, and lives
+/// in the database (a new server sees it); an expiry nobody acted on yet is
+/// in it; a key never acquired is NOT_FOUND.
+#[tokio::test]
+async fn history_pages_in_order_and_survives_a_restart() {
+    let schema = schema_or_skip!();
+    let mut server = PgServer::start_with(schema.config_without_sweeper()).await;
+    let mut client = server.client().await;
+    let mut fences = Vec::new();
+    for (i, end) in ["released", "suspended", "expired", "released", "expired"]
+        .iter()
+        .enumerate()
+    {
+        let lease = lease_of(
+            client
+                .acquire(acquire("h", &format!("w{i}"), 200))
+                .await
+                .unwrap(),
+        );
+        fences.push(lease.fence);
+        match *end {
+            "expired" => until_db_time(&schema, lease.expires_at_ms).await,
+            suspended => {
+                let suspend = suspended == "suspended";
+                client
+                    .release(release_to(&lease, suspend, "", 0))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    server.stop().await;
+    let server = PgServer::start_with(schema.config_without_sweeper()).await;
+    let mut client = server.client().await;
+    let page = |page_size, page_token: String| pb::HistoryRequest {
+        key: "h".into(),
+        page_size,
+        page_token,
+    };
+    let first = client
+        .history(page(3, String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<u64> = first.entries.iter().map(|h| h.fence).collect();
+    assert_eq!(got, vec![fences[4], fences[3], fences[2]]);
+    assert_eq!(first.entries[0].end, pb::TermEnd::Expired as i32);
+    assert_eq!(first.entries[0].owner, "w4");
+    assert_eq!(first.entries[2].end, pb::TermEnd::Expired as i32);
+    assert_eq!(first.entries[2].owner, "w2");
+    assert!(first.entries[2].ended_at_ms >= first.entries[2].acquired_at_ms + 200);
+    assert!(!first.next_page_token.is_empty());
+    let second = client
+        .history(page(3, first.next_page_token))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<u64> = second.entries.iter().map(|h| h.fence).collect();
+    assert_eq!(got, vec![fences[1], fences[0]]);
+    assert_eq!(second.entries[0].end, pb::TermEnd::Suspended as i32);
+    assert!(second.next_page_token.is_empty());
+
+    let missing = client
+        .history(pb::HistoryRequest {
+            key: "never".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+/// Each key keeps its newest `history_len` entries (the rows beyond are
+/// deleted), and the history goes with the key when it is forgotten.
+#[tokio::test]
+async fn history_is_bounded_and_forgotten_with_the_key() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start_with(PgConfig {
+        history_len: 3,
+        retention_ms: 300,
+        ..schema.config()
+    })
+    .await;
+    let mut client = server.client().await;
+    let mut fences = Vec::new();
+    for i in 0..5 {
+        let lease = lease_of(
+            client
+                .acquire(acquire("b", &format!("w{i}"), 5000))
+                .await
+                .unwrap(),
+        );
+        fences.push(lease.fence);
+        client
+            .release(release_to(&lease, false, "", 0))
+            .await
+            .unwrap();
+    }
+    let got: Vec<u64> = history(&mut client, "b")
+        .await
+        .iter()
+        .map(|h| h.fence)
+        .collect();
+    assert_eq!(got, vec![fences[4], fences[3], fences[2]]);
+    let db = schema.db().await;
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM term_history WHERE key = 'b'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 3);
+
+    // Released cleanly: forgotten after the retention, history and all.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = client.get(pb::GetRequest { key: "b".into() }).await.err();
+        if status.is_some_and(|s| s.code() == Code::NotFound) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never forgotten");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM term_history WHERE key = 'b'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+    let again = lease_of(client.acquire(acquire("b", "new", 5000)).await.unwrap());
+    assert!(again.fence > fences[4]);
+    client
+        .release(release_to(&again, false, "", 0))
+        .await
+        .unwrap();
+    let got: Vec<u64> = history(&mut client, "b")
+        .await
+        .iter()
+        .map(|h| h.fence)
+        .collect();
+    assert_eq!(got, vec![again.fence]);
+}
+
+/// K expiries in a row quarantine a key: Acquire is FAILED_PRECONDITION
+/// (reason quarantined) naming the failed terms, List QUARANTINED shows it
+/// and RECOVERABLE does not (also before anyone acted on the expiry), a new
+/// server sees the same, a forced Acquire still gets it, and Unquarantine
+/// lets everyone in again.
+#[tokio::test]
+async fn a_key_is_quarantined_after_k_expiries_and_released_from_quarantine() {
+    let schema = schema_or_skip!();
+    let mut server = PgServer::start_with(schema.config_without_sweeper()).await;
+    let mut client = server.client().await;
+    let mut fences = Vec::new();
+    for _ in 0..2 {
+        let lease = lease_of(
+            client
+                .acquire(limited("q", "worker", 200, 2))
+                .await
+                .unwrap(),
+        );
+        fences.push(lease.fence);
+        until_db_time(&schema, lease.expires_at_ms).await;
+    }
+    // Nobody acted on the second expiry yet: the lists already count it.
+    let list = |filter: pb::ListFilter| pb::ListRequest {
+        filter: filter as i32,
+        ..Default::default()
+    };
+    let quarantined = client
+        .list(list(pb::ListFilter::Quarantined))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(quarantined.keys.len(), 1, "{quarantined:?}");
+    assert!(quarantined.keys[0].quarantined);
+    let recoverable = client
+        .list(list(pb::ListFilter::Recoverable))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(recoverable.keys.is_empty(), "{recoverable:?}");
+
+    let refused = client
+        .acquire(acquire("q", "worker", 1000))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(reason(&refused), "quarantined");
+    let expected = format!("fence {} expired, fence {} expired", fences[0], fences[1]);
+    assert!(refused.message().contains(&expected), "{refused:?}");
+
+    server.stop().await;
+    let server = PgServer::start(&schema).await;
+    let mut client = server.client().await;
+    let quarantined = client
+        .list(list(pb::ListFilter::Quarantined))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(quarantined.keys.len(), 1);
+    let recoverable = client
+        .list(list(pb::ListFilter::Recoverable))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(recoverable.keys.is_empty(), "{recoverable:?}");
+    let state = get(&mut client, "q").await;
+    assert!(state.quarantined && !state.recoverable);
+    let still = client
+        .acquire(waiting(acquire("q", "worker", 1000), 5000))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&still), "quarantined", "a wait does not help");
+
+    // An operator may take it anyway (to look at it) without lifting it.
+    let forced = lease_of(
+        client
+            .acquire(pb::AcquireRequest {
+                force: true,
+                ..acquire("q", "ops", 1000)
+            })
+            .await
+            .unwrap(),
+    );
+    client
+        .release(release_to(&forced, true, "", 0))
+        .await
+        .unwrap();
+    assert!(get(&mut client, "q").await.quarantined);
+    let lifted = client
+        .unquarantine(pb::UnquarantineRequest { key: "q".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .key
+        .unwrap();
+    assert!(!lifted.quarantined);
+    assert!(lifted.recoverable);
+    let taken = lease_of(client.acquire(acquire("q", "worker", 1000)).await.unwrap());
+    // A clean release resets the count: one more failure does not
+    // quarantine again at K = 2.
+    client
+        .release(release_to(&taken, false, "", 0))
+        .await
+        .unwrap();
+    let again = lease_of(
+        client
+            .acquire(limited("q", "worker", 1000, 2))
+            .await
+            .unwrap(),
+    );
+    client
+        .release(release_to(&again, true, "", 0))
+        .await
+        .unwrap();
+    client.acquire(acquire("q", "worker", 1000)).await.unwrap();
+
+    let missing = client
+        .unquarantine(pb::UnquarantineRequest {
+            key: "never".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+/// The server default (`--max-recoveries`) quarantines keys whose Acquire
+/// sets no limit; a waiting Acquire is refused (not left waiting) when the
+/// key it waits for becomes quarantined, while a forced one waiting
+/// alongside gets the key.
+#[tokio::test]
+async fn waiters_are_refused_when_the_key_becomes_quarantined() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start_with(PgConfig {
+        default_max_recoveries: Some(1),
+        ..schema.config()
+    })
+    .await;
+    let mut client = server.client().await;
+    let held = lease_of(client.acquire(acquire("p", "worker", 5000)).await.unwrap());
+    let mut plain = server.client().await;
+    let plain_wait = tokio::spawn(async move {
+        plain
+            .acquire(waiting(acquire("p", "w", 5000), 10_000))
+            .await
+    });
+    schema.in_line("p", 1).await;
+    let mut forced = server.client().await;
+    let forced_wait = tokio::spawn(async move {
+        let request = pb::AcquireRequest {
+            force: true,
+            ..waiting(acquire("p", "ops", 5000), 10_000)
+        };
+        forced.acquire(request).await
+    });
+    schema.in_line("p", 2).await;
+    client
+        .release(release_to(&held, true, "", 0))
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(5), plain_wait)
+        .await
+        .expect("refused at once, not at the end of its wait")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(reason(&refused), "quarantined");
+    let ops = tokio::time::timeout(Duration::from_secs(5), forced_wait)
+        .await
+        .expect("the forced waiter is served")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    assert_eq!(ops.lease.unwrap().owner, "ops");
+
+    // With nobody forced in line, the key stays free and the waiter is
+    // refused all the same.
+    let held = lease_of(client.acquire(acquire("p2", "worker", 5000)).await.unwrap());
+    let mut plain = server.client().await;
+    let plain_wait = tokio::spawn(async move {
+        plain
+            .acquire(waiting(acquire("p2", "w", 5000), 10_000))
+            .await
+    });
+    schema.in_line("p2", 1).await;
+    client
+        .release(release_to(&held, true, "", 0))
+        .await
+        .unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(5), plain_wait)
+        .await
+        .expect("refused at once, not at the end of its wait")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(reason(&refused), "quarantined", "{refused:?}");
+    assert!(get(&mut client, "p2").await.lease.is_none());
+}
+
+/// A term carries the recovery limit of the server that granted it: with
+/// two servers on one schema whose `--max-recoveries` differ, a term's end
+/// quarantines the key (or not) whichever server ends it.
+#[tokio::test]
+async fn a_terms_recovery_limit_is_fixed_when_it_is_granted() {
+    let schema = schema_or_skip!();
+    let strict = PgServer::start_with(PgConfig {
+        default_max_recoveries: Some(1),
+        ..schema.config()
+    })
+    .await;
+    let lenient = PgServer::start(&schema).await;
+    let mut s = strict.client().await;
+    let mut l = lenient.client().await;
+
+    // Granted by the lenient server, suspended through the strict one.
+    let a = lease_of(l.acquire(acquire("a", "w", 5000)).await.unwrap());
+    s.release(release_to(&a, true, "", 0)).await.unwrap();
+    assert!(!get(&mut s, "a").await.quarantined);
+
+    // Granted by the strict server, suspended through the lenient one.
+    let b = lease_of(s.acquire(acquire("b", "w", 5000)).await.unwrap());
+    l.release(release_to(&b, true, "", 0)).await.unwrap();
+    let refused = l.acquire(acquire("b", "w", 5000)).await.unwrap_err();
+    assert_eq!(reason(&refused), "quarantined", "{refused:?}");
+}
+
+/// Many Acquires through two servers race for a key whose term expired with
+/// nobody acting on it: exactly one wins, and the expiry is recorded once
+/// (one history entry, one failure: K = 2 does not quarantine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_is_recorded_once_however_many_act_on_it() {
+    let schema = schema_or_skip!();
+    let one = PgServer::start_with(schema.config_without_sweeper()).await;
+    let two = PgServer::start_with(schema.config_without_sweeper()).await;
+    let mut c1 = one.client().await;
+    let held = lease_of(c1.acquire(limited("e", "dead", 200, 2)).await.unwrap());
+    until_db_time(&schema, held.expires_at_ms).await;
+    let mut racers = Vec::new();
+    for i in 0..8 {
+        let mut client = if i % 2 == 0 {
+            one.client().await
+        } else {
+            two.client().await
+        };
+        racers.push(tokio::spawn(async move {
+            client
+                .acquire(limited("e", &format!("r{i}"), 5000, 2))
+                .await
+        }));
+    }
+    let mut winners = Vec::new();
+    for racer in racers {
+        match racer.await.unwrap() {
+            Ok(reply) => winners.push(reply.into_inner()),
+            Err(status) => assert_eq!(status.code(), Code::Aborted, "{status:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1);
+    assert_eq!(winners[0].previous.as_ref().unwrap().fence, held.fence);
+    let entries = history(&mut c1, "e").await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].fence, held.fence);
+    assert_eq!(entries[0].end, pb::TermEnd::Expired as i32);
+    let state = get(&mut c1, "e").await;
+    assert!(!state.quarantined, "one expiry counted twice");
+}
+
+/// The Rust client: a guard hands its session to a named successor, whose
+/// guard sees `handed_off`; refusals come back as typed errors; History and
+/// Unquarantine work through the client.
+#[tokio::test]
+async fn the_rust_client_hands_off_reads_history_and_lifts_quarantine() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let client = Client::connect(server.url()).await.unwrap();
+    let worker = client
+        .acquire("session:9")
+        .owner("worker")
+        .ttl(Duration::from_secs(30))
+        .lock_delay(Duration::from_secs(5))
+        .await
+        .unwrap();
+    worker
+        .hand_off("ui", Duration::from_secs(30), false)
+        .await
+        .unwrap();
+    match client.acquire("session:9").owner("other").await {
+        Err(ClientError::Server(Error::Reserved {
+            reservation: Held::Handoff { successor },
+            ..
+        })) => assert_eq!(successor, "ui"),
+        other => panic!("expected a handoff refusal, got {other:?}"),
+    }
+    let ui = client
+        .acquire("session:9")
+        .owner("ui")
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let previous = ui.previous().expect("a previous term");
+    assert!(previous.handed_off);
+    assert_eq!(previous.end, TermEnd::Released);
+    ui.release().await.unwrap();
+
+    let key = Key::parse("session:9").unwrap();
+    let page = client.history(&key, 10, None).await.unwrap();
+    let owners: Vec<&str> = page.entries.iter().map(|h| h.owner.as_str()).collect();
+    assert_eq!(owners, vec!["ui", "worker"]);
+    assert!(page.entries[0].handed_off);
+
+    // Quarantine at K = 1: one suspension is enough.
+    let g = client
+        .acquire("session:10")
+        .max_recoveries(1)
+        .await
+        .unwrap();
+    g.suspend().await.unwrap();
+    match client.acquire("session:10").await {
+        Err(ClientError::Server(Error::Quarantined { failures: 1, .. })) => {}
+        other => panic!("expected quarantine, got {other:?}"),
+    }
+    let listed = client
+        .list("session:", ListFilter::Quarantined, 10, None)
+        .await
+        .unwrap();
+    assert_eq!(listed.keys.len(), 1);
+    let key = Key::parse("session:10").unwrap();
+    let state = client.unquarantine(&key).await.unwrap();
+    assert!(!state.quarantined);
+    client
+        .acquire("session:10")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Eight workers through two servers take two keys over and over, each
+/// release handing the key to a named successor, suspending it or
+/// releasing it, with quarantine at K = 3 (even workers force): at most one
+/// holder at a time, fences rise, a handed-off grant always went to the
+/// owner its predecessor named, and nothing fails but with a refusal
+/// (never UNAVAILABLE from a deadlock or a race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_hand_off_and_quarantine_under_contention() {
+    let schema = schema_or_skip!();
+    let servers = [
+        PgServer::start(&schema).await,
+        PgServer::start(&schema).await,
+    ];
+    let keys = ["hot/0", "hot/1"];
+    let holding: Arc<Vec<AtomicBool>> =
+        Arc::new(keys.iter().map(|_| AtomicBool::new(false)).collect());
+    let last_fence: Arc<Vec<AtomicU64>> =
+        Arc::new(keys.iter().map(|_| AtomicU64::new(0)).collect());
+    let named: Arc<Mutex<HashMap<(usize, u64), String>>> = Arc::default();
+    let (grants, handed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut workers = Vec::new();
+    for worker in 0..8usize {
+        let mut client = servers[worker % 2].client().await;
+        let (holding, last_fence, named) = (holding.clone(), last_fence.clone(), named.clone());
+        let (grants, handed) = (grants.clone(), handed.clone());
+        workers.push(tokio::spawn(async move {
+            let owner = format!("w{worker}");
+            let deadline = Instant::now() + Duration::from_secs(4);
+            let mut round = 0;
+            while Instant::now() < deadline {
+                round += 1;
+                let k = (worker + round) % keys.len();
+                let request = pb::AcquireRequest {
+                    max_recoveries: 3,
+                    force: worker % 2 == 0,
+                    ..waiting(acquire(keys[k], &owner, 5_000), 1_000)
+                };
+                let reply = match client.acquire(request).await {
+                    Ok(reply) => reply.into_inner(),
+                    Err(status)
+                        if status.code() == Code::Aborted
+                            || (status.code() == Code::FailedPrecondition
+                                && reason(&status) == "quarantined") =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    Err(status) => panic!("acquire: {status:?}"),
+                };
+                let lease = reply.lease.clone().unwrap();
+                assert!(
+                    !holding[k].swap(true, Ordering::SeqCst),
+                    "two live terms on {}",
+                    keys[k]
+                );
+                let previous_fence = last_fence[k].swap(lease.fence, Ordering::SeqCst);
+                assert!(
+                    lease.fence > previous_fence,
+                    "fence {} after {previous_fence}",
+                    lease.fence
+                );
+                grants.fetch_add(1, Ordering::Relaxed);
+                if let Some(previous) = reply.previous.as_ref().filter(|p| p.handed_off) {
+                    let successor = named.lock().unwrap().get(&(k, previous.fence)).cloned();
+                    assert_eq!(
+                        successor.as_deref(),
+                        Some(owner.as_str()),
+                        "handed to the wrong owner"
+                    );
+                    handed.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                holding[k].store(false, Ordering::SeqCst);
+                let release = match round % 3 {
+                    0 => {
+                        let successor = format!("w{}", (worker + 1) % 8);
+                        named
+                            .lock()
+                            .unwrap()
+                            .insert((k, lease.fence), successor.clone());
+                        release_to(&lease, false, &successor, 300)
+                    }
+                    1 => release_to(&lease, true, "", 0),
+                    _ => release_to(&lease, false, "", 0),
+                };
+                client.release(release).await.expect("release");
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    assert!(
+        grants.load(Ordering::Relaxed) > 20,
+        "too few grants to mean anything"
+    );
+    assert!(handed.load(Ordering::Relaxed) > 0, "no handoff was taken");
+}
+
+/// Watch is not on this backend yet: it answers UNIMPLEMENTED naming it,
+/// never an empty stream.
+#[tokio::test]
+async fn watch_is_unimplemented_and_says_so() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut client = server.client().await;
+    let watched = client
+        .watch(pb::WatchRequest {
+            key: "k".into(),
+            ..Default::default()
+        })
+        .await;
+    let Err(refused) = watched else {
+        panic!("a Watch stream on PostgreSQL");
+    };
+    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
+    assert!(refused.message().contains("Watch"), "{refused:?}");
+}
