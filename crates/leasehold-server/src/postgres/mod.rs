@@ -510,7 +510,8 @@ impl PgBackend {
     }
 }
 
-/// The refusal of a feature this backend does not have yet (Watch): said
+/// The refusal of a feature this backend does not have yet (Watch,
+/// turn-scoped tool calls): said
 /// plainly rather than ignored.
 fn unsupported<T: Send + 'static>(feature: &str) -> Pending<T> {
     let err = Error::Unsupported(format!(
@@ -613,7 +614,7 @@ impl Backend for PgBackend {
         specs: Vec<CallSpec>,
     ) -> Pending<BeginOutcome> {
         if specs.iter().any(|s| !s.turn.is_empty()) {
-            return lifecycle_unsupported("turn-scoped tool calls (turn)");
+            return unsupported("turn-scoped tool calls (turn)");
         }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
@@ -629,7 +630,7 @@ impl Backend for PgBackend {
         settlement: Settlement,
     ) -> Pending<(ToolCall, bool)> {
         if !settlement.turn.is_empty() {
-            return lifecycle_unsupported("turn-scoped tool calls (turn)");
+            return unsupported("turn-scoped tool calls (turn)");
         }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
