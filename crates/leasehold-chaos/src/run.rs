@@ -1,0 +1,454 @@
+//! One chaos run: servers, proxies, workers and the fault schedule, then
+//! the final reads and the check.
+//!
+//! Topology (every address on 127.0.0.1):
+//!
+//! ```text
+//! SQLite:      workers ──proxy──> server ── file (kill -9, restart on the same file)
+//! PostgreSQL:  workers ──proxy 1──> server 1 ──pg proxy 1──┐
+//!              workers ──proxy 2──> server 2 ──pg proxy 2──┴──> PostgreSQL (own schema)
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::check::{self, Config, Report};
+use crate::history::{History, Recorder};
+use crate::proxy::{Mode, Proxy};
+use crate::server::{Server, Store};
+use crate::store::FencedStore;
+use crate::workload::{self, Rng, Worker, Workload};
+
+/// Which store the servers use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    /// A PostgreSQL URL (`postgres://user@host:port/db`); the run creates
+    /// its own schema there and drops it at the end.
+    Postgres { url: String },
+}
+
+/// The faults a run may inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// `kill -9` of a server, restarted on the same store.
+    KillRestart,
+    /// SIGSTOP of a server for 1–2 TTLs, then SIGCONT.
+    StopCont,
+    /// Latency between workers and a server.
+    ClientDelay,
+    /// Workers partitioned from a server for 0.5–2 TTLs.
+    ClientPartition,
+    /// Every worker connection to a server closed.
+    ClientCut,
+    /// Every connection between a server and PostgreSQL closed (what a
+    /// database restart looks like to the server).
+    DbCut,
+    /// A server partitioned from PostgreSQL for 0.5–2 TTLs.
+    DbPartition,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::KillRestart => "kill -9 + restart",
+            Fault::StopCont => "SIGSTOP + SIGCONT",
+            Fault::ClientDelay => "client<->server delay",
+            Fault::ClientPartition => "client<->server partition",
+            Fault::ClientCut => "client<->server cut",
+            Fault::DbCut => "server<->db cut",
+            Fault::DbPartition => "server<->db partition",
+        }
+    }
+
+    /// The faults that apply to a backend.
+    pub fn all(backend: &Backend) -> Vec<Fault> {
+        let mut faults = vec![
+            Fault::KillRestart,
+            Fault::StopCont,
+            Fault::ClientDelay,
+            Fault::ClientPartition,
+            Fault::ClientCut,
+        ];
+        if matches!(backend, Backend::Postgres { .. }) {
+            faults.extend([Fault::DbCut, Fault::DbPartition]);
+        }
+        faults
+    }
+}
+
+/// A run's settings.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub backend: Backend,
+    /// How long workers start new terms (the run takes a few seconds more).
+    pub duration: Duration,
+    pub workers: u32,
+    pub workload: Workload,
+    /// The pause between two faults is uniform in this range.
+    pub fault_gap: (Duration, Duration),
+    pub faults: Vec<Fault>,
+    pub seed: u64,
+    /// The `leasehold` binary.
+    pub bin: PathBuf,
+    /// Where the SQLite file and the server logs go.
+    pub dir: PathBuf,
+    pub check: Config,
+}
+
+impl RunConfig {
+    /// A configuration with every fault of `backend`.
+    pub fn new(backend: Backend, duration: Duration, bin: &Path, dir: &Path) -> RunConfig {
+        let ttl = Duration::from_millis(1000);
+        RunConfig {
+            faults: Fault::all(&backend),
+            backend,
+            duration,
+            workers: 6,
+            workload: Workload::new(3, ttl),
+            fault_gap: (Duration::from_millis(200), Duration::from_millis(1500)),
+            seed: 17,
+            bin: bin.to_owned(),
+            dir: dir.to_owned(),
+            check: Config::default(),
+        }
+    }
+}
+
+/// What a run did and found.
+#[derive(Debug)]
+pub struct RunResult {
+    pub history: History,
+    pub report: Report,
+    /// Faults injected, by name.
+    pub faults: BTreeMap<&'static str, u32>,
+    /// Times a server exited by itself and was restarted.
+    pub self_exits: u32,
+    /// Keys whose final read (after a last kill -9 and restart) never succeeded.
+    pub unreadable_at_end: Vec<String>,
+}
+
+/// One server with the proxy in front of it and, on PostgreSQL, the proxy
+/// behind it.
+struct Node {
+    server: Server,
+    front: Proxy,
+    back: Option<Proxy>,
+}
+
+impl Node {
+    /// (Re)starts the server, retrying while the store is unreachable.
+    fn start(&mut self, recorder: &Recorder, name: &str) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..20 {
+            match tokio::task::block_in_place(|| self.server.start()) {
+                Ok(addr) => {
+                    self.front.set_upstream(Some(addr));
+                    recorder.event(format!("{name} listening on {addr}"));
+                    return Ok(());
+                }
+                Err(e) => {
+                    recorder.event(format!("{name} failed to start: {e}"));
+                    last = e;
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+/// `host:port` of a PostgreSQL URL, and the URL with it replaced by `addr`.
+pub fn redirect(url: &str, addr: SocketAddr) -> Option<(String, String)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (user, host) = match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{user}@"), host),
+        None => (String::new(), authority),
+    };
+    let host = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    };
+    Some((host, format!("{scheme}://{user}{addr}/{path}")))
+}
+
+/// Runs the workload under faults and checks the history.
+///
+/// # Errors
+/// When the system under test cannot be set up (binary, database).
+pub async fn run(config: RunConfig) -> Result<RunResult, String> {
+    let recorder = Recorder::new();
+    let store = FencedStore::new();
+    let mut rng = Rng::new(config.seed);
+    let schema = format!(
+        "lh_chaos_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    );
+    let mut nodes = Vec::new();
+    match &config.backend {
+        Backend::Sqlite => {
+            let db = config.dir.join("chaos.db");
+            let server = Server::new(&config.bin, Store::Sqlite(db), &config.dir.join("server-1.log"));
+            let front = Proxy::start(None).await.map_err(|e| e.to_string())?;
+            nodes.push(Node { server, front, back: None });
+        }
+        Backend::Postgres { url } => {
+            let (db_host, _) = redirect(url, "127.0.0.1:1".parse().unwrap())
+                .ok_or_else(|| format!("cannot parse {url}"))?;
+            let db_addr: SocketAddr = tokio::net::lookup_host(&db_host)
+                .await
+                .map_err(|e| format!("{db_host}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("{db_host}: no address"))?;
+            for n in 1..=2 {
+                let back = Proxy::start(Some(db_addr)).await.map_err(|e| e.to_string())?;
+                let (_, proxied) = redirect(url, back.addr()).expect("parsed above");
+                let store = Store::Postgres {
+                    url: proxied,
+                    schema: schema.clone(),
+                };
+                let log = config.dir.join(format!("server-{n}.log"));
+                let server = Server::new(&config.bin, store, &log);
+                let front = Proxy::start(None).await.map_err(|e| e.to_string())?;
+                nodes.push(Node { server, front, back: Some(back) });
+            }
+        }
+    }
+    for (n, node) in nodes.iter_mut().enumerate() {
+        node.start(&recorder, &format!("server {}", n + 1))?;
+    }
+
+    let result = drive(&config, &recorder, &store, &mut rng, &mut nodes).await;
+
+    if let Backend::Postgres { url } = &config.backend {
+        drop(nodes);
+        drop_schema(url, &schema).await;
+    }
+    result
+}
+
+async fn drive(
+    config: &RunConfig,
+    recorder: &Recorder,
+    store: &FencedStore,
+    rng: &mut Rng,
+    nodes: &mut [Node],
+) -> Result<RunResult, String> {
+    let start = Instant::now();
+    let until = start + config.duration;
+    let connect_by = until + Duration::from_secs(5);
+    let urls: Vec<String> = nodes.iter().map(|n| format!("http://{}", n.front.addr())).collect();
+
+    let mut workers = Vec::new();
+    for id in 0..config.workers {
+        let url = urls[id as usize % urls.len()].clone();
+        let (recorder, store, load, seed) = (recorder.clone(), store.clone(), config.workload.clone(), config.seed);
+        workers.push(tokio::spawn(async move {
+            let Some(client) = workload::connect(&url, connect_by).await else {
+                return;
+            };
+            Worker::new(id, client, recorder, store, seed, load).run(until).await;
+        }));
+    }
+    // The observer: Gets of every key in turn, through every server.
+    let observer = {
+        let (recorder, keys, urls, timeout) = (
+            recorder.clone(),
+            config.workload.keys.clone(),
+            urls.clone(),
+            config.workload.call_timeout,
+        );
+        tokio::spawn(async move {
+            let mut clients = Vec::new();
+            for url in &urls {
+                if let Some(client) = workload::connect(url, connect_by).await {
+                    clients.push(client);
+                }
+            }
+            let mut turn = 0usize;
+            while Instant::now() < until && !clients.is_empty() {
+                let key = &keys[turn % keys.len()];
+                let client = &clients[turn % clients.len()];
+                workload::get(client, &recorder, 1000, key, timeout).await;
+                turn += 1;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        })
+    };
+
+    let mut faults: BTreeMap<&'static str, u32> = BTreeMap::new();
+    let mut self_exits = 0;
+    let ttl = config.workload.ttl;
+    while Instant::now() < until && !config.faults.is_empty() {
+        let gap = rng.between(config.fault_gap.0, config.fault_gap.1);
+        self_exits += supervise(nodes, recorder, gap).await?;
+        let fault = config.faults[rng.range(0, config.faults.len() as u64) as usize];
+        let n = rng.range(0, nodes.len() as u64) as usize;
+        let name = format!("server {}", n + 1);
+        *faults.entry(fault.name()).or_default() += 1;
+        match fault {
+            Fault::KillRestart => {
+                recorder.event(format!("kill -9 {name}"));
+                nodes[n].server.kill9();
+                let down = rng.between(Duration::ZERO, Duration::from_millis(500));
+                self_exits += supervise_others(nodes, n, recorder, down).await?;
+                nodes[n].start(recorder, &name)?;
+            }
+            Fault::StopCont => {
+                let pause = rng.between(ttl, ttl * 2);
+                recorder.event(format!("SIGSTOP {name} for {} ms", pause.as_millis()));
+                nodes[n].server.stop();
+                self_exits += supervise_others(nodes, n, recorder, pause).await?;
+                nodes[n].server.cont();
+                recorder.event(format!("SIGCONT {name}"));
+            }
+            Fault::ClientDelay => {
+                let delay = rng.between(Duration::from_millis(20), Duration::from_millis(400));
+                let length = rng.between(Duration::from_millis(500), Duration::from_millis(2000));
+                recorder.event(format!("delay {} ms to {name} for {} ms", delay.as_millis(), length.as_millis()));
+                nodes[n].front.set_mode(Mode::Delay(delay));
+                self_exits += supervise(nodes, recorder, length).await?;
+                nodes[n].front.set_mode(Mode::Pass);
+                recorder.event(format!("no delay to {name}"));
+            }
+            Fault::ClientPartition => {
+                let length = rng.between(ttl / 2, ttl * 2);
+                recorder.event(format!("partition workers from {name} for {} ms", length.as_millis()));
+                nodes[n].front.set_mode(Mode::Partition);
+                self_exits += supervise(nodes, recorder, length).await?;
+                nodes[n].front.set_mode(Mode::Pass);
+                recorder.event(format!("heal workers-{name}"));
+            }
+            Fault::ClientCut => {
+                recorder.event(format!("cut worker connections to {name}"));
+                nodes[n].front.cut();
+            }
+            Fault::DbCut => {
+                recorder.event(format!("cut {name}'s database connections"));
+                if let Some(back) = &nodes[n].back {
+                    back.cut();
+                }
+            }
+            Fault::DbPartition => {
+                let length = rng.between(ttl / 2, ttl * 2);
+                recorder.event(format!("partition {name} from the database for {} ms", length.as_millis()));
+                if let Some(back) = &nodes[n].back {
+                    back.set_mode(Mode::Partition);
+                }
+                self_exits += supervise(nodes, recorder, length).await?;
+                if let Some(back) = &nodes[n].back {
+                    back.set_mode(Mode::Pass);
+                }
+                recorder.event(format!("heal {name}-database"));
+            }
+        }
+    }
+    // Let the workers finish their last terms (bounded: a term lasts at
+    // most its hold plus a pause plus a few call timeouts).
+    let settle = Instant::now() + config.workload.hold + ttl * 2 + config.workload.call_timeout * 6;
+    while workers.iter().any(|w| !w.is_finished()) && Instant::now() < settle {
+        self_exits += supervise(nodes, recorder, Duration::from_millis(100)).await?;
+    }
+    for worker in &workers {
+        worker.abort();
+    }
+    observer.abort();
+
+    // The final reads: heal everything, kill -9 and restart every server,
+    // then Get every key. What was acknowledged must still be there.
+    for (n, node) in nodes.iter_mut().enumerate() {
+        node.front.set_mode(Mode::Pass);
+        if let Some(back) = &node.back {
+            back.set_mode(Mode::Pass);
+        }
+        node.server.cont();
+        node.server.kill9();
+        recorder.event(format!("final kill -9 server {}", n + 1));
+    }
+    for (n, node) in nodes.iter_mut().enumerate() {
+        node.start(recorder, &format!("server {}", n + 1))?;
+    }
+    let mut unreadable_at_end = Vec::new();
+    let reader = workload::connect(&urls[0], Instant::now() + Duration::from_secs(10)).await;
+    for key in &config.workload.keys {
+        let mut read = false;
+        if let Some(client) = &reader {
+            for _ in 0..20 {
+                if workload::get(client, recorder, 2000, key, Duration::from_secs(2)).await {
+                    read = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        if !read {
+            unreadable_at_end.push(key.clone());
+        }
+    }
+    let history = recorder.snapshot();
+    let report = tokio::task::block_in_place(|| check::check(&history, &config.check));
+    Ok(RunResult {
+        history,
+        report,
+        faults,
+        self_exits,
+        unreadable_at_end,
+    })
+}
+
+/// Waits `length`, restarting any server that exits by itself meanwhile;
+/// returns how many did.
+async fn supervise(nodes: &mut [Node], recorder: &Recorder, length: Duration) -> Result<u32, String> {
+    supervise_others(nodes, usize::MAX, recorder, length).await
+}
+
+/// As [`supervise`], leaving node `except` alone (it is down or stopped on purpose).
+async fn supervise_others(
+    nodes: &mut [Node],
+    except: usize,
+    recorder: &Recorder,
+    length: Duration,
+) -> Result<u32, String> {
+    let end = Instant::now() + length;
+    let mut exits = 0;
+    loop {
+        for (n, node) in nodes.iter_mut().enumerate() {
+            if n == except {
+                continue;
+            }
+            if let Some(status) = node.server.exited() {
+                exits += 1;
+                recorder.event(format!("server {} exited by itself: {status}", n + 1));
+                node.start(recorder, &format!("server {}", n + 1))?;
+            }
+        }
+        let now = Instant::now();
+        if now >= end {
+            return Ok(exits);
+        }
+        tokio::time::sleep((end - now).min(Duration::from_millis(100))).await;
+    }
+}
+
+async fn drop_schema(url: &str, schema: &str) {
+    let Ok((client, connection)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
+        eprintln!("could not connect to drop schema {schema}");
+        return;
+    };
+    tokio::spawn(connection);
+    if let Err(e) = client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .await
+    {
+        eprintln!("could not drop schema {schema}: {e}");
+    }
+}
