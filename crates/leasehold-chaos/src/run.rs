@@ -288,10 +288,19 @@ async fn drive(
     let mut faults: BTreeMap<&'static str, u32> = BTreeMap::new();
     let mut self_exits = 0;
     let ttl = config.workload.ttl;
+    let mut round: Vec<Fault> = Vec::new();
     while Instant::now() < until && !config.faults.is_empty() {
         let gap = rng.between(config.fault_gap.0, config.fault_gap.1);
         self_exits += supervise(nodes, recorder, gap).await?;
-        let fault = config.faults[rng.range(0, config.faults.len() as u64) as usize];
+        // Every fault once per round, in a shuffled order: a short run
+        // still sees each kind.
+        if round.is_empty() {
+            round = config.faults.clone();
+            for i in (1..round.len()).rev() {
+                round.swap(i, rng.range(0, i as u64 + 1) as usize);
+            }
+        }
+        let fault = round.pop().expect("refilled above");
         let n = rng.range(0, nodes.len() as u64) as usize;
         let name = format!("server {}", n + 1);
         *faults.entry(fault.name()).or_default() += 1;

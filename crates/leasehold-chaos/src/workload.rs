@@ -79,7 +79,7 @@ impl Workload {
             ttl,
             margin: ttl / 5,
             hold: ttl * 2,
-            pause_percent: 15,
+            pause_percent: 30,
             call_timeout: Duration::from_millis(1500),
         }
     }
