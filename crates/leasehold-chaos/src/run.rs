@@ -50,6 +50,10 @@ pub enum Fault {
     DbCut,
     /// A server partitioned from PostgreSQL for 0.5–2 TTLs.
     DbPartition,
+    /// The SQLite file's file system filled up (ENOSPC) for 0.3–1.5 s: a
+    /// small tmpfs, filled by a filler file and then emptied. Needs the
+    /// right to mount (root); skipped otherwise.
+    DiskFull,
 }
 
 impl Fault {
@@ -62,6 +66,7 @@ impl Fault {
             Fault::ClientCut => "client<->server cut",
             Fault::DbCut => "server<->db cut",
             Fault::DbPartition => "server<->db partition",
+            Fault::DiskFull => "disk full (ENOSPC)",
         }
     }
 
@@ -74,8 +79,9 @@ impl Fault {
             Fault::ClientPartition,
             Fault::ClientCut,
         ];
-        if matches!(backend, Backend::Postgres { .. }) {
-            faults.extend([Fault::DbCut, Fault::DbPartition]);
+        match backend {
+            Backend::Postgres { .. } => faults.extend([Fault::DbCut, Fault::DbPartition]),
+            Backend::Sqlite => faults.push(Fault::DiskFull),
         }
         faults
     }
@@ -130,6 +136,71 @@ pub struct RunResult {
     pub self_exits: u32,
     /// Keys whose final read (after a last kill -9 and restart) never succeeded.
     pub unreadable_at_end: Vec<String>,
+    /// Faults that could not be injected on this machine, and why.
+    pub skipped: Vec<String>,
+}
+
+/// A small tmpfs for the SQLite file, so the disk can be filled; unmounted
+/// on drop (after the server using it is gone).
+struct SmallDisk {
+    mount: PathBuf,
+    /// The filler file, while the disk is full.
+    filler: PathBuf,
+}
+
+impl SmallDisk {
+    /// Mounts a 16 MiB tmpfs at `mount`.
+    fn mount(mount: &Path) -> Result<SmallDisk, String> {
+        std::fs::create_dir_all(mount).map_err(|e| e.to_string())?;
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+            .arg(mount)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !status.status.success() {
+            return Err(format!(
+                "mount -t tmpfs failed ({}): {}",
+                status.status,
+                String::from_utf8_lossy(&status.stderr).trim()
+            ));
+        }
+        Ok(SmallDisk {
+            mount: mount.to_owned(),
+            filler: mount.join("filler"),
+        })
+    }
+
+    /// Writes the filler until the file system says ENOSPC; returns the
+    /// bytes written.
+    fn fill(&self) -> u64 {
+        use std::io::Write;
+        let Ok(mut file) = std::fs::File::create(&self.filler) else {
+            return 0;
+        };
+        let chunk = vec![0u8; 64 * 1024];
+        let mut written = 0u64;
+        // Bounded: the tmpfs holds 16 MiB.
+        for _ in 0..1024 {
+            match file.write(&chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => written += n as u64,
+            }
+        }
+        let _ = file.sync_all();
+        written
+    }
+
+    fn empty(&self) {
+        let _ = std::fs::remove_file(&self.filler);
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        self.empty();
+        let _ = std::process::Command::new("umount").arg(&self.mount).status();
+    }
 }
 
 /// One server with the proxy in front of it and, on PostgreSQL, the proxy
@@ -194,9 +265,24 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
             .map_or(0, |d| d.subsec_nanos())
     );
     let mut nodes = Vec::new();
+    let mut skipped = Vec::new();
+    let mut disk = None;
+    let mut config = config;
     match &config.backend {
         Backend::Sqlite => {
-            let db = config.dir.join("chaos.db");
+            let mut db = config.dir.join("chaos.db");
+            if config.faults.contains(&Fault::DiskFull) {
+                match SmallDisk::mount(&config.dir.join("small-disk")) {
+                    Ok(small) => {
+                        db = small.mount.join("chaos.db");
+                        disk = Some(small);
+                    }
+                    Err(e) => {
+                        config.faults.retain(|f| *f != Fault::DiskFull);
+                        skipped.push(format!("{}: {e}", Fault::DiskFull.name()));
+                    }
+                }
+            }
             let server = Server::new(&config.bin, Store::Sqlite(db), &config.dir.join("server-1.log"));
             let front = Proxy::start(None).await.map_err(|e| e.to_string())?;
             nodes.push(Node { server, front, back: None });
@@ -227,13 +313,18 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
         node.start(&recorder, &format!("server {}", n + 1))?;
     }
 
-    let result = drive(&config, &recorder, &store, &mut rng, &mut nodes).await;
+    let result = drive(&config, &recorder, &store, &mut rng, &mut nodes, disk.as_ref()).await;
 
+    // The servers go before their disk and their schema.
+    drop(nodes);
+    drop(disk);
     if let Backend::Postgres { url } = &config.backend {
-        drop(nodes);
         drop_schema(url, &schema).await;
     }
-    result
+    result.map(|mut r| {
+        r.skipped = skipped;
+        r
+    })
 }
 
 async fn drive(
@@ -242,6 +333,7 @@ async fn drive(
     store: &FencedStore,
     rng: &mut Rng,
     nodes: &mut [Node],
+    disk: Option<&SmallDisk>,
 ) -> Result<RunResult, String> {
     let start = Instant::now();
     let until = start + config.duration;
@@ -347,6 +439,17 @@ async fn drive(
                     back.cut();
                 }
             }
+            Fault::DiskFull => {
+                let Some(disk) = disk else { continue };
+                let length = rng.between(Duration::from_millis(300), Duration::from_millis(1500));
+                let filled = tokio::task::block_in_place(|| disk.fill());
+                recorder.event(format!("disk full ({filled} bytes of filler) for {} ms", length.as_millis()));
+                // Not restarted while the disk is full: it would only fail
+                // to start; the supervisor restarts it after.
+                self_exits += supervise_others(nodes, 0, recorder, length).await?;
+                disk.empty();
+                recorder.event("disk has room again");
+            }
             Fault::DbPartition => {
                 let length = rng.between(ttl / 2, ttl * 2);
                 recorder.event(format!("partition {name} from the database for {} ms", length.as_millis()));
@@ -411,6 +514,7 @@ async fn drive(
         faults,
         self_exits,
         unreadable_at_end,
+        skipped: Vec::new(),
     })
 }
 

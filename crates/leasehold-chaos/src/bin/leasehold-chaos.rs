@@ -99,6 +99,9 @@ async fn main() -> ExitCode {
         println!("  {name:<28} {count}");
     }
     println!("  {:<28} {}", "server exits by itself", result.self_exits);
+    for skipped in &result.skipped {
+        println!("skipped: {skipped}");
+    }
     println!("{}", serde_json::to_string_pretty(&result.report.stats).expect("stats json"));
     if args.dir.is_some() {
         let path = dir.join("history.json");

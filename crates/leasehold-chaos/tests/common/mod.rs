@@ -29,9 +29,13 @@ pub fn binary() -> PathBuf {
 pub async fn short_run(backend: Backend) -> RunResult {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = RunConfig::new(backend, SHORT_RUN, &binary(), dir.path());
-    let kinds = config.faults.len();
+    let mut kinds = config.faults.len();
     let result = run(config).await.expect("the run could be set up");
     let stats = &result.report.stats;
+    for skipped in &result.skipped {
+        eprintln!("chaos: skipped {skipped}");
+        kinds -= 1;
+    }
     eprintln!(
         "chaos: faults {:?}, self exits {}, stats {}",
         result.faults,
