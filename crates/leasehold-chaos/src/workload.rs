@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use leasehold_client::{Client, Error, StaleReason};
+use leasehold_client::{Client, ClientError, Error, StaleReason};
 use leasehold_wire::pb;
 use tokio::time::Instant;
 
@@ -128,6 +128,18 @@ fn refusal(status: &tonic::Status) -> Refusal {
     }
 }
 
+/// How a client-crate call ended, for the history: a server refusal as its
+/// status (through the one status table); the guard's own verdicts
+/// (`Lost`) as unknown, since they may be local decisions.
+fn client_outcome(err: &ClientError) -> Outcome {
+    match err {
+        ClientError::Server(e) => {
+            Outcome::Err(refusal(&leasehold_wire::status::to_status(e.clone())))
+        }
+        other => Outcome::Unknown(other.to_string()),
+    }
+}
+
 impl Worker {
     pub fn new(
         id: u32,
@@ -188,9 +200,19 @@ impl Worker {
     }
 
     /// Runs terms until `until`, then returns (after at most one more term).
+    /// Odd-numbered workers hold their terms through the client's
+    /// [`SessionGuard`](leasehold_client::SessionGuard), even-numbered ones
+    /// with one-shot calls.
     pub async fn run(mut self, until: Instant) {
         while Instant::now() < until {
             let key = self.load.keys[self.rng.range(0, self.load.keys.len() as u64) as usize].clone();
+            if self.id % 2 == 1 {
+                if !self.guarded_term(&key).await {
+                    let pause = self.rng.between(Duration::from_millis(10), Duration::from_millis(100));
+                    tokio::time::sleep(pause).await;
+                }
+                continue;
+            }
             match self.acquire(&key).await {
                 Some(held) => self.hold(held).await,
                 None => {
@@ -300,6 +322,116 @@ impl Worker {
                 _ => return,
             }
         }
+    }
+
+    /// One term through the client's guard: acquire (the guard retries with
+    /// one request id), then gate-and-write until the hold ends (sometimes
+    /// pausing past the TTL between a passed gate and its write), then
+    /// release. Returns whether a term was granted.
+    ///
+    /// The guard renews in the background over the Session stream, and the
+    /// checker does not see those renewals: the term's must-live interval
+    /// is bounded by the Acquire alone, which is conservative. Each gate
+    /// is recorded as a Check (it ends with a Check round trip: OK means the
+    /// server found the fence live while the gate ran); a failed gate as an
+    /// unknown outcome, since the guard may have refused locally. The guard
+    /// is always released explicitly (never dropped), so no release the
+    /// checker cannot see ends a term early.
+    async fn guarded_term(&mut self, key: &str) -> bool {
+        let ttl_ms = self.load.ttl.as_millis() as u64;
+        let wait_ms = [0, ttl_ms / 2, ttl_ms * 2][self.rng.range(0, 3) as usize];
+        let request_id = uuid::Uuid::new_v4().to_string();
+        let owner = format!("guard-{}", self.id);
+        let call = Call::Acquire {
+            owner: owner.clone(),
+            request_id: request_id.clone(),
+            ttl_ms,
+            wait_ms,
+        };
+        let invoked = self.recorder.now();
+        let acquired = self
+            .client
+            .acquire(key)
+            .owner(owner)
+            .ttl(self.load.ttl)
+            .wait(Duration::from_millis(wait_ms))
+            .request_id(request_id)
+            .safety_margin(self.load.margin)
+            .rpc_timeout(self.load.call_timeout.min(self.load.ttl / 3))
+            .attempts(2)
+            .await;
+        let completed = self.recorder.now();
+        let (outcome, guard) = match acquired {
+            Ok(guard) => (
+                Outcome::Ok(Reply::Granted {
+                    fence: guard.fence().0,
+                    ttl_ms: guard.ttl().as_millis() as u64,
+                    replayed: guard.replayed(),
+                }),
+                Some(guard),
+            ),
+            Err(err) => (client_outcome(&err), None),
+        };
+        self.recorder.op(Op {
+            worker: self.id,
+            key: key.to_owned(),
+            call,
+            invoked,
+            completed,
+            outcome,
+        });
+        let Some(guard) = guard else { return false };
+        let fence = guard.fence().0;
+        let hold = self.rng.between(self.load.hold / 10, self.load.hold);
+        let end = Instant::now() + hold;
+        let mut paused = false;
+        while Instant::now() < end {
+            let invoked = self.recorder.now();
+            let gate = guard.gate().await;
+            let completed = self.recorder.now();
+            let outcome = match &gate {
+                Ok(_) => Outcome::Ok(Reply::Live),
+                Err(err) => Outcome::Unknown(format!("gate: {err}")),
+            };
+            self.recorder.op(Op {
+                worker: self.id,
+                key: key.to_owned(),
+                call: Call::Check { fence },
+                invoked,
+                completed,
+                outcome,
+            });
+            match gate {
+                Ok(_) => {
+                    if !paused && self.rng.chance(self.load.pause_percent / 3) {
+                        paused = true;
+                        let pause = self.rng.between(self.load.ttl, self.load.ttl * 2);
+                        tokio::time::sleep(pause).await;
+                    }
+                    self.store.write(&self.recorder, self.id, key, fence);
+                }
+                Err(err) if !err.is_transient() => break,
+                Err(_) => {}
+            }
+            tokio::time::sleep(self.load.ttl / 6).await;
+        }
+        let suspend = self.rng.chance(10);
+        let invoked = self.recorder.now();
+        let released = if suspend { guard.suspend().await } else { guard.release().await };
+        let completed = self.recorder.now();
+        let outcome = match released {
+            Ok(_) => Outcome::Ok(Reply::Released),
+            Err(err) => client_outcome(&err),
+        };
+        self.recorder.op(Op {
+            worker: self.id,
+            key: key.to_owned(),
+            call: Call::Release { fence, suspend },
+            invoked,
+            completed,
+            outcome,
+        });
+        true
     }
 
     /// Renews; `Some(true)` on success, `Some(false)` when refused for
