@@ -10,6 +10,7 @@
 //! * [`store`]: the fenced store the workers write to.
 //! * [`proxy`]: a loopback TCP proxy that delays, partitions and cuts.
 //! * [`server`]: the `leasehold` process: start, `kill -9`, SIGSTOP/SIGCONT.
+//! * [`pg`]: a private PostgreSQL cluster that a run may crash.
 //! * [`workload`]: the workers, on the Rust client crate.
 //! * [`run`]: one run: topology, fault schedule, final reads, check.
 //!
@@ -20,6 +21,7 @@
 
 pub mod check;
 pub mod history;
+pub mod pg;
 pub mod proxy;
 pub mod run;
 pub mod server;

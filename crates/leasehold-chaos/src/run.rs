@@ -30,6 +30,9 @@ pub enum Backend {
     /// A PostgreSQL URL (`postgres://user@host:port/db`); the run creates
     /// its own schema there and drops it at the end.
     Postgres { url: String },
+    /// As `Postgres`, on a cluster of the run's own (see [`crate::pg`]),
+    /// which the run can crash and restart.
+    PrivatePostgres,
 }
 
 /// The faults a run may inject.
@@ -50,6 +53,9 @@ pub enum Fault {
     DbCut,
     /// A server partitioned from PostgreSQL for 0.5–2 TTLs.
     DbPartition,
+    /// The private PostgreSQL cluster crashed (immediate stop), down for
+    /// 0.3–1.5 s, then started again (recovery from its WAL).
+    DbRestart,
     /// The SQLite file's file system filled up (ENOSPC) for 0.3–1.5 s: a
     /// small tmpfs, filled by a filler file and then emptied. Needs the
     /// right to mount (root); skipped otherwise.
@@ -67,6 +73,7 @@ impl Fault {
             Fault::DbCut => "server<->db cut",
             Fault::DbPartition => "server<->db partition",
             Fault::DiskFull => "disk full (ENOSPC)",
+            Fault::DbRestart => "database crash + restart",
         }
     }
 
@@ -81,6 +88,9 @@ impl Fault {
         ];
         match backend {
             Backend::Postgres { .. } => faults.extend([Fault::DbCut, Fault::DbPartition]),
+            Backend::PrivatePostgres => {
+                faults.extend([Fault::DbCut, Fault::DbPartition, Fault::DbRestart])
+            }
             Backend::Sqlite => faults.push(Fault::DiskFull),
         }
         faults
@@ -268,7 +278,21 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
     let mut skipped = Vec::new();
     let mut disk = None;
     let mut config = config;
-    match &config.backend {
+    let private = match config.backend {
+        Backend::PrivatePostgres => {
+            let dir = config.dir.clone();
+            let pg = tokio::task::block_in_place(|| crate::pg::PrivatePg::start(&dir))
+                .map_err(|e| format!("private PostgreSQL: {e}"))?;
+            recorder.event(format!("private PostgreSQL at {}", pg.url()));
+            Some(pg)
+        }
+        _ => None,
+    };
+    let backend = match (&config.backend, &private) {
+        (Backend::PrivatePostgres, Some(pg)) => Backend::Postgres { url: pg.url() },
+        (other, _) => other.clone(),
+    };
+    match &backend {
         Backend::Sqlite => {
             let mut db = config.dir.join("chaos.db");
             if config.faults.contains(&Fault::DiskFull) {
@@ -308,19 +332,30 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
                 nodes.push(Node { server, front, back: Some(back) });
             }
         }
+        Backend::PrivatePostgres => unreachable!("replaced by its cluster's URL above"),
     }
     for (n, node) in nodes.iter_mut().enumerate() {
         node.start(&recorder, &format!("server {}", n + 1))?;
     }
 
-    let result = drive(&config, &recorder, &store, &mut rng, &mut nodes, disk.as_ref()).await;
+    let result = drive(
+        &config,
+        &recorder,
+        &store,
+        &mut rng,
+        &mut nodes,
+        disk.as_ref(),
+        private.as_ref(),
+    )
+    .await;
 
-    // The servers go before their disk and their schema.
+    // The servers go before their disk, their schema and their database.
     drop(nodes);
     drop(disk);
     if let Backend::Postgres { url } = &config.backend {
         drop_schema(url, &schema).await;
     }
+    drop(private);
     result.map(|mut r| {
         r.skipped = skipped;
         r
@@ -334,6 +369,7 @@ async fn drive(
     rng: &mut Rng,
     nodes: &mut [Node],
     disk: Option<&SmallDisk>,
+    private: Option<&crate::pg::PrivatePg>,
 ) -> Result<RunResult, String> {
     let start = Instant::now();
     let until = start + config.duration;
@@ -449,6 +485,18 @@ async fn drive(
                 self_exits += supervise_others(nodes, 0, recorder, length).await?;
                 disk.empty();
                 recorder.event("disk has room again");
+            }
+            Fault::DbRestart => {
+                let Some(pg) = private else { continue };
+                let down = rng.between(Duration::from_millis(300), Duration::from_millis(1500));
+                recorder.event(format!("crash the database, down for {} ms", down.as_millis()));
+                if let Err(e) = tokio::task::block_in_place(|| pg.crash()) {
+                    recorder.event(format!("database crash failed: {e}"));
+                }
+                self_exits += supervise(nodes, recorder, down).await?;
+                tokio::task::block_in_place(|| pg.up())
+                    .map_err(|e| format!("the database did not come back: {e}"))?;
+                recorder.event("database up again");
             }
             Fault::DbPartition => {
                 let length = rng.between(ttl / 2, ttl * 2);

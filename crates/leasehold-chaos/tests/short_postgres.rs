@@ -28,3 +28,16 @@ async fn postgres_history_under_faults_is_clean() {
     };
     common::short_run(Backend::Postgres { url }).await;
 }
+
+/// The same on a PostgreSQL cluster of the run's own, which is also
+/// crashed (immediate stop) and restarted. Needs `initdb`/`pg_ctl` (and,
+/// as root, the `postgres` user); runs only when `LEASEHOLD_CHAOS_PRIVATE_PG`
+/// is set, since it adds half a minute and a cluster start-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_postgres_history_under_faults_and_database_crashes_is_clean() {
+    if std::env::var_os("LEASEHOLD_CHAOS_PRIVATE_PG").is_none() {
+        eprintln!("chaos private-PostgreSQL run skipped: LEASEHOLD_CHAOS_PRIVATE_PG is not set");
+        return;
+    }
+    common::short_run(Backend::PrivatePostgres).await;
+}

@@ -19,6 +19,9 @@ use leasehold_chaos::server::find_binary;
 enum Which {
     Sqlite,
     Postgres,
+    /// PostgreSQL on a cluster of the run's own (initdb + pg_ctl), which is
+    /// also crashed and restarted.
+    PrivatePostgres,
 }
 
 #[derive(Debug, Parser)]
@@ -70,6 +73,7 @@ async fn main() -> ExitCode {
         Which::Postgres => Backend::Postgres {
             url: args.pg_url.clone(),
         },
+        Which::PrivatePostgres => Backend::PrivatePostgres,
     };
     let duration = Duration::from_secs_f64(args.minutes * 60.0);
     let mut config = RunConfig::new(backend, duration, &bin, &dir);
