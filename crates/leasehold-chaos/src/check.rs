@@ -316,7 +316,11 @@ fn statuses(ops: &[Op], out: &mut Vec<Violation>) {
     for (i, op) in ops.iter().enumerate() {
         let Some(r) = op.refusal() else { continue };
         let problem = if !documented(&op.call, r.code()) {
-            Some(format!("{:?} is not documented for {:?}", r.code(), op.call))
+            Some(format!(
+                "{:?} is not documented for {:?}",
+                r.code(),
+                op.call
+            ))
         } else if r.code() == Code::FailedPrecondition
             && !r.reason.as_deref().is_some_and(|x| REASONS.contains(&x))
         {
@@ -430,7 +434,9 @@ fn terms(ops: &[Op], config: &Config) -> BTreeMap<(String, u64), Term> {
     let mut first_send: HashMap<(&str, &str), Nanos> = HashMap::new();
     for op in ops {
         if let Call::Acquire { request_id, .. } = &op.call {
-            let at = first_send.entry((&op.key, request_id)).or_insert(op.invoked);
+            let at = first_send
+                .entry((&op.key, request_id))
+                .or_insert(op.invoked);
             *at = (*at).min(op.invoked);
         }
     }
@@ -496,7 +502,9 @@ fn lost_grants(ops: &[Op], terms: &BTreeMap<(String, u64), Term>, out: &mut Vec<
         match (&op.call, &op.outcome) {
             (Call::Get, Outcome::Ok(Reply::State { live, last_ended })) => {
                 let shown = live.max(last_ended).unwrap_or(0);
-                let known = per_key.get(op.key.as_str()).and_then(|f| prefix_max(f, op.invoked));
+                let known = per_key
+                    .get(op.key.as_str())
+                    .and_then(|f| prefix_max(f, op.invoked));
                 if let Some((_, fence, j)) = known.filter(|k| k.1 > shown) {
                     out.push(Violation {
                         kind: Kind::LostGrant,
@@ -509,7 +517,9 @@ fn lost_grants(ops: &[Op], terms: &BTreeMap<(String, u64), Term>, out: &mut Vec<
                 }
             }
             (Call::Get, Outcome::Err(r)) if r.code() == Code::NotFound => {
-                let known = per_key.get(op.key.as_str()).and_then(|f| prefix_max(f, op.invoked));
+                let known = per_key
+                    .get(op.key.as_str())
+                    .and_then(|f| prefix_max(f, op.invoked));
                 if let Some((_, fence, j)) = known {
                     out.push(Violation {
                         kind: Kind::LostGrant,
@@ -521,10 +531,14 @@ fn lost_grants(ops: &[Op], terms: &BTreeMap<(String, u64), Term>, out: &mut Vec<
                     });
                 }
             }
-            (Call::Renew { fence, .. } | Call::Check { fence } | Call::Release { fence, .. }, Outcome::Err(r))
-                if r.reason.as_deref() == Some("unknown") =>
-            {
-                if let Some(term) = terms.get(&(op.key.clone(), *fence)).filter(|t| t.start < op.invoked) {
+            (
+                Call::Renew { fence, .. } | Call::Check { fence } | Call::Release { fence, .. },
+                Outcome::Err(r),
+            ) if r.reason.as_deref() == Some("unknown") => {
+                if let Some(term) = terms
+                    .get(&(op.key.clone(), *fence))
+                    .filter(|t| t.start < op.invoked)
+                {
                     out.push(Violation {
                         kind: Kind::LostGrant,
                         key: op.key.clone(),
@@ -681,7 +695,9 @@ fn store_order(ops: &[Op], out: &mut Vec<Violation>) {
     for (i, op) in ops.iter().enumerate() {
         match (&op.call, &op.outcome) {
             (Call::Write { .. }, Outcome::Ok(Reply::Accepted { seq })) => accepted.push((*seq, i)),
-            (Call::Write { fence }, Outcome::Ok(Reply::Rejected { highest })) if highest <= fence => {
+            (Call::Write { fence }, Outcome::Ok(Reply::Rejected { highest }))
+                if highest <= fence =>
+            {
                 out.push(Violation {
                     kind: Kind::StoreOrder,
                     key: op.key.clone(),

@@ -29,7 +29,9 @@ pub enum Backend {
     Sqlite,
     /// A PostgreSQL URL (`postgres://user@host:port/db`); the run creates
     /// its own schema there and drops it at the end.
-    Postgres { url: String },
+    Postgres {
+        url: String,
+    },
     /// As `Postgres`, on a cluster of the run's own (see [`crate::pg`]),
     /// which the run can crash and restart.
     PrivatePostgres,
@@ -209,7 +211,9 @@ impl SmallDisk {
 impl Drop for SmallDisk {
     fn drop(&mut self) {
         self.empty();
-        let _ = std::process::Command::new("umount").arg(&self.mount).status();
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mount)
+            .status();
     }
 }
 
@@ -307,9 +311,17 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
                     }
                 }
             }
-            let server = Server::new(&config.bin, Store::Sqlite(db), &config.dir.join("server-1.log"));
+            let server = Server::new(
+                &config.bin,
+                Store::Sqlite(db),
+                &config.dir.join("server-1.log"),
+            );
             let front = Proxy::start(None).await.map_err(|e| e.to_string())?;
-            nodes.push(Node { server, front, back: None });
+            nodes.push(Node {
+                server,
+                front,
+                back: None,
+            });
         }
         Backend::Postgres { url } => {
             let (db_host, _) = redirect(url, "127.0.0.1:1".parse().unwrap())
@@ -320,7 +332,9 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
                 .next()
                 .ok_or_else(|| format!("{db_host}: no address"))?;
             for n in 1..=2 {
-                let back = Proxy::start(Some(db_addr)).await.map_err(|e| e.to_string())?;
+                let back = Proxy::start(Some(db_addr))
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let (_, proxied) = redirect(url, back.addr()).expect("parsed above");
                 let store = Store::Postgres {
                     url: proxied,
@@ -329,7 +343,11 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
                 let log = config.dir.join(format!("server-{n}.log"));
                 let server = Server::new(&config.bin, store, &log);
                 let front = Proxy::start(None).await.map_err(|e| e.to_string())?;
-                nodes.push(Node { server, front, back: Some(back) });
+                nodes.push(Node {
+                    server,
+                    front,
+                    back: Some(back),
+                });
             }
         }
         Backend::PrivatePostgres => unreachable!("replaced by its cluster's URL above"),
@@ -374,17 +392,27 @@ async fn drive(
     let start = Instant::now();
     let until = start + config.duration;
     let connect_by = until + Duration::from_secs(5);
-    let urls: Vec<String> = nodes.iter().map(|n| format!("http://{}", n.front.addr())).collect();
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("http://{}", n.front.addr()))
+        .collect();
 
     let mut workers = Vec::new();
     for id in 0..config.workers {
         let url = urls[id as usize % urls.len()].clone();
-        let (recorder, store, load, seed) = (recorder.clone(), store.clone(), config.workload.clone(), config.seed);
+        let (recorder, store, load, seed) = (
+            recorder.clone(),
+            store.clone(),
+            config.workload.clone(),
+            config.seed,
+        );
         workers.push(tokio::spawn(async move {
             let Some(client) = workload::connect(&url, connect_by).await else {
                 return;
             };
-            Worker::new(id, client, recorder, store, seed, load).run(until).await;
+            Worker::new(id, client, recorder, store, seed, load)
+                .run(until)
+                .await;
         }));
     }
     // The observer: Gets of every key in turn, through every server.
@@ -451,7 +479,11 @@ async fn drive(
             Fault::ClientDelay => {
                 let delay = rng.between(Duration::from_millis(20), Duration::from_millis(400));
                 let length = rng.between(Duration::from_millis(500), Duration::from_millis(2000));
-                recorder.event(format!("delay {} ms to {name} for {} ms", delay.as_millis(), length.as_millis()));
+                recorder.event(format!(
+                    "delay {} ms to {name} for {} ms",
+                    delay.as_millis(),
+                    length.as_millis()
+                ));
                 nodes[n].front.set_mode(Mode::Delay(delay));
                 self_exits += supervise(nodes, recorder, length).await?;
                 nodes[n].front.set_mode(Mode::Pass);
@@ -459,7 +491,10 @@ async fn drive(
             }
             Fault::ClientPartition => {
                 let length = rng.between(ttl / 2, ttl * 2);
-                recorder.event(format!("partition workers from {name} for {} ms", length.as_millis()));
+                recorder.event(format!(
+                    "partition workers from {name} for {} ms",
+                    length.as_millis()
+                ));
                 nodes[n].front.set_mode(Mode::Partition);
                 self_exits += supervise(nodes, recorder, length).await?;
                 nodes[n].front.set_mode(Mode::Pass);
@@ -479,7 +514,10 @@ async fn drive(
                 let Some(disk) = disk else { continue };
                 let length = rng.between(Duration::from_millis(300), Duration::from_millis(1500));
                 let filled = tokio::task::block_in_place(|| disk.fill());
-                recorder.event(format!("disk full ({filled} bytes of filler) for {} ms", length.as_millis()));
+                recorder.event(format!(
+                    "disk full ({filled} bytes of filler) for {} ms",
+                    length.as_millis()
+                ));
                 // Not restarted while the disk is full: it would only fail
                 // to start; the supervisor restarts it after.
                 self_exits += supervise_others(nodes, 0, recorder, length).await?;
@@ -489,7 +527,10 @@ async fn drive(
             Fault::DbRestart => {
                 let Some(pg) = private else { continue };
                 let down = rng.between(Duration::from_millis(300), Duration::from_millis(1500));
-                recorder.event(format!("crash the database, down for {} ms", down.as_millis()));
+                recorder.event(format!(
+                    "crash the database, down for {} ms",
+                    down.as_millis()
+                ));
                 if let Err(e) = tokio::task::block_in_place(|| pg.crash()) {
                     recorder.event(format!("database crash failed: {e}"));
                 }
@@ -500,7 +541,10 @@ async fn drive(
             }
             Fault::DbPartition => {
                 let length = rng.between(ttl / 2, ttl * 2);
-                recorder.event(format!("partition {name} from the database for {} ms", length.as_millis()));
+                recorder.event(format!(
+                    "partition {name} from the database for {} ms",
+                    length.as_millis()
+                ));
                 if let Some(back) = &nodes[n].back {
                     back.set_mode(Mode::Partition);
                 }
@@ -568,7 +612,11 @@ async fn drive(
 
 /// Waits `length`, restarting any server that exits by itself meanwhile;
 /// returns how many did.
-async fn supervise(nodes: &mut [Node], recorder: &Recorder, length: Duration) -> Result<u32, String> {
+async fn supervise(
+    nodes: &mut [Node],
+    recorder: &Recorder,
+    length: Duration,
+) -> Result<u32, String> {
     supervise_others(nodes, usize::MAX, recorder, length).await
 }
 

@@ -31,7 +31,7 @@ impl Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -42,7 +42,11 @@ impl Rng {
 
     /// Uniform in `[lo, hi)` (`lo` when empty).
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo { lo } else { lo + self.next() % (hi - lo) }
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.next_u64() % (hi - lo)
+        }
     }
 
     /// True with probability `percent` / 100.
@@ -184,7 +188,10 @@ impl Worker {
                 let value = response.into_inner();
                 match reply(&value) {
                     Some(r) => (Outcome::Ok(r), Some(value)),
-                    None => (Outcome::Unknown("an OK reply without its lease".into()), None),
+                    None => (
+                        Outcome::Unknown("an OK reply without its lease".into()),
+                        None,
+                    ),
                 }
             }
         };
@@ -205,10 +212,13 @@ impl Worker {
     /// with one-shot calls.
     pub async fn run(mut self, until: Instant) {
         while Instant::now() < until {
-            let key = self.load.keys[self.rng.range(0, self.load.keys.len() as u64) as usize].clone();
+            let key =
+                self.load.keys[self.rng.range(0, self.load.keys.len() as u64) as usize].clone();
             if self.id % 2 == 1 {
                 if !self.guarded_term(&key).await {
-                    let pause = self.rng.between(Duration::from_millis(10), Duration::from_millis(100));
+                    let pause = self
+                        .rng
+                        .between(Duration::from_millis(10), Duration::from_millis(100));
                     tokio::time::sleep(pause).await;
                 }
                 continue;
@@ -216,7 +226,9 @@ impl Worker {
             match self.acquire(&key).await {
                 Some(held) => self.hold(held).await,
                 None => {
-                    let pause = self.rng.between(Duration::from_millis(10), Duration::from_millis(100));
+                    let pause = self
+                        .rng
+                        .between(Duration::from_millis(10), Duration::from_millis(100));
                     tokio::time::sleep(pause).await;
                 }
             }
@@ -248,13 +260,19 @@ impl Worker {
             let mut rpc = self.client.rpc();
             let timeout = self.load.call_timeout + Duration::from_millis(wait_ms);
             let (_, reply, outcome) = self
-                .op(key, call, timeout, async move { rpc.acquire(message).await }, |r: &pb::AcquireResponse| {
-                    r.lease.as_ref().map(|l| Reply::Granted {
-                        fence: l.fence,
-                        ttl_ms: l.ttl_ms,
-                        replayed: r.replayed,
-                    })
-                })
+                .op(
+                    key,
+                    call,
+                    timeout,
+                    async move { rpc.acquire(message).await },
+                    |r: &pb::AcquireResponse| {
+                        r.lease.as_ref().map(|l| Reply::Granted {
+                            fence: l.fence,
+                            ttl_ms: l.ttl_ms,
+                            replayed: r.replayed,
+                        })
+                    },
+                )
                 .await;
             if let Some(lease) = reply.and_then(|r| r.lease) {
                 return Some(Held {
@@ -296,7 +314,8 @@ impl Worker {
                 let pause = self.rng.between(self.load.ttl, self.load.ttl * 2);
                 tokio::time::sleep(pause).await;
                 if believed {
-                    self.store.write(&self.recorder, self.id, &held.key, held.fence);
+                    self.store
+                        .write(&self.recorder, self.id, &held.key, held.fence);
                 }
             }
             let now = Instant::now();
@@ -307,7 +326,8 @@ impl Worker {
                 }
             }
             if Instant::now() < held.deadline {
-                self.store.write(&self.recorder, self.id, &held.key, held.fence);
+                self.store
+                    .write(&self.recorder, self.id, &held.key, held.fence);
             }
             if self.rng.chance(20) {
                 self.check(&held).await;
@@ -417,7 +437,11 @@ impl Worker {
         }
         let suspend = self.rng.chance(10);
         let invoked = self.recorder.now();
-        let released = if suspend { guard.suspend().await } else { guard.release().await };
+        let released = if suspend {
+            guard.suspend().await
+        } else {
+            guard.release().await
+        };
         let completed = self.recorder.now();
         let outcome = match released {
             Ok(_) => Outcome::Ok(Reply::Released),
@@ -515,10 +539,18 @@ impl Worker {
 }
 
 /// Gets `key` once and records it (the observer, and the final reads).
-pub async fn get(client: &Client, recorder: &Recorder, worker: u32, key: &str, timeout: Duration) -> bool {
+pub async fn get(
+    client: &Client,
+    recorder: &Recorder,
+    worker: u32,
+    key: &str,
+    timeout: Duration,
+) -> bool {
     let invoked = recorder.now();
     let mut rpc = client.rpc();
-    let message = pb::GetRequest { key: key.to_owned() };
+    let message = pb::GetRequest {
+        key: key.to_owned(),
+    };
     let result = tokio::time::timeout(timeout, rpc.get(message)).await;
     let completed = recorder.now();
     let outcome = match result {

@@ -14,7 +14,14 @@ struct Script {
 }
 
 impl Script {
-    fn push(&mut self, worker: u32, key: &str, call: Call, at: (u64, u64), outcome: Outcome) -> &mut Self {
+    fn push(
+        &mut self,
+        worker: u32,
+        key: &str,
+        call: Call,
+        at: (u64, u64),
+        outcome: Outcome,
+    ) -> &mut Self {
         self.history.ops.push(Op {
             worker,
             key: key.into(),
@@ -36,25 +43,68 @@ impl Script {
     }
 
     /// An acknowledged grant of `fence` with a TTL of 1000 ms.
-    fn grant(&mut self, worker: u32, key: &str, rid: &str, at: (u64, u64), fence: u64) -> &mut Self {
+    fn grant(
+        &mut self,
+        worker: u32,
+        key: &str,
+        rid: &str,
+        at: (u64, u64),
+        fence: u64,
+    ) -> &mut Self {
         let reply = Reply::Granted {
             fence,
             ttl_ms: 1000,
             replayed: false,
         };
-        self.push(worker, key, Self::acquire_call(worker, rid), at, Outcome::Ok(reply))
+        self.push(
+            worker,
+            key,
+            Self::acquire_call(worker, rid),
+            at,
+            Outcome::Ok(reply),
+        )
     }
 
-    fn busy(&mut self, worker: u32, key: &str, rid: &str, at: (u64, u64), holder: u64) -> &mut Self {
+    fn busy(
+        &mut self,
+        worker: u32,
+        key: &str,
+        rid: &str,
+        at: (u64, u64),
+        holder: u64,
+    ) -> &mut Self {
         let outcome = refused(Code::Aborted, None, Some(holder));
         self.push(worker, key, Self::acquire_call(worker, rid), at, outcome)
     }
 
-    fn renew(&mut self, worker: u32, key: &str, fence: u64, at: (u64, u64), outcome: Outcome) -> &mut Self {
-        self.push(worker, key, Call::Renew { fence, ttl_ms: 1000 }, at, outcome)
+    fn renew(
+        &mut self,
+        worker: u32,
+        key: &str,
+        fence: u64,
+        at: (u64, u64),
+        outcome: Outcome,
+    ) -> &mut Self {
+        self.push(
+            worker,
+            key,
+            Call::Renew {
+                fence,
+                ttl_ms: 1000,
+            },
+            at,
+            outcome,
+        )
     }
 
-    fn release(&mut self, worker: u32, key: &str, fence: u64, at: (u64, u64), outcome: Outcome) -> &mut Self {
+    fn release(
+        &mut self,
+        worker: u32,
+        key: &str,
+        fence: u64,
+        at: (u64, u64),
+        outcome: Outcome,
+    ) -> &mut Self {
         let call = Call::Release {
             fence,
             suspend: false,
@@ -62,16 +112,42 @@ impl Script {
         self.push(worker, key, call, at, outcome)
     }
 
-    fn check(&mut self, worker: u32, key: &str, fence: u64, at: (u64, u64), outcome: Outcome) -> &mut Self {
+    fn check(
+        &mut self,
+        worker: u32,
+        key: &str,
+        fence: u64,
+        at: (u64, u64),
+        outcome: Outcome,
+    ) -> &mut Self {
         self.push(worker, key, Call::Check { fence }, at, outcome)
     }
 
-    fn get(&mut self, key: &str, at: (u64, u64), live: Option<u64>, last_ended: Option<u64>) -> &mut Self {
-        self.push(99, key, Call::Get, at, Outcome::Ok(Reply::State { live, last_ended }))
+    fn get(
+        &mut self,
+        key: &str,
+        at: (u64, u64),
+        live: Option<u64>,
+        last_ended: Option<u64>,
+    ) -> &mut Self {
+        self.push(
+            99,
+            key,
+            Call::Get,
+            at,
+            Outcome::Ok(Reply::State { live, last_ended }),
+        )
     }
 
     /// A write to the fenced store, as the store answered it.
-    fn write(&mut self, worker: u32, key: &str, fence: u64, at: u64, accepted: Option<u64>) -> &mut Self {
+    fn write(
+        &mut self,
+        worker: u32,
+        key: &str,
+        fence: u64,
+        at: u64,
+        accepted: Option<u64>,
+    ) -> &mut Self {
         let reply = match accepted {
             Some(highest) if highest > fence => Reply::Rejected { highest },
             _ => {
@@ -79,7 +155,13 @@ impl Script {
                 Reply::Accepted { seq: self.seq }
             }
         };
-        self.push(worker, key, Call::Write { fence }, (at, at), Outcome::Ok(reply))
+        self.push(
+            worker,
+            key,
+            Call::Write { fence },
+            (at, at),
+            Outcome::Ok(reply),
+        )
     }
 
     fn kinds(&self) -> Vec<Kind> {
@@ -124,7 +206,13 @@ fn clean() -> Script {
         .release(1, "k", 1, (1900, 1910), Outcome::Ok(Reply::Released))
         .check(2, "k", 1, (1920, 1925), stale("released"))
         // Worker 2: the reply to its Acquire is lost; the retry is replayed.
-        .push(2, "k", Script::acquire_call(2, "c"), (2000, 3500), Outcome::Unknown("timeout".into()))
+        .push(
+            2,
+            "k",
+            Script::acquire_call(2, "c"),
+            (2000, 3500),
+            Outcome::Unknown("timeout".into()),
+        )
         .push(
             2,
             "k",
@@ -177,7 +265,8 @@ fn a_duplicated_fence_is_caught() {
 #[test]
 fn a_lost_grant_is_caught() {
     let mut s = clean();
-    s.grant(1, "k", "g", (6000, 6010), 5).get("k", (7000, 7010), None, Some(3));
+    s.grant(1, "k", "g", (6000, 6010), 5)
+        .get("k", (7000, 7010), None, Some(3));
     assert_eq!(s.kinds(), vec![Kind::LostGrant]);
     s.grant(2, "k", "h", (8000, 8010), 5);
     assert!(s.kinds().contains(&Kind::FenceRegressed), "{:?}", s.kinds());
@@ -200,7 +289,8 @@ fn a_lost_release_is_caught() {
 #[test]
 fn an_overlapping_grant_is_caught() {
     let mut s = clean();
-    s.grant(1, "n", "i", (6000, 6010), 5).grant(2, "n", "j", (6500, 6510), 6);
+    s.grant(1, "n", "i", (6000, 6010), 5)
+        .grant(2, "n", "j", (6500, 6510), 6);
     assert_eq!(s.kinds(), vec![Kind::Overlap]);
 }
 

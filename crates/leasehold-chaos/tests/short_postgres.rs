@@ -10,7 +10,9 @@ mod common;
 use leasehold_chaos::run::Backend;
 
 fn database() -> Option<String> {
-    let set = std::env::var("LEASEHOLD_TEST_POSTGRES").ok().filter(|v| !v.is_empty())?;
+    let set = std::env::var("LEASEHOLD_TEST_POSTGRES")
+        .ok()
+        .filter(|v| !v.is_empty())?;
     Some(
         std::env::var("LEASEHOLD_TEST_PG_URL")
             .ok()

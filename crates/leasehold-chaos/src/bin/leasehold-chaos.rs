@@ -25,7 +25,10 @@ enum Which {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "leasehold-chaos", about = "Fault injection with a history check (issue 17)")]
+#[command(
+    name = "leasehold-chaos",
+    about = "Fault injection with a history check (issue 17)"
+)]
 struct Args {
     /// How long workers run, in minutes (fractions allowed).
     #[arg(long, default_value_t = 1.0)]
@@ -33,7 +36,11 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Which::Sqlite)]
     backend: Which,
     /// The PostgreSQL database (a schema of the run's own is created and dropped).
-    #[arg(long, env = "LEASEHOLD_TEST_PG_URL", default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    #[arg(
+        long,
+        env = "LEASEHOLD_TEST_PG_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
     pg_url: String,
     /// Concurrent workers (each with its own connection).
     #[arg(long, default_value_t = 6)]
@@ -62,7 +69,9 @@ struct Args {
 async fn main() -> ExitCode {
     let args = Args::parse();
     let Some(bin) = args.bin.clone().or_else(find_binary) else {
-        eprintln!("no leasehold binary: pass --bin, set LEASEHOLD_BIN, or `cargo build -p leasehold-server`");
+        eprintln!(
+            "no leasehold binary: pass --bin, set LEASEHOLD_BIN, or `cargo build -p leasehold-server`"
+        );
         return ExitCode::from(2);
     };
     let temp = tempfile::tempdir().expect("temp dir");
@@ -79,7 +88,8 @@ async fn main() -> ExitCode {
     let mut config = RunConfig::new(backend, duration, &bin, &dir);
     config.workers = args.workers;
     config.seed = args.seed;
-    config.workload = leasehold_chaos::workload::Workload::new(args.keys, Duration::from_millis(args.ttl_ms));
+    config.workload =
+        leasehold_chaos::workload::Workload::new(args.keys, Duration::from_millis(args.ttl_ms));
     println!(
         "leasehold-chaos: {:?}, {} s, {} workers, {} keys, ttl {} ms, seed {}, binary {}, files in {}",
         args.backend,
@@ -106,7 +116,10 @@ async fn main() -> ExitCode {
     for skipped in &result.skipped {
         println!("skipped: {skipped}");
     }
-    println!("{}", serde_json::to_string_pretty(&result.report.stats).expect("stats json"));
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&result.report.stats).expect("stats json")
+    );
     if args.dir.is_some() {
         let path = dir.join("history.json");
         let json = serde_json::to_string(&result.history).expect("history json");
@@ -114,13 +127,22 @@ async fn main() -> ExitCode {
         println!("history: {}", path.display());
     }
     if !result.unreadable_at_end.is_empty() {
-        println!("keys unreadable after the final restart: {:?}", result.unreadable_at_end);
+        println!(
+            "keys unreadable after the final restart: {:?}",
+            result.unreadable_at_end
+        );
     }
     if result.report.is_clean() {
-        println!("check: PASS, no violations in {} operations", result.report.stats.ops);
+        println!(
+            "check: PASS, no violations in {} operations",
+            result.report.stats.ops
+        );
         ExitCode::SUCCESS
     } else {
-        println!("check: FAIL, {} violation(s)", result.report.violations.len());
+        println!(
+            "check: FAIL, {} violation(s)",
+            result.report.violations.len()
+        );
         println!("{}", result.report.explain(&result.history, args.show));
         ExitCode::from(1)
     }

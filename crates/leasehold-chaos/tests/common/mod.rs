@@ -49,7 +49,12 @@ pub async fn short_run(backend: Backend) -> RunResult {
     );
     // Not vacuous: every kind of fault fired, terms changed hands, the
     // store took writes, and faults made some outcomes unknown.
-    assert_eq!(result.faults.len(), kinds, "every fault kind fired: {:?}", result.faults);
+    assert_eq!(
+        result.faults.len(),
+        kinds,
+        "every fault kind fired: {:?}",
+        result.faults
+    );
     assert!(stats.terms >= 10, "only {} terms", stats.terms);
     assert!(stats.renewals_ok > 0 && stats.releases_ok > 0 && stats.gets_ok > 0);
     assert!(stats.writes_accepted > 0);
