@@ -2,16 +2,17 @@
 //! and its outcome, as the workers saw it.
 //!
 //! Times are nanoseconds on the monotonic clock since the history's origin
-//! (a [`std::time::Instant`], `CLOCK_MONOTONIC` on Linux: the clock the
-//! server advances its own time by, and one that keeps running while a
-//! process is stopped). An operation took effect, if at all, at some
+//! (`CLOCK_MONOTONIC`, read with `clock_gettime`: the clock the server
+//! advances its own time by, one that keeps running while a process is
+//! stopped, and the same in every process, so worker processes record on
+//! the harness's time axis). An operation took effect, if at all, at some
 //! instant between its `invoked` and `completed` times; the checker never
 //! assumes more.
 
+use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::Code;
 
 /// Nanoseconds since the history's origin, on the monotonic clock.
@@ -21,7 +22,7 @@ pub type Nanos = u64;
 pub const MS: Nanos = 1_000_000;
 
 /// What a worker asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Call {
     /// An Acquire; a retry after an unknown outcome reuses `request_id`.
     Acquire {
@@ -43,7 +44,7 @@ pub enum Call {
 }
 
 /// A successful reply.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     /// Acquire: the term granted (`replayed`: an earlier grant repeated for
     /// the same request id) and the TTL the server applied.
@@ -70,7 +71,7 @@ pub enum Reply {
 }
 
 /// A status other than OK, as it came back.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {
     /// The gRPC status code, as a number (`tonic::Code`).
     pub code: i32,
@@ -110,7 +111,7 @@ impl Refusal {
 }
 
 /// How an operation ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     Ok(Reply),
     Err(Refusal),
@@ -120,7 +121,7 @@ pub enum Outcome {
 }
 
 /// One operation of one worker on one key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Op {
     /// Who did it: a worker number (the fenced store's writes count as the
     /// writing worker's).
@@ -173,7 +174,7 @@ impl Op {
 }
 
 /// Something the harness did to the system (a fault), for the record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
     pub at: Nanos,
     pub what: String,
@@ -181,7 +182,7 @@ pub struct Event {
 
 /// A whole run: the operations (in the order they were recorded, which is
 /// completion order per worker) and the faults.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct History {
     pub ops: Vec<Op>,
     pub events: Vec<Event>,
@@ -241,13 +242,43 @@ pub fn describe(index: usize, op: &Op) -> String {
     )
 }
 
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the same clock in every process
+/// of the machine (std's `Instant` reads it too, but does not show it).
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer;
+    // CLOCK_MONOTONIC exists on every Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// One line a worker process writes on its stdout for the harness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Line {
+    /// An operation, timed on the shared origin.
+    Op(Op),
+    /// A write for the harness's fenced store.
+    Write {
+        worker: u32,
+        key: String,
+        fence: u64,
+    },
+}
+
 /// A shared, cheap-to-clone recorder: every worker appends to one history.
 #[derive(Debug, Clone)]
 pub struct Recorder {
-    /// Time zero of the history.
-    origin: Instant,
+    /// Time zero of the history, as [`monotonic_ns`].
+    origin: u64,
     /// The history so far; a std mutex, never held across an await.
     history: Arc<Mutex<History>>,
+    /// In a worker process: where operations go instead (stdout, one JSON
+    /// [`Line`] each), for the harness to record.
+    sink: Option<Arc<Mutex<std::io::Stdout>>>,
 }
 
 impl Default for Recorder {
@@ -260,19 +291,47 @@ impl Recorder {
     /// A recorder whose time zero is now.
     pub fn new() -> Recorder {
         Recorder {
-            origin: Instant::now(),
+            origin: monotonic_ns(),
             history: Arc::default(),
+            sink: None,
         }
+    }
+
+    /// A worker process's recorder: time zero is the harness's `origin`,
+    /// and every operation is written to stdout as a [`Line`].
+    pub fn to_stdout(origin: u64) -> Recorder {
+        Recorder {
+            origin,
+            history: Arc::default(),
+            sink: Some(Arc::new(Mutex::new(std::io::stdout()))),
+        }
+    }
+
+    /// Time zero, as [`monotonic_ns`] (for worker processes).
+    pub fn origin(&self) -> u64 {
+        self.origin
     }
 
     /// Now, in history time.
     pub fn now(&self) -> Nanos {
-        self.origin.elapsed().as_nanos() as Nanos
+        monotonic_ns().saturating_sub(self.origin)
+    }
+
+    /// Writes `line` to the sink; false when this recorder has none.
+    pub fn emit(&self, line: &Line) -> bool {
+        let Some(sink) = &self.sink else { return false };
+        let json = serde_json::to_string(line).expect("a line serializes");
+        let mut out = sink.lock().expect("stdout lock");
+        // A harness that went away: nothing to tell it any more.
+        let _ = writeln!(out, "{json}").and_then(|()| out.flush());
+        true
     }
 
     /// Appends an operation.
     pub fn op(&self, op: Op) {
-        self.history.lock().expect("history lock").ops.push(op);
+        if !self.emit(&Line::Op(op.clone())) {
+            self.history.lock().expect("history lock").ops.push(op);
+        }
     }
 
     /// Appends a fault, timed now.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::check::{self, Config, Report};
-use crate::history::{History, Recorder};
+use crate::history::{History, Line, Recorder};
 use crate::proxy::{Mode, Proxy};
 use crate::server::{Server, Store};
 use crate::store::FencedStore;
@@ -55,6 +55,10 @@ pub enum Fault {
     DbCut,
     /// A server partitioned from PostgreSQL for 0.5–2 TTLs.
     DbPartition,
+    /// SIGSTOP of a worker process for 1–2 TTLs, then SIGCONT: a holder
+    /// paused wherever it was (between its deadline check and its write,
+    /// with a request in flight...). Needs `RunConfig::worker_bin`.
+    WorkerStop,
     /// The private PostgreSQL cluster crashed (immediate stop), down for
     /// 0.3–1.5 s, then started again (recovery from its WAL).
     DbRestart,
@@ -76,6 +80,7 @@ impl Fault {
             Fault::DbPartition => "server<->db partition",
             Fault::DiskFull => "disk full (ENOSPC)",
             Fault::DbRestart => "database crash + restart",
+            Fault::WorkerStop => "worker SIGSTOP + SIGCONT",
         }
     }
 
@@ -87,6 +92,7 @@ impl Fault {
             Fault::ClientDelay,
             Fault::ClientPartition,
             Fault::ClientCut,
+            Fault::WorkerStop,
         ];
         match backend {
             Backend::Postgres { .. } => faults.extend([Fault::DbCut, Fault::DbPartition]),
@@ -106,6 +112,11 @@ pub struct RunConfig {
     /// How long workers start new terms (the run takes a few seconds more).
     pub duration: Duration,
     pub workers: u32,
+    /// Workers run as processes of this binary (`leasehold-chaos` in
+    /// worker mode), in addition to the in-process ones; `None`: none.
+    pub worker_bin: Option<PathBuf>,
+    /// How many worker processes (when `worker_bin` is set).
+    pub process_workers: u32,
     pub workload: Workload,
     /// The pause between two faults is uniform in this range.
     pub fault_gap: (Duration, Duration),
@@ -127,6 +138,8 @@ impl RunConfig {
             backend,
             duration,
             workers: 6,
+            worker_bin: None,
+            process_workers: 2,
             workload: Workload::new(3, ttl),
             fault_gap: (Duration::from_millis(200), Duration::from_millis(1500)),
             seed: 17,
@@ -282,6 +295,10 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
     let mut skipped = Vec::new();
     let mut disk = None;
     let mut config = config;
+    if config.worker_bin.is_none() && config.faults.contains(&Fault::WorkerStop) {
+        config.faults.retain(|f| *f != Fault::WorkerStop);
+        skipped.push(format!("{}: no worker binary", Fault::WorkerStop.name()));
+    }
     let private = match config.backend {
         Backend::PrivatePostgres => {
             let dir = config.dir.clone();
@@ -397,6 +414,16 @@ async fn drive(
         .map(|n| format!("http://{}", n.front.addr()))
         .collect();
 
+    let mut processes = Vec::new();
+    if let Some(bin) = &config.worker_bin {
+        for n in 0..config.process_workers {
+            let id = 100 + n;
+            let url = &urls[n as usize % urls.len()];
+            let seconds = config.duration.as_secs_f64();
+            let process = WorkerProcess::spawn(bin, id, url, seconds, config, recorder, store)?;
+            processes.push(process);
+        }
+    }
     let mut workers = Vec::new();
     for id in 0..config.workers {
         let url = urls[id as usize % urls.len()].clone();
@@ -510,6 +537,22 @@ async fn drive(
                     back.cut();
                 }
             }
+            Fault::WorkerStop => {
+                let pick = rng.range(0, processes.len() as u64) as usize;
+                let Some(process) = processes.get(pick) else {
+                    continue;
+                };
+                let pause = rng.between(ttl, ttl * 2);
+                recorder.event(format!(
+                    "SIGSTOP worker {} for {} ms",
+                    process.id,
+                    pause.as_millis()
+                ));
+                signal("-STOP", process.child.id());
+                self_exits += supervise(nodes, recorder, pause).await?;
+                signal("-CONT", process.child.id());
+                recorder.event(format!("SIGCONT worker {}", process.id));
+            }
             Fault::DiskFull => {
                 let Some(disk) = disk else { continue };
                 let length = rng.between(Duration::from_millis(300), Duration::from_millis(1500));
@@ -566,6 +609,19 @@ async fn drive(
         worker.abort();
     }
     observer.abort();
+    let mut processes_left = processes.len();
+    while processes_left > 0 && Instant::now() < settle {
+        processes_left = processes
+            .iter_mut()
+            .map(|p| !p.exited())
+            .filter(|running| *running)
+            .count();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for process in processes {
+        // Every line it wrote is recorded before the history is checked.
+        tokio::task::block_in_place(|| process.finish());
+    }
 
     // The final reads: heal everything, kill -9 and restart every server,
     // then Get every key. What was acknowledged must still be there.
@@ -608,6 +664,84 @@ async fn drive(
         unreadable_at_end,
         skipped: Vec::new(),
     })
+}
+
+/// A worker running as a process of its own (so it can be SIGSTOPped):
+/// its stdout lines are operations for the history and writes for the
+/// fenced store, read by a thread of the harness.
+struct WorkerProcess {
+    id: u32,
+    child: std::process::Child,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WorkerProcess {
+    fn spawn(
+        bin: &Path,
+        id: u32,
+        url: &str,
+        seconds: f64,
+        config: &RunConfig,
+        recorder: &Recorder,
+        store: &FencedStore,
+    ) -> Result<WorkerProcess, String> {
+        let log = std::fs::File::create(config.dir.join(format!("worker-{id}.log")))
+            .map_err(|e| e.to_string())?;
+        let mut child = std::process::Command::new(bin)
+            .args(["--worker-url", url, "--worker-id", &id.to_string()])
+            .args(["--origin-ns", &recorder.origin().to_string()])
+            .args(["--minutes", &(seconds / 60.0).to_string()])
+            .args(["--ttl-ms", &config.workload.ttl.as_millis().to_string()])
+            .args(["--keys", &config.workload.keys.len().to_string()])
+            .args(["--seed", &config.seed.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::from(log))
+            .spawn()
+            .map_err(|e| format!("spawn worker {}: {e}", bin.display()))?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (recorder, store) = (recorder.clone(), store.clone());
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { return };
+                match serde_json::from_str::<Line>(&line) {
+                    Ok(Line::Op(op)) => recorder.op(op),
+                    Ok(Line::Write { worker, key, fence }) => {
+                        store.write(&recorder, worker, &key, fence);
+                    }
+                    Err(e) => recorder.event(format!("worker {id} wrote {line:?}: {e}")),
+                }
+            }
+        });
+        Ok(WorkerProcess {
+            id,
+            child,
+            reader: Some(reader),
+        })
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+
+    /// Continues it (it may be stopped), kills it if it still runs, and
+    /// waits until its reader has recorded every line.
+    fn finish(mut self) {
+        signal("-CONT", self.child.id());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+fn signal(which: &str, pid: u32) {
+    let _ = std::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 /// Waits `length`, restarting any server that exits by itself meanwhile;

@@ -187,6 +187,7 @@ impl Drop for Server {
 fn signal(which: &str, pid: u32) {
     let _ = Command::new("kill")
         .args([which, &pid.to_string()])
+        .stderr(std::process::Stdio::null())
         .status();
 }
 

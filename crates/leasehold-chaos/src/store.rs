@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::history::{Call, Op, Outcome, Recorder, Reply};
+use crate::history::{Call, Line, Op, Outcome, Recorder, Reply};
 
 /// A cheap-to-clone handle on one in-memory fenced store.
 #[derive(Debug, Clone, Default)]
@@ -25,7 +25,20 @@ impl FencedStore {
     /// Writes on behalf of `worker` with `fence`; true when accepted. The
     /// write is recorded while the store's lock is held, so the history's
     /// sequence numbers are the store's order.
+    ///
+    /// In a worker process (a recorder writing to stdout) the write is sent
+    /// to the harness's store instead, which decides and records it when
+    /// it reads the line (it arrives a little later: a late write is what
+    /// the store is for); the worker does not learn the verdict (true).
     pub fn write(&self, recorder: &Recorder, worker: u32, key: &str, fence: u64) -> bool {
+        let line = Line::Write {
+            worker,
+            key: key.to_owned(),
+            fence,
+        };
+        if recorder.emit(&line) {
+            return true;
+        }
         let mut state = self.state.lock().expect("store lock");
         let (highest, accepted) = &mut *state;
         let top = highest.get(key).copied().unwrap_or(0);

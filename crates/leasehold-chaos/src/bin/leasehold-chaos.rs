@@ -63,11 +63,52 @@ struct Args {
     /// Print at most this many violations in full.
     #[arg(long, default_value_t = 5)]
     show: usize,
+    /// Worker processes besides the in-process workers (SIGSTOPped by the
+    /// `worker SIGSTOP` fault).
+    #[arg(long, default_value_t = 2)]
+    process_workers: u32,
+    /// Worker mode (used by the harness itself): run one worker against
+    /// this URL and write its operations to stdout.
+    #[arg(long, hide = true)]
+    worker_url: Option<String>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    worker_id: u32,
+    /// The harness's time zero, as CLOCK_MONOTONIC nanoseconds.
+    #[arg(long, hide = true, default_value_t = 0)]
+    origin_ns: u64,
+}
+
+/// Worker mode: one worker, its operations on stdout as JSON lines.
+async fn worker(args: &Args, url: &str) -> ExitCode {
+    use leasehold_chaos::history::Recorder;
+    use leasehold_chaos::store::FencedStore;
+    use leasehold_chaos::workload::{self, Worker, Workload};
+    let until = tokio::time::Instant::now() + Duration::from_secs_f64(args.minutes * 60.0);
+    let Some(client) = workload::connect(url, until + Duration::from_secs(5)).await else {
+        eprintln!("worker {}: cannot connect to {url}", args.worker_id);
+        return ExitCode::from(2);
+    };
+    let load = Workload::new(args.keys, Duration::from_millis(args.ttl_ms));
+    let recorder = Recorder::to_stdout(args.origin_ns);
+    Worker::new(
+        args.worker_id,
+        client,
+        recorder,
+        FencedStore::new(),
+        args.seed,
+        load,
+    )
+    .run(until)
+    .await;
+    ExitCode::SUCCESS
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(url) = args.worker_url.clone() {
+        return worker(&args, &url).await;
+    }
     let Some(bin) = args.bin.clone().or_else(find_binary) else {
         eprintln!(
             "no leasehold binary: pass --bin, set LEASEHOLD_BIN, or `cargo build -p leasehold-server`"
@@ -88,6 +129,8 @@ async fn main() -> ExitCode {
     let mut config = RunConfig::new(backend, duration, &bin, &dir);
     config.workers = args.workers;
     config.seed = args.seed;
+    config.worker_bin = std::env::current_exe().ok();
+    config.process_workers = args.process_workers;
     config.workload =
         leasehold_chaos::workload::Workload::new(args.keys, Duration::from_millis(args.ttl_ms));
     println!(

@@ -28,7 +28,8 @@ pub fn binary() -> PathBuf {
 /// history is clean and the run was not vacuous.
 pub async fn short_run(backend: Backend) -> RunResult {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = RunConfig::new(backend, SHORT_RUN, &binary(), dir.path());
+    let mut config = RunConfig::new(backend, SHORT_RUN, &binary(), dir.path());
+    config.worker_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_leasehold-chaos")));
     let mut kinds = config.faults.len();
     let result = run(config).await.expect("the run could be set up");
     let stats = &result.report.stats;
