@@ -117,6 +117,9 @@ pub struct RunConfig {
     pub worker_bin: Option<PathBuf>,
     /// How many worker processes (when `worker_bin` is set).
     pub process_workers: u32,
+    /// A Python interpreter that can `import leasehold` (`clients/python`):
+    /// then one worker process runs `python/worker.py` on the Python client.
+    pub python: Option<PathBuf>,
     pub workload: Workload,
     /// The pause between two faults is uniform in this range.
     pub fault_gap: (Duration, Duration),
@@ -140,6 +143,7 @@ impl RunConfig {
             workers: 6,
             worker_bin: None,
             process_workers: 2,
+            python: None,
             workload: Workload::new(3, ttl),
             fault_gap: (Duration::from_millis(200), Duration::from_millis(1500)),
             seed: 17,
@@ -420,9 +424,31 @@ async fn drive(
             let id = 100 + n;
             let url = &urls[n as usize % urls.len()];
             let seconds = config.duration.as_secs_f64();
-            let process = WorkerProcess::spawn(bin, id, url, seconds, config, recorder, store)?;
-            processes.push(process);
+            let mut command = std::process::Command::new(bin);
+            command
+                .args(["--worker-url", url, "--worker-id", &id.to_string()])
+                .args(["--origin-ns", &recorder.origin().to_string()])
+                .args(["--minutes", &(seconds / 60.0).to_string()])
+                .args(["--ttl-ms", &config.workload.ttl.as_millis().to_string()])
+                .args(["--keys", &config.workload.keys.len().to_string()])
+                .args(["--seed", &config.seed.to_string()]);
+            processes.push(WorkerProcess::spawn(command, id, config, recorder, store)?);
         }
+    }
+    if let Some(python) = &config.python {
+        let id = 200;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/worker.py");
+        let mut command = std::process::Command::new(python);
+        command.arg(script).args([
+            urls[0].clone(),
+            id.to_string(),
+            recorder.origin().to_string(),
+            config.duration.as_secs_f64().to_string(),
+            config.workload.ttl.as_millis().to_string(),
+            config.workload.keys.len().to_string(),
+            config.seed.to_string(),
+        ]);
+        processes.push(WorkerProcess::spawn(command, id, config, recorder, store)?);
     }
     let mut workers = Vec::new();
     for id in 0..config.workers {
@@ -677,28 +703,20 @@ struct WorkerProcess {
 
 impl WorkerProcess {
     fn spawn(
-        bin: &Path,
+        mut command: std::process::Command,
         id: u32,
-        url: &str,
-        seconds: f64,
         config: &RunConfig,
         recorder: &Recorder,
         store: &FencedStore,
     ) -> Result<WorkerProcess, String> {
         let log = std::fs::File::create(config.dir.join(format!("worker-{id}.log")))
             .map_err(|e| e.to_string())?;
-        let mut child = std::process::Command::new(bin)
-            .args(["--worker-url", url, "--worker-id", &id.to_string()])
-            .args(["--origin-ns", &recorder.origin().to_string()])
-            .args(["--minutes", &(seconds / 60.0).to_string()])
-            .args(["--ttl-ms", &config.workload.ttl.as_millis().to_string()])
-            .args(["--keys", &config.workload.keys.len().to_string()])
-            .args(["--seed", &config.seed.to_string()])
+        let mut child = command
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::from(log))
             .spawn()
-            .map_err(|e| format!("spawn worker {}: {e}", bin.display()))?;
+            .map_err(|e| format!("spawn worker {id} ({command:?}): {e}"))?;
         let stdout = child.stdout.take().expect("piped stdout");
         let (recorder, store) = (recorder.clone(), store.clone());
         let reader = std::thread::spawn(move || {

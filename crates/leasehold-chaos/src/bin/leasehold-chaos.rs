@@ -67,6 +67,10 @@ struct Args {
     /// `worker SIGSTOP` fault).
     #[arg(long, default_value_t = 2)]
     process_workers: u32,
+    /// A Python interpreter that can `import leasehold` (clients/python):
+    /// adds a worker process on the Python client.
+    #[arg(long)]
+    python: Option<PathBuf>,
     /// Worker mode (used by the harness itself): run one worker against
     /// this URL and write its operations to stdout.
     #[arg(long, hide = true)]
@@ -131,6 +135,7 @@ async fn main() -> ExitCode {
     config.seed = args.seed;
     config.worker_bin = std::env::current_exe().ok();
     config.process_workers = args.process_workers;
+    config.python = args.python.clone();
     config.workload =
         leasehold_chaos::workload::Workload::new(args.keys, Duration::from_millis(args.ttl_ms));
     println!(

@@ -30,6 +30,8 @@ pub async fn short_run(backend: Backend) -> RunResult {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut config = RunConfig::new(backend, SHORT_RUN, &binary(), dir.path());
     config.worker_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_leasehold-chaos")));
+    // A Python worker too, when an interpreter with the client is named.
+    config.python = std::env::var_os("LEASEHOLD_CHAOS_PYTHON").map(PathBuf::from);
     let mut kinds = config.faults.len();
     let result = run(config).await.expect("the run could be set up");
     let stats = &result.report.stats;
