@@ -63,11 +63,19 @@ use crate::history::{Call, History, MS, Nanos, Op, Outcome, Reply, describe, ms}
 pub struct Config {
     /// Subtracted from every term's life bound (see the module docs).
     pub slack: Nanos,
+    /// *Added* to every term's life bound: a wrong assumption on purpose,
+    /// to show on a real history that the checks have reach (with terms
+    /// assumed to outlive their TTL, a run that hands keys over at expiry
+    /// must show overlaps). Zero for a real check.
+    pub overreach: Nanos,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { slack: 5 * MS }
+        Config {
+            slack: 5 * MS,
+            overreach: 0,
+        }
     }
 }
 
@@ -462,7 +470,9 @@ fn terms(ops: &[Op], config: &Config) -> BTreeMap<(String, u64), Term> {
             term.start = op.completed;
             term.grant_op = i;
         }
-        term.life_end = term.life_end.max(bound.saturating_sub(config.slack));
+        term.life_end = term
+            .life_end
+            .max((bound + config.overreach).saturating_sub(config.slack));
     }
     for (i, op) in ops.iter().enumerate() {
         let Some(fence) = op.fence() else { continue };
@@ -471,7 +481,8 @@ fn terms(ops: &[Op], config: &Config) -> BTreeMap<(String, u64), Term> {
         };
         match (&op.call, &op.outcome) {
             (Call::Renew { .. }, Outcome::Ok(Reply::Renewed { ttl_ms })) => {
-                let bound = (op.invoked + ttl_ms * MS).saturating_sub(config.slack);
+                let bound =
+                    (op.invoked + ttl_ms * MS + config.overreach).saturating_sub(config.slack);
                 term.life_end = term.life_end.max(bound);
             }
             (Call::Release { .. }, outcome) => {

@@ -67,6 +67,13 @@ struct Args {
     /// `worker SIGSTOP` fault).
     #[arg(long, default_value_t = 2)]
     process_workers: u32,
+    /// Check a stored history (a run's history.json) instead of running.
+    #[arg(long, value_name = "HISTORY_JSON")]
+    check: Option<PathBuf>,
+    /// With --check: assume every term outlives its TTL by this much (a
+    /// wrong assumption on purpose, to see how close a history came).
+    #[arg(long, default_value_t = 0)]
+    overreach_ms: u64,
     /// A Python interpreter that can `import leasehold` (clients/python):
     /// adds a worker process on the Python client.
     #[arg(long)]
@@ -80,6 +87,49 @@ struct Args {
     /// The harness's time zero, as CLOCK_MONOTONIC nanoseconds.
     #[arg(long, hide = true, default_value_t = 0)]
     origin_ns: u64,
+}
+
+/// Checks a stored history.
+fn check_file(path: &std::path::Path, args: &Args) -> ExitCode {
+    use leasehold_chaos::check::{Config, check};
+    use leasehold_chaos::history::{History, MS};
+    let history: History = match std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
+    {
+        Ok(history) => history,
+        Err(e) => {
+            eprintln!("cannot read {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    let config = Config {
+        overreach: args.overreach_ms * MS,
+        ..Config::default()
+    };
+    let report = check(&history, &config);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&report.stats).expect("stats json")
+    );
+    if report.is_clean() {
+        println!(
+            "check: PASS, no violations in {} operations",
+            report.stats.ops
+        );
+        ExitCode::SUCCESS
+    } else {
+        let mut kinds = std::collections::BTreeMap::new();
+        for v in &report.violations {
+            *kinds.entry(v.kind).or_insert(0) += 1;
+        }
+        println!(
+            "check: FAIL, {} violation(s): {kinds:?}",
+            report.violations.len()
+        );
+        println!("{}", report.explain(&history, args.show));
+        ExitCode::from(1)
+    }
 }
 
 /// Worker mode: one worker, its operations on stdout as JSON lines.
@@ -112,6 +162,9 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(url) = args.worker_url.clone() {
         return worker(&args, &url).await;
+    }
+    if let Some(path) = &args.check {
+        return check_file(path, &args);
     }
     let Some(bin) = args.bin.clone().or_else(find_binary) else {
         eprintln!(

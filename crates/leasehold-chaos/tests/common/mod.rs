@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use leasehold_chaos::check::{Config, Kind, check};
+use leasehold_chaos::history::MS;
 use leasehold_chaos::run::{Backend, RunConfig, RunResult, run};
 use leasehold_chaos::server::find_binary;
 
@@ -62,6 +64,19 @@ pub async fn short_run(backend: Backend) -> RunResult {
     assert!(stats.renewals_ok > 0 && stats.releases_ok > 0 && stats.gets_ok > 0);
     assert!(stats.writes_accepted > 0);
     assert!(stats.unknown > 0, "no fault made any outcome unknown");
+    // The checks have reach on this very history: assume every term
+    // outlives its TTL by 300 ms and the takeovers after expiry must show
+    // up as overlaps or early ends.
+    let overreaching = Config {
+        overreach: 300 * MS,
+        ..Config::default()
+    };
+    let wrong = check(&result.history, &overreaching);
+    assert!(
+        !wrong.of(Kind::Overlap).is_empty() || !wrong.of(Kind::EndedEarly).is_empty(),
+        "terms assumed 300 ms longer than their TTL, and still no overlap: the run never \
+         handed a key over near expiry"
+    );
     assert!(
         result.unreadable_at_end.is_empty(),
         "keys unreadable after the final restart: {:?}",
