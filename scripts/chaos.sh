@@ -7,6 +7,10 @@
 #   scripts/chaos.sh                         # 30 minutes on SQLite
 #   scripts/chaos.sh --minutes 5 --backend postgres
 #   scripts/chaos.sh --minutes 30 --backend sqlite --dir /tmp/chaos-run   # keep files + history.json
+#   scripts/chaos.sh --backend private-postgres    # a cluster of its own, crashed and restarted too
+#   scripts/chaos.sh --python clients/python/.venv/bin/python   # plus a worker on the Python client
+#                                                  # (the venv clients/python/test.sh creates)
+#   target/release/leasehold-chaos --check /tmp/chaos-run/history.json     # re-check a kept history
 #
 # PostgreSQL: --pg-url, else LEASEHOLD_TEST_PG_URL, else
 # postgres://postgres@127.0.0.1:5432/test (a schema of the run's own is
