@@ -1,0 +1,86 @@
+//! Shared helpers of the short runs.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use leasehold_chaos::check::{Config, Kind, check};
+use leasehold_chaos::history::MS;
+use leasehold_chaos::run::{Backend, RunConfig, RunResult, run};
+use leasehold_chaos::server::find_binary;
+
+/// How long the workers of a short run start new terms.
+pub const SHORT_RUN: Duration = Duration::from_secs(25);
+
+/// The `leasehold` binary: `$LEASEHOLD_BIN`, else the one `cargo test`
+/// builds into this target directory (`cargo build -p leasehold-server`
+/// when testing this crate alone).
+pub fn binary() -> PathBuf {
+    let bin = find_binary().unwrap_or_else(|| {
+        panic!(
+            "no leasehold binary next to the test; run `cargo build -p leasehold-server` \
+             first or set LEASEHOLD_BIN"
+        )
+    });
+    eprintln!("chaos: server binary {}", bin.display());
+    bin
+}
+
+/// Runs `backend` for [`SHORT_RUN`] with every fault and asserts the
+/// history is clean and the run was not vacuous.
+pub async fn short_run(backend: Backend) -> RunResult {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = RunConfig::new(backend, SHORT_RUN, &binary(), dir.path());
+    config.worker_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_leasehold-chaos")));
+    // A Python worker too, when an interpreter with the client is named.
+    config.python = std::env::var_os("LEASEHOLD_CHAOS_PYTHON").map(PathBuf::from);
+    let mut kinds = config.faults.len();
+    let result = run(config).await.expect("the run could be set up");
+    let stats = &result.report.stats;
+    for skipped in &result.skipped {
+        eprintln!("chaos: skipped {skipped}");
+        kinds -= 1;
+    }
+    eprintln!(
+        "chaos: faults {:?}, self exits {}, stats {}",
+        result.faults,
+        result.self_exits,
+        serde_json::to_string(stats).unwrap()
+    );
+    assert!(
+        result.report.is_clean(),
+        "the history breaks a property:\n{}",
+        result.report.explain(&result.history, 5)
+    );
+    // Not vacuous: every kind of fault fired, terms changed hands, the
+    // store took writes, and faults made some outcomes unknown.
+    assert_eq!(
+        result.faults.len(),
+        kinds,
+        "every fault kind fired: {:?}",
+        result.faults
+    );
+    assert!(stats.terms >= 10, "only {} terms", stats.terms);
+    assert!(stats.renewals_ok > 0 && stats.releases_ok > 0 && stats.gets_ok > 0);
+    assert!(stats.writes_accepted > 0);
+    assert!(stats.unknown > 0, "no fault made any outcome unknown");
+    // The checks have reach on this very history: assume every term
+    // outlives its TTL by 300 ms and the takeovers after expiry must show
+    // up as overlaps or early ends.
+    let overreaching = Config {
+        overreach: 300 * MS,
+        ..Config::default()
+    };
+    let wrong = check(&result.history, &overreaching);
+    assert!(
+        !wrong.of(Kind::Overlap).is_empty() || !wrong.of(Kind::EndedEarly).is_empty(),
+        "terms assumed 300 ms longer than their TTL, and still no overlap: the run never \
+         handed a key over near expiry"
+    );
+    assert!(
+        result.unreadable_at_end.is_empty(),
+        "keys unreadable after the final restart: {:?}",
+        result.unreadable_at_end
+    );
+    result
+}
