@@ -294,14 +294,16 @@ const REASONS: [&str; 5] = ["expired", "released", "suspended", "superseded", "u
 /// Whether `code` is documented for `call` (README "Status codes", and
 /// `leasehold_wire::status`). The transport's own codes (a broken
 /// connection is UNAVAILABLE or UNKNOWN, a deadline DEADLINE_EXCEEDED, a
-/// reset stream CANCELLED) are allowed everywhere; INTERNAL is "reserved
-/// for server faults", so it is reported: under these faults the table
-/// says a storage failure is UNAVAILABLE.
-fn documented(call: &Call, code: Code) -> bool {
+/// reset stream CANCELLED, and the INTERNAL "h2 protocol error" tonic
+/// reports for a stream cut by a server's shutdown, which every client maps
+/// to UNAVAILABLE) are allowed everywhere; any other INTERNAL is "reserved
+/// for server faults", so it is reported: under these faults the table says
+/// a storage failure is UNAVAILABLE.
+fn documented(call: &Call, code: Code, message: &str) -> bool {
     let transport = matches!(
         code,
         Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
-    );
+    ) || (code == Code::Internal && message.starts_with("h2 protocol error"));
     let common = matches!(
         code,
         Code::InvalidArgument
@@ -323,7 +325,7 @@ fn documented(call: &Call, code: Code) -> bool {
 fn statuses(ops: &[Op], out: &mut Vec<Violation>) {
     for (i, op) in ops.iter().enumerate() {
         let Some(r) = op.refusal() else { continue };
-        let problem = if !documented(&op.call, r.code()) {
+        let problem = if !documented(&op.call, r.code(), &r.message) {
             Some(format!(
                 "{:?} is not documented for {:?}",
                 r.code(),

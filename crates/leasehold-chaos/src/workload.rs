@@ -250,6 +250,7 @@ impl Worker {
                 ttl_ms,
                 wait_ms,
                 request_id: request_id.clone(),
+                ..Default::default()
             };
             let call = Call::Acquire {
                 owner: owner.clone(),
@@ -520,6 +521,7 @@ impl Worker {
             fence: held.fence,
             lease_id: held.lease_id.clone(),
             suspend,
+            ..Default::default()
         };
         let mut rpc = self.client.rpc();
         let (_, _, outcome) = self

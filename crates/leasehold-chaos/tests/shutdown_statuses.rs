@@ -51,6 +51,7 @@ async fn requests_racing_a_clean_shutdown_are_never_internal() {
                         ttl_ms: 10_000,
                         wait_ms: 0,
                         request_id: String::new(),
+                        ..Default::default()
                     };
                     let timeout = Duration::from_secs(2);
                     match tokio::time::timeout(timeout, client.rpc().acquire(request)).await {

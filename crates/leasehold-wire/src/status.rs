@@ -145,6 +145,13 @@ pub fn from_status(status: &Status) -> Error {
             detail: message.strip_prefix(&prefix).unwrap_or(&message).to_owned(),
         };
     }
+    // A stream cut by the server's shutdown (an HTTP/2 GOAWAY or reset,
+    // NO_ERROR among them) is reported by tonic as INTERNAL "h2 protocol
+    // error": it is the transport's, as retryable as UNAVAILABLE, not a
+    // server fault (found by the chaos harness, docs/reliability.md).
+    if status.code() == Code::Internal && message.starts_with("h2 protocol error") {
+        return Error::Unavailable(message);
+    }
     if status.code() == Code::OutOfRange {
         if let Some(oldest) = get(meta, OLDEST) {
             let requested = message
@@ -499,5 +506,13 @@ mod tests {
         );
         let deadline = Status::new(Code::DeadlineExceeded, "deadline");
         assert!(matches!(from_status(&deadline), Error::Unavailable(_)));
+    }
+
+    #[test]
+    fn a_stream_cut_by_a_shutdown_is_unavailable_and_other_internals_are_not() {
+        let cut = Status::new(Code::Internal, "h2 protocol error: http2 error");
+        assert!(matches!(from_status(&cut), Error::Unavailable(_)));
+        let fault = Status::new(Code::Internal, "storage error: disk I/O error");
+        assert!(matches!(from_status(&fault), Error::Storage(_)));
     }
 }
