@@ -213,9 +213,12 @@ pub async fn serve_on(
     if let Some(auth) = &auth {
         lease_service = lease_service.with_auth(auth.clone());
     }
-    // A larger request is refused by tonic before it is decoded.
-    let service = pb::leasehold_server::LeaseholdServer::new(lease_service)
-        .max_decoding_message_size(options.limits.max_message_bytes);
+    // A larger request is refused by tonic before it is decoded; the wrapper
+    // makes that refusal RESOURCE_EXHAUSTED like every other limit.
+    let service = crate::grpc::OversizeIsExhausted(
+        pb::leasehold_server::LeaseholdServer::new(lease_service)
+            .max_decoding_message_size(options.limits.max_message_bytes),
+    );
     let metrics_task = metrics_listener.map(|listener| {
         tokio::spawn(serve_metrics(
             listener,

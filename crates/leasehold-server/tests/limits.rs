@@ -247,11 +247,41 @@ async fn an_oversized_request_is_refused_before_it_is_decoded() {
         ..acquire("k", "o", 10_000)
     };
     let status = client.acquire(huge).await.unwrap_err();
-    assert!(
-        matches!(status.code(), Code::ResourceExhausted | Code::OutOfRange),
-        "{status:?}"
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(
+        status.metadata().get("leasehold-limit").unwrap(),
+        "message_bytes"
     );
     client.acquire(acquire("k", "o", 10_000)).await.unwrap();
+}
+
+/// An oversized message inside a Session stream ends the stream with the
+/// same RESOURCE_EXHAUSTED.
+#[tokio::test]
+async fn an_oversized_session_message_ends_the_stream_as_the_limit() {
+    let (url, _dir) = serve(LIMITS, 1_000).await;
+    let mut client = connection(&url).await;
+    let huge = pb::SessionRequest {
+        id: 1,
+        op: Some(pb::session_request::Op::Acquire(pb::AcquireRequest {
+            owner: "o".repeat(128 * 1024),
+            ..acquire("k", "o", 10_000)
+        })),
+    };
+    let mut replies = client
+        .session(tokio_stream::iter(vec![huge]))
+        .await
+        .unwrap()
+        .into_inner();
+    let status = tokio::time::timeout(Duration::from_secs(10), replies.message())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(
+        status.metadata().get("leasehold-limit").unwrap(),
+        "message_bytes"
+    );
 }
 
 /// Two principals that may hold any key: "greedy" and "modest".

@@ -3,6 +3,10 @@
 
 pub mod transcripts;
 
+mod oversize;
+
+pub use oversize::OversizeIsExhausted;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -599,6 +603,7 @@ impl Stream for SessionPipe {
                 }
                 Poll::Ready(Some(Err(status))) => {
                     this.inbound = None;
+                    let status = oversize::as_limit(&status).unwrap_or(status);
                     return Poll::Ready(Some(Err(status)));
                 }
                 Poll::Ready(None) => this.inbound = None,
