@@ -261,7 +261,8 @@ struct ServeSecurity {
 /// Where operator commands send their request, and how they print.
 #[derive(Debug, clap::Args)]
 struct Target {
-    /// The server's address.
+    /// The server's address; several, comma-separated, for servers on one
+    /// PostgreSQL database: when one is unavailable the next is tried.
     #[arg(
         long,
         default_value = "http://127.0.0.1:7420",
@@ -676,7 +677,12 @@ async fn connect(target: &Target) -> Result<Client, String> {
         Some(token) => leasehold_client::Credentials::bearer(token).map_err(refused)?,
         None => leasehold_client::Credentials::default(),
     };
-    Client::connect_with(target.server.clone(), tls, credentials)
+    let endpoints = target
+        .server
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty());
+    Client::connect_any_with(endpoints, tls, credentials)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", target.server))
 }

@@ -108,6 +108,10 @@ pub struct PgConfig {
     /// answering (a partition, a hung failover) must not hold requests
     /// forever. Its outcome is then unknown, as for any lost reply.
     pub op_timeout: Duration,
+    /// How often this server asks the database whether it answers (within
+    /// [`PgConfig::connect_timeout`]), for gRPC health: NOT_SERVING while it
+    /// does not, SERVING again after it does.
+    pub health_interval: Duration,
 }
 
 impl PgConfig {
@@ -123,6 +127,7 @@ impl PgConfig {
             waiter_lease: Duration::from_secs(3),
             connect_timeout: Duration::from_secs(3),
             op_timeout: Duration::from_secs(10),
+            health_interval: Duration::from_millis(500),
         }
     }
 }
@@ -155,6 +160,9 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// Per-key call order (see the module docs).
     turns: Arc<Turns>,
+    /// Whether the database answered the last health probe (see
+    /// [`Backend::serving`]).
+    reachable: watch::Sender<bool>,
     config: PgConfig,
 }
 
@@ -238,14 +246,16 @@ impl PgBackend {
             wakes: wakes.clone(),
             closing: watch::Sender::new(false),
             turns: Arc::default(),
+            reachable: watch::Sender::new(true),
             config,
         });
         let listener = tokio::spawn(listen::run(pg, channel, wakes)).abort_handle();
         let sweeper = tokio::spawn(inner.clone().sweep_loop()).abort_handle();
+        let prober = tokio::spawn(inner.clone().probe_loop()).abort_handle();
         tracing::info!(database = %origin, schema = %inner.config.schema, "PostgreSQL backend ready");
         Ok(PgBackend {
             inner,
-            _tasks: Arc::new(Tasks(vec![listener, sweeper])),
+            _tasks: Arc::new(Tasks(vec![listener, sweeper, prober])),
         })
     }
 
@@ -424,6 +434,49 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Whether the database answers a trivial statement now, within the
+    /// connection timeout (a fresh connection when the pooled ones broke).
+    async fn probe(&self) -> Result<()> {
+        in_time(self.config.connect_timeout, async {
+            let client = self.client().await?;
+            client.simple_query("SELECT 1").await.map_err(db_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Publishes the database's reachability every
+    /// [`PgConfig::health_interval`], logging each change once.
+    async fn probe_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.config.health_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if *self.closing.borrow() {
+                // Stopping: the pool closes, which says nothing of the database.
+                return;
+            }
+            let outcome = self.probe().await;
+            let up = outcome.is_ok();
+            let changed = self.reachable.send_if_modified(|was| {
+                let changed = *was != up;
+                *was = up;
+                changed
+            });
+            match outcome {
+                Err(e) if changed => {
+                    tracing::warn!(error = %e, "the database does not answer: health NOT_SERVING")
+                }
+                Ok(()) if changed => {
+                    tracing::info!("the database answers again: health SERVING")
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 impl PgBackend {
     /// Runs `op` on `key` in call order (see `order`): a write after
     /// everything called before it on the key, a read after the writes.
@@ -560,6 +613,10 @@ impl Backend for PgBackend {
             // Later requests find the pool closed: UNAVAILABLE.
             inner.pool.close();
         })
+    }
+
+    fn serving(&self) -> watch::Receiver<bool> {
+        self.inner.reachable.subscribe()
     }
 
     fn failed(&self) -> BoxFuture<'static, String> {
