@@ -2225,3 +2225,72 @@ async fn a_database_restart_under_load_grants_nothing_and_resumes() {
     drop(servers);
     drop(schema); // on the private cluster, which is still up
 }
+
+/// Many renewals at once (batched into shared statements) each get their
+/// own answer: the live ones are extended with their fence, a wrong lease
+/// id is PERMISSION_DENIED and a released fence FAILED_PRECONDITION, as when
+/// sent alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_renewals_each_get_their_own_answer() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let mut leases = Vec::new();
+    for i in 0..60 {
+        leases.push(lease_of(
+            c.acquire(acquire(&format!("r/{i}"), "a", 5_000))
+                .await
+                .unwrap(),
+        ));
+    }
+    // Every third is released first: its renewal must be refused as stale.
+    for lease in leases.iter().step_by(3) {
+        c.release(release(lease, false)).await.unwrap();
+    }
+    let mut renewals = Vec::new();
+    for (i, lease) in leases.iter().enumerate() {
+        let mut c = c.clone();
+        let mut request = renew(lease, 60_000);
+        if i % 3 == 1 {
+            request.lease_id = "00000000-0000-4000-8000-000000000000".into();
+        }
+        renewals.push(tokio::spawn(async move { c.renew(request).await }));
+    }
+    for (i, (lease, renewal)) in leases.iter().zip(renewals).enumerate() {
+        let outcome = renewal.await.unwrap();
+        match i % 3 {
+            0 => assert!(
+                matches!(
+                    stale_reason(&outcome.unwrap_err()),
+                    StaleReason::Released { .. }
+                ),
+                "{i}"
+            ),
+            1 => assert_eq!(outcome.unwrap_err().code(), Code::PermissionDenied, "{i}"),
+            _ => {
+                let renewed = outcome.unwrap().into_inner().lease.unwrap();
+                assert_eq!(renewed.fence, lease.fence, "{i}");
+                assert_eq!(renewed.ttl_ms, 60_000, "{i}");
+                assert!(renewed.expires_at_ms >= lease.expires_at_ms + 50_000, "{i}");
+            }
+        }
+    }
+    // They really shared statements: fewer statements than renewals.
+    let mut out = leasehold_server::metrics::Exposition::default();
+    leasehold_server::Backend::write_metrics(&server.backend, &mut out);
+    let text = out.into_text();
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+    };
+    let (statements, carried) = (
+        value("leasehold_pg_renew_batches_total"),
+        value("leasehold_pg_renew_batched_total"),
+    );
+    assert_eq!(carried, 60, "every renewal went through a batch");
+    assert!(
+        statements < carried,
+        "{statements} statements for {carried} renewals"
+    );
+}

@@ -34,6 +34,7 @@
 //! - [`sql`]: every statement; [`migrate`]: the versioned schema;
 //! - `terms`: renew, release, check, get, list and the sweeper;
 //! - `line`: Acquire and waiting in line; `listen`: the NOTIFY wake-ups;
+//! - `renewals`: concurrent renewals batched into one statement;
 //! - `ledger`: the tool-call ledger; `order`: per-key call order;
 //! - `row`: rows to domain values, and the refusals a row implies.
 //!
@@ -50,6 +51,7 @@ mod line;
 mod listen;
 pub mod migrate;
 mod order;
+mod renewals;
 mod row;
 pub mod sql;
 mod terms;
@@ -112,6 +114,9 @@ pub struct PgConfig {
     /// [`PgConfig::connect_timeout`]), for gRPC health: NOT_SERVING while it
     /// does not, SERVING again after it does.
     pub health_interval: Duration,
+    /// The most renewals one statement applies (see `renewals`); 1 sends
+    /// each renewal alone.
+    pub renew_batch: usize,
 }
 
 impl PgConfig {
@@ -128,6 +133,7 @@ impl PgConfig {
             connect_timeout: Duration::from_secs(3),
             op_timeout: Duration::from_secs(10),
             health_interval: Duration::from_millis(500),
+            renew_batch: 256,
         }
     }
 }
@@ -163,6 +169,12 @@ struct Inner {
     /// Whether the database answered the last health probe (see
     /// [`Backend::serving`]).
     reachable: watch::Sender<bool>,
+    /// Where renewals queue to share a statement; `None` when batching is
+    /// off.
+    renewals: Option<renewals::Queue>,
+    /// Batch statements run, and the renewals they carried (metrics).
+    renew_batches: std::sync::atomic::AtomicU64,
+    renew_batched: std::sync::atomic::AtomicU64,
     config: PgConfig,
 }
 
@@ -240,6 +252,13 @@ impl PgBackend {
         drop(client);
         let channel = channel_of(&config.schema);
         let (wakes, _) = broadcast::channel(1024);
+        let batch = config.renew_batch;
+        let (renewals, renewal_queue) = if batch > 1 {
+            let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
+            (Some(queue), Some(queued))
+        } else {
+            (None, None)
+        };
         let inner = Arc::new(Inner {
             pool,
             channel: channel.clone(),
@@ -247,15 +266,22 @@ impl PgBackend {
             closing: watch::Sender::new(false),
             turns: Arc::default(),
             reachable: watch::Sender::new(true),
+            renewals,
+            renew_batches: Default::default(),
+            renew_batched: Default::default(),
             config,
         });
         let listener = tokio::spawn(listen::run(pg, channel, wakes)).abort_handle();
         let sweeper = tokio::spawn(inner.clone().sweep_loop()).abort_handle();
         let prober = tokio::spawn(inner.clone().probe_loop()).abort_handle();
+        let mut tasks = vec![listener, sweeper, prober];
+        if let Some(queued) = renewal_queue {
+            tasks.push(tokio::spawn(inner.clone().batch_renewals(queued, batch)).abort_handle());
+        }
         tracing::info!(database = %origin, schema = %inner.config.schema, "PostgreSQL backend ready");
         Ok(PgBackend {
             inner,
-            _tasks: Arc::new(Tasks(vec![listener, sweeper, prober])),
+            _tasks: Arc::new(Tasks(tasks)),
         })
     }
 
@@ -520,7 +546,7 @@ impl Backend for PgBackend {
     fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term> {
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
-            inner.renew(&k, fence, lease_id, ttl).await
+            inner.renew_batched(&k, fence, lease_id, ttl).await
         })
     }
 
@@ -617,6 +643,29 @@ impl Backend for PgBackend {
 
     fn serving(&self) -> watch::Receiver<bool> {
         self.inner.reachable.subscribe()
+    }
+
+    fn write_metrics(&self, out: &mut crate::metrics::Exposition) {
+        use std::sync::atomic::Ordering::Relaxed;
+        out.gauge(
+            "leasehold_pg_database_up",
+            "Whether the database answered the last health probe (1) or not (0).",
+            if *self.inner.reachable.borrow() {
+                1.0
+            } else {
+                0.0
+            },
+        );
+        out.counter(
+            "leasehold_pg_renew_batches_total",
+            "Statements that renewed a batch of terms.",
+            self.inner.renew_batches.load(Relaxed),
+        );
+        out.counter(
+            "leasehold_pg_renew_batched_total",
+            "Renewals carried by those statements.",
+            self.inner.renew_batched.load(Relaxed),
+        );
     }
 
     fn failed(&self) -> BoxFuture<'static, String> {
