@@ -56,6 +56,10 @@ enum Command {
         /// PostgreSQL only: connections in the pool.
         #[arg(long, default_value_t = 16)]
         pg_pool_size: usize,
+        /// PostgreSQL only: the most concurrent renewals one statement
+        /// applies; 1 sends each renewal alone.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
+        pg_renew_batch: u16,
         /// SQLite only. full: every acknowledged write survives power loss;
         /// normal: survives crashes only. (PostgreSQL commits as the
         /// database's synchronous_commit says.)
@@ -361,6 +365,7 @@ async fn run(command: Command) -> ExitCode {
             store,
             pg_schema,
             pg_pool_size,
+            pg_renew_batch,
             sync,
             drain_timeout_ms,
             retention_ms,
@@ -395,6 +400,7 @@ async fn run(command: Command) -> ExitCode {
                     let config = PgConfig {
                         schema: pg_schema,
                         pool_size: pg_pool_size,
+                        renew_batch: usize::from(pg_renew_batch),
                         retention_ms,
                         ..PgConfig::new(url)
                     };
