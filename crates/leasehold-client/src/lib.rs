@@ -90,6 +90,14 @@
 //! it. A process paused between the gate and its write still writes late.
 //! Storage that checks the fence itself closes it: see [`crate::fence`].
 //!
+//! # Several servers
+//! Servers on one PostgreSQL database share every term, so
+//! [`Client::connect_any`] takes a list and fails over from one to the next
+//! when a server is unavailable, resending only the calls that are safe to
+//! send twice (renew, check, release, an acquire with its request id). A
+//! guard keeps its lease across a failover; its deadline still rests on the
+//! first send of the renewal the next server acknowledged.
+//!
 //! # Errors
 //! Every call returns [`ClientError`]: what the server said, as the domain
 //! [`Error`] (busy with the holder named, stale fence, permission,
