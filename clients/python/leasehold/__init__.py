@@ -21,6 +21,7 @@ from ._errors import (
     LeaseLost,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unauthenticated,
     Unavailable,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "LeaseLost",
     "NotFound",
     "PermissionDenied",
+    "ResourceExhausted",
     "ToolCallRecord",
     "ToolCallRequest",
     "ToolInvocation",

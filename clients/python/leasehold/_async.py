@@ -25,12 +25,13 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from . import _core
+from . import _core, _tls
 from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered, millis
 from ._errors import Error, LeaseLost, Unavailable, from_aio_error, from_refusal
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
 from ._sync import _idempotency_key
+from ._tls import Pem
 from ._types import (
     BeginResult,
     EndedTerm,
@@ -155,8 +156,7 @@ class _Connection:
 
     def __init__(
         self,
-        target: str,
-        credentials: grpc.ChannelCredentials | None,
+        endpoint: _tls.Endpoint,
         options: Sequence[tuple[str, Any]],
         metadata: Metadata,
     ) -> None:
@@ -165,10 +165,12 @@ class _Connection:
         self.metadata = metadata
         self.loop = asyncio.get_running_loop()
         opts = [*_core.CHANNEL_OPTIONS, *options]
-        if credentials is None:
-            self.channel = grpc.aio.insecure_channel(target, options=opts)
+        if endpoint.credentials is None:
+            self.channel = grpc.aio.insecure_channel(endpoint.address, options=opts)
         else:
-            self.channel = grpc.aio.secure_channel(target, credentials, options=opts)
+            self.channel = grpc.aio.secure_channel(
+                endpoint.address, endpoint.credentials, options=opts
+            )
         # The generated stubs are untyped; every call through them is wrapped.
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
@@ -199,7 +201,9 @@ async def _unary(
 
 
 class AsyncClient:
-    """The asyncio twin of :class:`leasehold.Client`; the same methods, awaited.
+    """The asyncio twin of :class:`leasehold.Client`; the same arguments
+    (``https://`` targets and the ``tls_*`` options included), the same
+    methods, awaited.
 
     The channel is opened lazily per process and per event loop. Use it from
     the event loop's thread.
@@ -214,13 +218,19 @@ class AsyncClient:
         options: Sequence[tuple[str, Any]] = (),
         timeout: float = 5.0,
         token: str | None = None,
+        tls_ca: Pem | None = None,
+        tls_cert: Pem | None = None,
+        tls_key: Pem | None = None,
     ) -> None:
         self.target = target
+        #: Where the channel dials, and with which credentials (None: plaintext).
+        self._endpoint = _tls.resolve(
+            target, credentials=credentials, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        )
         #: Sent with every call: the bearer token for a server run with ``--auth``.
         self._metadata: Metadata = _core.bearer(token)
         self.owner = owner
         self.timeout = timeout
-        self._credentials = credentials
         self._options = list(options)
         self._conn: _Connection | None = None
         #: Connections of other processes or loops, kept so they are never
@@ -233,7 +243,7 @@ class AsyncClient:
             return conn
         if conn is not None:
             self._inherited.append(conn)
-        self._conn = _Connection(self.target, self._credentials, self._options, self._metadata)
+        self._conn = _Connection(self._endpoint, self._options, self._metadata)
         return self._conn
 
     async def close(self) -> None:

@@ -21,6 +21,7 @@ REMAINING = "leasehold-remaining-ms"
 REASON = "leasehold-reason"
 AT = "leasehold-at-ms"
 BY = "leasehold-superseded-by"
+LIMIT = "leasehold-limit"
 
 
 class Error(Exception):
@@ -134,6 +135,25 @@ class Unauthenticated(Error):
     it does not know (give ``token=`` to the client)."""
 
 
+class ResourceExhausted(Error):
+    """A server limit was reached (``RESOURCE_EXHAUSTED``); other clients are
+    still served. ``limit`` names it: ``"keys_per_principal"`` (release
+    keys first), ``"waiters_per_key"``, ``"waits_per_connection"``,
+    ``"streams_per_connection"``, ``"ops_per_second"`` (back off); empty
+    when gRPC itself refused (a message over the size limit)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: str = "",
+        key: str = "",
+        details: Mapping[str, str | bytes] | None = None,
+    ) -> None:
+        super().__init__(message, code="RESOURCE_EXHAUSTED", key=key, details=details)
+        self.limit = limit
+
+
 class Unavailable(Error):
     """The server could not be reached, did not answer in time, is shutting
     down, or its storage failed. Retrying later may succeed."""
@@ -194,6 +214,8 @@ def from_code(code: str, message: str, details: Mapping[str, str | bytes]) -> Er
         return Unauthenticated(
             _strip(message, "unauthenticated: "), code=code, key=key, details=details
         )
+    if code == "RESOURCE_EXHAUSTED":
+        return ResourceExhausted(message, limit=_text(details, LIMIT), key=key, details=details)
     if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"):
         return Unavailable(_strip(message, "unavailable: "), code=code, key=key, details=details)
     # INTERNAL (storage failed) and anything a proxy may send.

@@ -24,11 +24,12 @@ from typing import Any
 
 import grpc
 
-from . import _core
+from . import _core, _tls
 from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered, millis
 from ._errors import Error, LeaseLost, Unavailable, from_refusal, from_rpc_error
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
+from ._tls import Pem
 from ._types import (
     BeginResult,
     EndedTerm,
@@ -187,8 +188,7 @@ class _Connection:
 
     def __init__(
         self,
-        target: str,
-        credentials: grpc.ChannelCredentials | None,
+        endpoint: _tls.Endpoint,
         options: Sequence[tuple[str, Any]],
         metadata: Metadata,
     ) -> None:
@@ -196,10 +196,12 @@ class _Connection:
         #: Sent with every call (the bearer token, when there is one).
         self.metadata = metadata
         opts = [*_core.CHANNEL_OPTIONS, *options]
-        if credentials is None:
-            self.channel = grpc.insecure_channel(target, options=opts)
+        if endpoint.credentials is None:
+            self.channel = grpc.insecure_channel(endpoint.address, options=opts)
         else:
-            self.channel = grpc.secure_channel(target, credentials, options=opts)
+            self.channel = grpc.secure_channel(
+                endpoint.address, endpoint.credentials, options=opts
+            )
         # The generated stubs are untyped; every call through them is wrapped.
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
@@ -251,7 +253,16 @@ def _unary(
 class Client:
     """A synchronous leasehold client.
 
-    ``target`` is ``host:port``. The channel is opened lazily and once per
+    ``target`` is ``host:port`` (plaintext), ``http://host:port`` or
+    ``https://host:port`` (TLS, trusting the system roots unless ``tls_ca``
+    is given). ``tls_ca``, ``tls_cert`` and ``tls_key`` are PEM, each a path
+    or the bytes: a private CA to trust, and the client certificate and key
+    a server run with ``--client-ca`` requires (any of them also means TLS).
+    ``credentials`` instead takes ready-made ``grpc.ChannelCredentials``. A
+    TLS failure (no CA, a refused client certificate, plaintext against a
+    TLS server) surfaces as :class:`leasehold.Unavailable`.
+
+    The channel is opened lazily and once per
     process (so a client made before ``fork()`` works in the child); all
     leases of a client share one Session stream for their renewals, checks
     and releases. Thread-safe.
@@ -266,8 +277,15 @@ class Client:
         options: Sequence[tuple[str, Any]] = (),
         timeout: float = 5.0,
         token: str | None = None,
+        tls_ca: Pem | None = None,
+        tls_cert: Pem | None = None,
+        tls_key: Pem | None = None,
     ) -> None:
         self.target = target
+        #: Where the channel dials, and with which credentials (None: plaintext).
+        self._endpoint = _tls.resolve(
+            target, credentials=credentials, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+        )
         #: Sent with every call: the bearer token for a server run with ``--auth``.
         self._metadata: Metadata = _core.bearer(token)
         #: The default owner of this client's leases (``host:pid`` if None,
@@ -275,7 +293,6 @@ class Client:
         self.owner = owner
         #: How long a call that is not part of a lease may take.
         self.timeout = timeout
-        self._credentials = credentials
         self._options = list(options)
         self._lock = threading.Lock()
         self._conn: _Connection | None = None
@@ -290,7 +307,7 @@ class Client:
                 if self._conn is not None:
                     _inherited.append(self._conn)
                 self._conn = _Connection(
-                    self.target, self._credentials, self._options, self._metadata
+                    self._endpoint, self._options, self._metadata
                 )
             return self._conn
 

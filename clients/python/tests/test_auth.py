@@ -67,3 +67,40 @@ async def test_the_async_client_sends_its_token_too(guarded: Server) -> None:
         await anonymous.acquire("session:9", ttl=5.0)
     await fleet.close()
     await anonymous.close()
+
+
+def test_a_principal_at_its_key_limit_gets_resource_exhausted(tmp_path: Path) -> None:
+    """``--max-keys-per-principal``: the principal's next key is refused with
+    the limit's name, its held key and other principals are still served."""
+    auth = tmp_path / "auth.toml"
+    auth.write_text(
+        f"""
+[[principal]]
+name = "fleet"
+token_sha256 = "{_sha256("fleet-token")}"
+scopes = [{{ prefix = "session:", rights = ["hold", "check"] }}]
+
+[[principal]]
+name = "other"
+token_sha256 = "{_sha256("other-token")}"
+scopes = [{{ prefix = "session:", rights = ["hold", "check"] }}]
+"""
+    )
+    server = Server(tmp_path / "l.db", extra=("--auth", str(auth), "--max-keys-per-principal", "1"))
+    try:
+        fleet = leasehold.Client(server.address, token="fleet-token")
+        other = leasehold.Client(server.address, token="other-token")
+        with fleet.acquire("session:1", ttl=5.0) as lease:
+            with pytest.raises(leasehold.ResourceExhausted) as refused:
+                fleet.acquire("session:2", ttl=5.0)
+            assert refused.value.limit == "keys_per_principal"
+            assert lease.gate() == lease.fence
+            with other.acquire("session:2", ttl=5.0):
+                pass
+        # Released: the key is given back.
+        with fleet.acquire("session:3", ttl=5.0):
+            pass
+        fleet.close()
+        other.close()
+    finally:
+        server.stop()

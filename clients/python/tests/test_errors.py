@@ -65,6 +65,15 @@ def test_codes_map_to_the_hierarchy(code: int, kind: type[leasehold.Error]) -> N
     assert isinstance(err, leasehold.Error)
 
 
+def test_a_limit_refusal_names_its_limit() -> None:
+    """RESOURCE_EXHAUSTED is ResourceExhausted, with the limit's name."""
+    err = from_refusal(
+        8, "limit keys_per_principal reached", {"leasehold-limit": b"keys_per_principal"}
+    )
+    assert type(err) is leasehold.ResourceExhausted
+    assert (err.code, err.limit) == ("RESOURCE_EXHAUSTED", "keys_per_principal")
+
+
 def test_an_unknown_code_is_a_plain_error() -> None:
     """INTERNAL (storage failed) is the base Error with its code."""
     err = from_refusal(13, "storage error: disk", {})

@@ -4,7 +4,7 @@
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 import { createClient as createRpcClient, type Interceptor, type Transport } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
+import { createGrpcTransport, createGrpcWebTransport as createNodeGrpcWebTransport } from "@connectrpc/connect-node";
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
 import { Leasehold, Transcripts } from "./gen/leasehold/v1/leasehold_pb.js";
 import { fromCallError, InvalidArgumentError, LeaseholdError, UnavailableError } from "./errors.js";
@@ -22,7 +22,7 @@ import {
 
 /** Options of {@link createClient}. */
 export interface ClientOptions {
-  /** The server, e.g. `http://127.0.0.1:7420`. */
+  /** The server, e.g. `http://127.0.0.1:7420`, or `https://host:7420` for TLS (see `tls`). */
   baseUrl: string;
   /**
    * `"grpc"`: gRPC over HTTP/2 (Node's http2), with one pipelined Session
@@ -41,6 +41,27 @@ export interface ClientOptions {
    * `authorization: Bearer <token>` on every call (use https:// off loopback).
    */
   token?: string;
+  /**
+   * TLS settings for an `https://` baseUrl: a private CA to trust and, for
+   * a server run with `--client-ca`, the client certificate and key. Without
+   * it, `https://` trusts Node's default roots (plus NODE_EXTRA_CA_CERTS).
+   * On the "grpc-web" transport, giving `tls` switches from `fetch` (which
+   * takes no per-client TLS settings) to Node's https module.
+   */
+  tls?: TlsOptions;
+}
+
+/**
+ * PEM contents (not paths: read them with `readFileSync`), as Node's `tls`
+ * takes them.
+ */
+export interface TlsOptions {
+  /** CA certificates to trust instead of Node's default roots. */
+  ca?: string | Uint8Array;
+  /** The client certificate chain (mutual TLS); needs `key`. */
+  cert?: string | Uint8Array;
+  /** The client certificate's private key; needs `cert`. */
+  key?: string | Uint8Array;
 }
 
 /** Options of {@link LeaseholdClient.acquire}. */
@@ -100,6 +121,7 @@ export class LeaseholdClient implements AsyncDisposable {
         return await next(req);
       });
     }
+    const tls = nodeTls(options.baseUrl, options.tls);
     let transport: Transport;
     if (this.transport === "grpc") {
       transport = createGrpcTransport({
@@ -107,9 +129,16 @@ export class LeaseholdClient implements AsyncDisposable {
         pingIntervalMs: PING_INTERVAL_MS,
         pingTimeoutMs: PING_TIMEOUT_MS,
         interceptors,
+        ...(tls === undefined ? {} : { nodeOptions: tls }),
       });
     } else if (this.transport === "grpc-web") {
-      transport = createGrpcWebTransport({ baseUrl: options.baseUrl, interceptors });
+      // fetch cannot be handed a CA or a client certificate per client (only
+      // a process-wide NODE_EXTRA_CA_CERTS), so TLS settings mean Node's own
+      // https module, still speaking gRPC-Web over HTTP/1.1.
+      transport =
+        tls === undefined
+          ? createGrpcWebTransport({ baseUrl: options.baseUrl, interceptors })
+          : createNodeGrpcWebTransport({ baseUrl: options.baseUrl, httpVersion: "1.1", nodeOptions: tls, interceptors });
     } else {
       throw new InvalidArgumentError(`transport must be "grpc" or "grpc-web", not ${String(this.transport)}`);
     }
@@ -250,6 +279,28 @@ function parseArray(text: string): unknown[] {
     throw new LeaseholdError("internal", "the repaired transcript is not a JSON array");
   }
   return parsed;
+}
+
+/** The TLS settings in Node's shape, after checking they make sense with `baseUrl`. */
+function nodeTls(
+  baseUrl: string,
+  tls: TlsOptions | undefined,
+): { ca?: string | Buffer; cert?: string | Buffer; key?: string | Buffer } | undefined {
+  if (tls === undefined) return undefined;
+  if (!baseUrl.startsWith("https://")) {
+    throw new InvalidArgumentError(`tls options need an https:// baseUrl, not ${baseUrl}`);
+  }
+  if ((tls.cert === undefined) !== (tls.key === undefined)) {
+    throw new InvalidArgumentError("tls.cert and tls.key go together: a client certificate needs its key");
+  }
+  const pem = (v: string | Uint8Array | undefined): string | Buffer | undefined =>
+    v === undefined || typeof v === "string" ? v : Buffer.from(v);
+  const out: { ca?: string | Buffer; cert?: string | Buffer; key?: string | Buffer } = {};
+  const [ca, cert, key] = [pem(tls.ca), pem(tls.cert), pem(tls.key)];
+  if (ca !== undefined) out.ca = ca;
+  if (cert !== undefined) out.cert = cert;
+  if (key !== undefined) out.key = key;
+  return out;
 }
 
 /** Creates a client for the leasehold server at `options.baseUrl`. */

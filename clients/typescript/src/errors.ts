@@ -97,6 +97,22 @@ export class InvalidArgumentError extends LeaseholdError {
 }
 
 /**
+ * A server limit was reached (`RESOURCE_EXHAUSTED`); other clients are still
+ * served. `limit` names it: "keys_per_principal" (release keys first),
+ * "waiters_per_key", "waits_per_connection", "streams_per_connection",
+ * "ops_per_second" (back off); empty when gRPC itself refused (a message
+ * over the size limit).
+ */
+export class ResourceExhaustedError extends LeaseholdError {
+  readonly limit: string;
+  constructor(message: string, limit: string) {
+    super("resource_exhausted", message);
+    this.name = "ResourceExhaustedError";
+    this.limit = limit;
+  }
+}
+
+/**
  * The server could not be reached, did not answer in time, is shutting down,
  * or its storage failed. Retrying later may succeed.
  */
@@ -189,6 +205,8 @@ export function fromRefusal(code: number, message: string, details: RefusalDetai
       return new LeaseholdError("not_found", message);
     case Code.Unauthenticated:
       return new UnauthenticatedError(message);
+    case Code.ResourceExhausted:
+      return new ResourceExhaustedError(message, details.text("leasehold-limit") ?? "");
     case Code.Unavailable:
     case Code.DeadlineExceeded:
     case Code.Canceled:
@@ -216,16 +234,28 @@ const NETWORK_CODES = new Set([
 ]);
 
 /**
+ * Node's codes for a TLS handshake that failed: OpenSSL's (ERR_SSL_...,
+ * e.g. a server that requires a client certificate), Node's own
+ * (ERR_TLS_..., e.g. a name mismatch) and certificate verification's
+ * (UNABLE_TO_VERIFY_LEAF_SIGNATURE, SELF_SIGNED_CERT_IN_CHAIN, CERT_HAS_EXPIRED...).
+ */
+const TLS_CODE = /^(ERR_SSL_|ERR_TLS_|EPROTO$|CERT_|UNABLE_TO_|DEPTH_ZERO_|SELF_SIGNED_|HOSTNAME_MISMATCH|ERR_OSSL_)/;
+
+/**
  * Whether `err` (or an error in its cause chain) is a failure to reach the
- * server: a socket error, or fetch's "fetch failed" (undici), which connect
- * reports with code Unknown rather than Unavailable.
+ * server: a socket error, a TLS handshake that failed, or fetch's "fetch
+ * failed" (undici). connect reports these with whatever code it guesses
+ * (Unknown, Internal, or Aborted for a reset connection, which would read as
+ * a busy key), never as the server's answer: they are all Unavailable.
  */
 function isNetworkError(err: unknown): boolean {
   let e: unknown = err;
   for (let depth = 0; depth < 6 && e !== undefined && e !== null; depth++) {
     if (typeof e === "object") {
       const code = (e as { code?: unknown }).code;
-      if (typeof code === "string" && (NETWORK_CODES.has(code) || code.startsWith("UND_ERR"))) return true;
+      if (typeof code === "string" && (NETWORK_CODES.has(code) || code.startsWith("UND_ERR") || TLS_CODE.test(code))) {
+        return true;
+      }
       if (e instanceof TypeError && /fetch failed|network/i.test(e.message)) return true;
     }
     e = (e as { cause?: unknown }).cause;
@@ -237,7 +267,7 @@ function isNetworkError(err: unknown): boolean {
 export function fromCallError(err: unknown, call: string): LeaseholdError {
   if (err instanceof LeaseholdError) return err;
   const ce = ConnectError.from(err);
-  if (ce.code === Code.Unknown && isNetworkError(err)) {
+  if (isNetworkError(err)) {
     return new UnavailableError(`${call}: cannot reach the server: ${ce.rawMessage}`, { cause: err });
   }
   const mapped = fromRefusal(ce.code, ce.rawMessage, detailsFromHeaders(ce.metadata));

@@ -4,7 +4,7 @@
 // that renews itself, aborts its `signal` when lost, and carries its fence
 // (a bigint) for storage-side checks (see ./fence.js).
 
-export { createClient, LeaseholdClient, type AcquireOptions, type ClientOptions } from "./client.js";
+export { createClient, LeaseholdClient, type AcquireOptions, type ClientOptions, type TlsOptions } from "./client.js";
 export { Lease, type Ended } from "./lease.js";
 export {
   BusyError,
@@ -12,6 +12,7 @@ export {
   LeaseholdError,
   LeaseLostError,
   PermissionDeniedError,
+  ResourceExhaustedError,
   UnauthenticatedError,
   UnavailableError,
   type LossReason,

@@ -23,6 +23,7 @@ import {
   LeaseholdError,
   LeaseLostError,
   PermissionDeniedError,
+  ResourceExhaustedError,
   UnavailableError,
 } from "../src/index.js";
 import { toEnded } from "../src/lease.js";
@@ -90,6 +91,30 @@ describe("refusals become the package's errors", () => {
     assert.equal(err.holder, "graph-ä");
     assert.equal(err.fence, MAX_U64);
     assert.equal(err.remainingMs, 77);
+  });
+
+  it("a reset connection or a failed TLS handshake is Unavailable, whatever code connect guessed", () => {
+    // connect-node reports ECONNRESET as Aborted (which would read as a busy
+    // key) and TLS failures as Internal; neither is the server's answer.
+    const failures: [Code, string][] = [
+      [Code.Aborted, "ECONNRESET"],
+      [Code.Internal, "ERR_SSL_TLSV13_ALERT_CERTIFICATE_REQUIRED"],
+      [Code.Internal, "UNABLE_TO_VERIFY_LEAF_SIGNATURE"],
+      [Code.Unknown, "ERR_TLS_CERT_ALTNAME_INVALID"],
+    ];
+    for (const [code, cause] of failures) {
+      const reason = Object.assign(new Error(cause), { code: cause });
+      const err = fromCallError(new ConnectError(cause, code, undefined, undefined, reason), "Acquire");
+      assert.ok(err instanceof UnavailableError, `${cause}: ${err.name}`);
+    }
+  });
+
+  it("a limit refusal is ResourceExhaustedError naming the limit", () => {
+    const details = detailsFromHeaders(new Headers({ "leasehold-limit": "keys_per_principal" }));
+    const err = fromRefusal(Code.ResourceExhausted, "limit keys_per_principal reached", details);
+    assert.ok(err instanceof ResourceExhaustedError);
+    assert.equal(err.code, "resource_exhausted");
+    assert.equal(err.limit, "keys_per_principal");
   });
 
   it("each code maps to its class", () => {

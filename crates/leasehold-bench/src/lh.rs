@@ -140,6 +140,7 @@ pub(crate) async fn acquire(
             ttl_ms,
             wait_ms,
             request_id: String::new(),
+            ..Default::default()
         })
         .await
         .map_err(refused)?;
@@ -157,6 +158,7 @@ pub(crate) async fn release(client: &mut Client, lease: &pb::Lease) -> Result<()
             fence: lease.fence,
             lease_id: lease.lease_id.clone(),
             suspend: false,
+            ..Default::default()
         })
         .await
         .map(drop)
@@ -285,6 +287,7 @@ impl SessionStream {
                 ttl_ms,
                 wait_ms,
                 request_id: String::new(),
+                ..Default::default()
             }))
             .await?;
         reply
@@ -299,6 +302,7 @@ impl SessionStream {
             fence: lease.fence,
             lease_id: lease.lease_id,
             suspend: false,
+            ..Default::default()
         };
         self.call(pb::session_request::Op::Release(request))
             .await

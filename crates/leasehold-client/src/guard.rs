@@ -145,12 +145,22 @@ impl Shared {
         Ok(())
     }
 
-    async fn release_once(&self, suspend: bool) -> Result<Ended, ClientError> {
+    async fn release_once(
+        &self,
+        suspend: bool,
+        handoff: Option<&(String, Duration)>,
+    ) -> Result<Ended, ClientError> {
+        let (successor, handoff_ms) = match handoff {
+            Some((successor, within)) => (successor.clone(), millis(*within)),
+            None => (String::new(), 0),
+        };
         let op = Op::Release(pb::ReleaseRequest {
             key: self.key.as_str().to_owned(),
             fence: self.fence.0,
             lease_id: self.lease_id.clone(),
             suspend,
+            successor,
+            handoff_ms,
         });
         // Safe to resend: a retried release of the fence returns the term
         // as it first ended.
@@ -456,7 +466,7 @@ impl SessionGuard {
     /// when the server could not be reached after a few attempts (the term
     /// then expires at its TTL).
     pub async fn release(self) -> Result<Ended, ClientError> {
-        self.finish(false).await
+        self.finish(false, None).await
     }
 
     /// Ends the term as unfinished, so the key is listed as recoverable.
@@ -464,7 +474,26 @@ impl SessionGuard {
     /// # Errors
     /// As for [`SessionGuard::release`].
     pub async fn suspend(self) -> Result<Ended, ClientError> {
-        self.finish(true).await
+        self.finish(true, None).await
+    }
+
+    /// Ends the term (as unfinished with `suspend`) and keeps the key for
+    /// `successor` for `within` (0: 30 s; at most 10 min): only an Acquire
+    /// by that owner gets it, ahead of every waiter. The successor's grant
+    /// says `previous.handed_off`. Others get it once `within` runs out.
+    ///
+    /// # Errors
+    /// As for [`SessionGuard::release`]; [`Error::InvalidArgument`] for a
+    /// malformed successor or a time over the limit.
+    pub async fn hand_off(
+        self,
+        successor: impl Into<String>,
+        within: Duration,
+        suspend: bool,
+    ) -> Result<Ended, ClientError> {
+        let successor = successor.into();
+        leasehold_core::lease::Handoff::parse_optional(successor.clone(), millis(within))?;
+        self.finish(suspend, Some((successor, within))).await
     }
 
     pub(crate) fn ensure_valid(&self) -> Result<(), ClientError> {
@@ -474,7 +503,11 @@ impl SessionGuard {
         }
     }
 
-    async fn finish(mut self, suspend: bool) -> Result<Ended, ClientError> {
+    async fn finish(
+        mut self,
+        suspend: bool,
+        handoff: Option<(String, Duration)>,
+    ) -> Result<Ended, ClientError> {
         // Stop renewing first, so no renewal races the release.
         if let Some(task) = self.keep_alive.take() {
             task.abort();
@@ -487,7 +520,7 @@ impl SessionGuard {
         }
         let mut attempt = 1;
         loop {
-            match self.shared.release_once(suspend).await {
+            match self.shared.release_once(suspend, handoff.as_ref()).await {
                 Ok(ended) => return Ok(ended),
                 Err(err) if err.is_transient() && attempt < RELEASE_ATTEMPTS => {
                     attempt += 1;
@@ -563,7 +596,7 @@ async fn suspend_on_drop(shared: &Shared, was_dropped: bool) {
     if !was_dropped || already.is_some() {
         return;
     }
-    match shared.release_once(true).await {
+    match shared.release_once(true, None).await {
         Ok(_) => {
             tracing::debug!(key = %shared.key, fence = %shared.fence, "dropped guard suspended its term")
         }

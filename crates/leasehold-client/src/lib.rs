@@ -112,6 +112,7 @@ mod guard;
 mod ops;
 mod session;
 mod tools;
+mod watch;
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
@@ -129,12 +130,18 @@ use tonic::service::interceptor::InterceptedService;
 
 pub use error::{ClientError, LossReason};
 pub use guard::{Ended, SessionGuard};
-pub use leasehold_core::lease::{Fence, Key, KeyState, Lease, LeaseId, Owner, TermEnd, Ttl};
+pub use leasehold_core::error::Held;
+pub use leasehold_core::events::{Event, EventKind, Selector};
+pub use leasehold_core::lease::{
+    AcquireOptions, Fence, HistoryEntry, Key, KeyState, Lease, LeaseId, Owner, Reservation,
+    TermEnd, Ttl,
+};
 pub use leasehold_core::ledger::{CallState, ToolCall};
 pub use leasehold_core::lessor::{Acquire, ListFilter};
 pub use leasehold_core::{Error, StaleReason};
-pub use ops::{Granted, KeyPage};
+pub use ops::{Granted, HistoryPage, KeyPage};
 pub use tools::{ToolCallRequest, ToolInvocation, ToolOutcome, ToolResult};
+pub use watch::Watch;
 
 /// The TTL an acquire asks for unless told otherwise.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -440,6 +447,7 @@ impl Client {
             safety_margin: None,
             rpc_timeout: None,
             attempts: DEFAULT_ATTEMPTS,
+            options: AcquireOptions::default(),
         }
     }
 
@@ -530,6 +538,8 @@ pub struct AcquireBuilder {
     rpc_timeout: Option<Duration>,
     /// How many times the acquire is sent when the server is unreachable.
     attempts: u32,
+    /// Lock-delay, recovery limit, force (see [`AcquireBuilder::lock_delay`]).
+    options: AcquireOptions,
 }
 
 impl AcquireBuilder {
@@ -592,6 +602,29 @@ impl AcquireBuilder {
         self
     }
 
+    /// If this term ends by expiry, nobody may acquire the key for `delay`
+    /// (at most 60 s), so writes this holder sent before it was lost drain
+    /// before the next holder starts (Chubby's and Consul's lock-delay). A
+    /// release or suspend skips it.
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.options.lock_delay_ms = millis(delay);
+        self
+    }
+
+    /// Quarantine the key once `k` terms in a row end by expiry or
+    /// suspension (a session that crashes every worker resuming it). 0 takes
+    /// the server's default.
+    pub fn max_recoveries(mut self, k: u32) -> Self {
+        self.options.max_recoveries = (k > 0).then_some(k);
+        self
+    }
+
+    /// Acquire the key even if it is quarantined (needs the admin right).
+    pub fn force(mut self) -> Self {
+        self.options.force = true;
+        self
+    }
+
     /// Sends the acquire and starts the guard's renewal.
     ///
     /// # Errors
@@ -618,6 +651,9 @@ impl AcquireBuilder {
             request_id: self
                 .request_id
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+            lock_delay_ms: self.options.lock_delay_ms,
+            max_recoveries: self.options.max_recoveries.unwrap_or(0),
+            force: self.options.force,
         })?;
         let message = convert::acquire_to_pb(&acquire);
         // Saturating: an absurd wait is the server's to refuse (over 5 min), not a panic here.

@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use leasehold_core::Error;
-use leasehold_core::lease::{Ended, Fence, Key, KeyState, Lease, LeaseId, Ttl};
+use leasehold_core::lease::{
+    Ended, Fence, Handoff, HistoryEntry, Key, KeyState, Lease, LeaseId, Ttl,
+};
 use leasehold_core::lessor::{Acquire, ListFilter};
 use leasehold_wire::{convert, pb};
 
@@ -33,6 +35,14 @@ pub struct Granted {
     pub replayed: bool,
     /// Tool calls earlier terms began and never settled.
     pub unsettled_tool_calls: u32,
+}
+
+/// One page of [`Client::history`], newest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryPage {
+    pub entries: Vec<HistoryEntry>,
+    /// Pass to the next call for older entries; `None` at the end.
+    pub next_before: Option<Fence>,
 }
 
 /// One page of [`Client::list`].
@@ -120,11 +130,32 @@ impl Client {
         lease_id: LeaseId,
         suspend: bool,
     ) -> Result<Ended, ClientError> {
+        self.release_term_to(key, fence, lease_id, suspend, None)
+            .await
+    }
+
+    /// As [`Client::release_term`], keeping the key for `handoff`'s
+    /// successor for a while (ahead of every waiter).
+    ///
+    /// # Errors
+    /// As for [`Client::release_term`].
+    pub async fn release_term_to(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        suspend: bool,
+        handoff: Option<&Handoff>,
+    ) -> Result<Ended, ClientError> {
         let message = pb::ReleaseRequest {
             key: key.as_str().to_owned(),
             fence: fence.0,
             lease_id: lease_id.to_string(),
             suspend,
+            successor: handoff
+                .map(|h| h.successor.as_str().to_owned())
+                .unwrap_or_default(),
+            handoff_ms: handoff.map_or(0, |h| h.for_ms),
         };
         let reply = self
             .endpoints
@@ -168,7 +199,56 @@ impl Client {
             lease: reply.lease,
             last_ended: reply.last_ended,
             recoverable: reply.recoverable,
+            quarantined: reply.quarantined,
+            reservation: reply.reservation,
         })?)
+    }
+
+    /// One page of `key`'s ended terms, newest first: `before` is `None` for
+    /// the newest, then the previous page's `next_before`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a key the server does not hold.
+    pub async fn history(
+        &self,
+        key: &Key,
+        page_size: u32,
+        before: Option<Fence>,
+    ) -> Result<HistoryPage, ClientError> {
+        let message = pb::HistoryRequest {
+            key: key.as_str().to_owned(),
+            page_size,
+            page_token: before.map(|f| f.0.to_string()).unwrap_or_default(),
+        };
+        let reply = call(
+            "History",
+            OP_TIMEOUT,
+            self.rpc().history(request(message, OP_TIMEOUT)),
+        )
+        .await?;
+        let (entries, next_before) = convert::history_from_pb(reply)?;
+        Ok(HistoryPage {
+            entries,
+            next_before,
+        })
+    }
+
+    /// Lifts `key`'s quarantine (admin right) and returns its state.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] for a key the server does not hold.
+    pub async fn unquarantine(&self, key: &Key) -> Result<KeyState, ClientError> {
+        let message = pb::UnquarantineRequest {
+            key: key.as_str().to_owned(),
+        };
+        let reply = call(
+            "Unquarantine",
+            OP_TIMEOUT,
+            self.rpc().unquarantine(request(message, OP_TIMEOUT)),
+        )
+        .await?;
+        let state = reply.key.ok_or_else(|| missing("Unquarantine"))?;
+        Ok(convert::key_state_from_pb(state)?)
     }
 
     /// One page of keys starting with `prefix`, in key order. `page_token`

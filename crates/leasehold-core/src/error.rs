@@ -50,6 +50,34 @@ impl fmt::Display for StaleReason {
     }
 }
 
+/// Why a free key cannot be taken now (see [`Error::Reserved`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// In lock-delay after term `after` expired.
+    LockDelay { after: Fence },
+    /// Reserved for `successor`, named by the term that released it.
+    Handoff { successor: Owner },
+}
+
+impl Held {
+    /// A stable one-word name, used in status metadata.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Held::LockDelay { .. } => "lock_delay",
+            Held::Handoff { .. } => "handoff",
+        }
+    }
+}
+
+impl fmt::Display for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Held::LockDelay { after } => write!(f, "in lock-delay after fence {after} expired"),
+            Held::Handoff { successor } => write!(f, "reserved for successor {successor:?}"),
+        }
+    }
+}
+
 /// A refusal or failure of a lease operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -68,6 +96,26 @@ pub enum Error {
         remaining_ms: u64,
     },
 
+    /// The key is free but reserved: for a lock-delay after an expiry, or
+    /// for the successor its last holder named.
+    #[error("key {key:?} is {reservation} for another {remaining_ms} ms")]
+    Reserved {
+        key: Key,
+        reservation: Held,
+        remaining_ms: u64,
+    },
+    /// Too many terms of the key in a row ended without a clean release;
+    /// nobody may acquire it until an admin lifts the quarantine.
+    #[error(
+        "key {key:?} is quarantined: its last {failures} terms ended without a clean release \
+         ({recent}); see History, and Unquarantine it (admin) once it is safe to resume"
+    )]
+    Quarantined {
+        key: Key,
+        failures: u32,
+        /// The failed terms, oldest first, as `fence end` pairs (for people).
+        recent: String,
+    },
     /// The presented fence is not the key's live term.
     #[error("fence {fence} is not the live term of key {key:?}: {reason}")]
     StaleFence {
@@ -108,6 +156,17 @@ pub enum Error {
     #[error("unavailable: {0}")]
     Unavailable(String),
 
+    /// A watch asked to start from a revision the event log no longer
+    /// holds: the watcher must re-list, then watch from the current one.
+    #[error(
+        "revision {requested} is compacted; the oldest the log holds is {oldest}: \
+         list the keys again, then watch from the revision the list was read at"
+    )]
+    Compacted { requested: u64, oldest: u64 },
+    /// This server (its storage backend) does not offer the feature asked
+    /// for; the request changed nothing.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// Storage failed in a way the client did not cause.
     #[error("storage error: {0}")]
     Storage(String),

@@ -90,6 +90,142 @@ pub struct Term {
     pub ttl: Ttl,
     pub acquired_at: Millis,
     pub expires_at: Millis,
+    /// What the Acquire asked for the end of this term, and how it began.
+    pub lifecycle: Lifecycle,
+}
+
+/// The parts of a term that only matter when it ends (lock-delay, recovery
+/// limit) or that say how it began (handed off). Kept together so a term
+/// that uses none of them is written `Lifecycle::default()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// When the term ends by expiry, nobody may acquire the key for this
+    /// long (0: no delay).
+    pub lock_delay_ms: u64,
+    /// Quarantine the key when this many terms in a row (this one included)
+    /// end by expiry or suspension; `None` takes the server default.
+    pub max_recoveries: Option<u32>,
+    /// The term was granted to the successor its predecessor named.
+    pub handed_off: bool,
+}
+
+/// The longest lock-delay an Acquire may ask for.
+pub const MAX_LOCK_DELAY_MS: u64 = 60_000;
+
+/// The longest reservation a Release may make for a successor.
+pub const MAX_HANDOFF_MS: u64 = 10 * 60 * 1000;
+
+/// How long a successor is waited for when a Release names one but no time.
+pub const DEFAULT_HANDOFF_MS: u64 = 30_000;
+
+/// What an Acquire asks beyond the key, owner and TTL: parsed once, at the
+/// edge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    /// See [`Lifecycle::lock_delay_ms`].
+    pub lock_delay_ms: u64,
+    /// See [`Lifecycle::max_recoveries`].
+    pub max_recoveries: Option<u32>,
+    /// Acquire a quarantined key anyway (an operator's override; the server
+    /// asks for the admin right).
+    pub force: bool,
+}
+
+impl AcquireOptions {
+    /// Checks the wire values; `max_recoveries = 0` means the server default.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a lock-delay over [`MAX_LOCK_DELAY_MS`].
+    pub fn parse(lock_delay_ms: u64, max_recoveries: u32, force: bool) -> Result<AcquireOptions> {
+        if lock_delay_ms > MAX_LOCK_DELAY_MS {
+            return Err(Error::InvalidArgument(format!(
+                "lock_delay_ms {lock_delay_ms} is over the limit of {MAX_LOCK_DELAY_MS}"
+            )));
+        }
+        Ok(AcquireOptions {
+            lock_delay_ms,
+            max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
+            force,
+        })
+    }
+}
+
+/// A Release's request to keep the key for a named successor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handoff {
+    pub successor: Owner,
+    /// How long the key waits for the successor before waiters get it.
+    pub for_ms: u64,
+}
+
+impl Handoff {
+    /// Checks the wire values: an empty successor is no handoff; `for_ms = 0`
+    /// is [`DEFAULT_HANDOFF_MS`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad owner or a time over
+    /// [`MAX_HANDOFF_MS`], or a time without a successor.
+    pub fn parse_optional(successor: impl Into<String>, for_ms: u64) -> Result<Option<Handoff>> {
+        let successor = successor.into();
+        if successor.is_empty() {
+            if for_ms != 0 {
+                return Err(Error::InvalidArgument(
+                    "handoff_ms is set but no successor is named".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        if for_ms > MAX_HANDOFF_MS {
+            return Err(Error::InvalidArgument(format!(
+                "handoff_ms {for_ms} is over the limit of {MAX_HANDOFF_MS}"
+            )));
+        }
+        Ok(Some(Handoff {
+            successor: Owner::parse(successor)?,
+            for_ms: if for_ms == 0 {
+                DEFAULT_HANDOFF_MS
+            } else {
+                for_ms
+            },
+        }))
+    }
+}
+
+/// Who may take a free key, when it is not everyone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reservation {
+    /// The term `after` expired; nobody may take the key until `until`,
+    /// so writes its holder already sent can drain.
+    LockDelay { after: Fence, until: Millis },
+    /// The term `from` was released for `successor`, who alone may take the
+    /// key until `until`.
+    Handoff {
+        from: Fence,
+        successor: Owner,
+        until: Millis,
+    },
+}
+
+impl Reservation {
+    pub fn until(&self) -> Millis {
+        match self {
+            Reservation::LockDelay { until, .. } | Reservation::Handoff { until, .. } => *until,
+        }
+    }
+}
+
+/// One ended term in a key's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryEntry {
+    pub fence: Fence,
+    pub owner: Owner,
+    pub acquired_at: Millis,
+    pub ended_at: Millis,
+    pub end: TermEnd,
+    /// Tool calls running when the term ended.
+    pub unsettled_tool_calls: u32,
+    /// The term was granted to its predecessor's named successor.
+    pub handed_off: bool,
 }
 
 impl Term {
@@ -147,6 +283,9 @@ pub struct Ended {
     pub end: TermEnd,
     /// Server wall-clock milliseconds since the Unix epoch.
     pub ended_at: Millis,
+    /// In an Acquire's `previous`: that term's release named this Acquire's
+    /// owner as its successor, and the key was kept for it.
+    pub handed_off: bool,
 }
 
 impl From<&EndedTerm> for Ended {
@@ -156,6 +295,7 @@ impl From<&EndedTerm> for Ended {
             owner: ended.owner.clone(),
             end: ended.end,
             ended_at: ended.ended_at,
+            handed_off: false,
         }
     }
 }
@@ -166,8 +306,13 @@ pub struct KeyState {
     pub key: Key,
     pub lease: Option<Lease>,
     pub last_ended: Option<Ended>,
-    /// No live term, and the last one ended expired or suspended.
+    /// No live term, the last one ended expired or suspended, and the key
+    /// is not quarantined.
     pub recoverable: bool,
+    /// Acquires are refused until an admin lifts the quarantine.
+    pub quarantined: bool,
+    /// Who alone may take the key now, if it is free but reserved.
+    pub reservation: Option<Reservation>,
 }
 
 /// A key: names a resource (a session id, `db:<path>`, ...). Non-empty, at

@@ -14,6 +14,7 @@
 
 pub mod clock;
 pub mod error;
+pub mod events;
 pub mod lease;
 pub mod ledger;
 pub mod lessor;

@@ -8,7 +8,8 @@
 //! the writer: the full current state of every key changed since the last
 //! batch.
 
-use crate::lease::{EndedTerm, Key, Term};
+use crate::events::Event;
+use crate::lease::{EndedTerm, Fence, HistoryEntry, Key, Reservation, Term};
 use crate::ledger::ToolCall;
 
 /// A key's durable state: what storage keeps, and what start-up restores.
@@ -17,6 +18,33 @@ pub struct KeyRecord {
     pub key: Key,
     pub live: Option<Term>,
     pub last_ended: Option<EndedTerm>,
+    /// Who alone may take the free key, until when.
+    pub reservation: Option<Reservation>,
+    /// Terms in a row that ended by expiry or suspension.
+    pub failures: u32,
+    pub quarantined: bool,
+    /// In a batch: ended terms storage has not seen yet, to add (oldest
+    /// first). At load: the key's whole history.
+    pub history: Vec<HistoryEntry>,
+    /// In a batch: drop the key's history entries below this fence (they
+    /// fell out of the history). Unused at load.
+    pub history_from: Option<Fence>,
+}
+
+impl KeyRecord {
+    /// A record of a key with only a live term and a last ended term.
+    pub fn new(key: Key, live: Option<Term>, last_ended: Option<EndedTerm>) -> KeyRecord {
+        KeyRecord {
+            key,
+            live,
+            last_ended,
+            reservation: None,
+            failures: 0,
+            quarantined: false,
+            history: Vec::new(),
+            history_from: None,
+        }
+    }
 }
 
 /// A set of changes to commit in one transaction.
@@ -37,6 +65,9 @@ pub struct Batch {
     pub fence_high_water: u64,
     /// Once this batch commits, every change up to this sequence is durable.
     pub seq: u64,
+    /// The events of this batch's changes, revisions rising, continuing the
+    /// last batch's. Storage keeps a bounded tail of them for Watch.
+    pub events: Vec<Event>,
 }
 
 /// A storage failure. Storage errors are never the client's fault.
@@ -70,6 +101,9 @@ pub struct Snapshot {
     /// Start-up takes the highest of this and every fence in `records`, so
     /// a store must keep it current only when it deletes rows.
     pub fence_high_water: u64,
+    /// The stored tail of the event log, revisions rising (the last one is
+    /// the highest revision ever given).
+    pub events: Vec<Event>,
 }
 
 /// Durable storage for the lease table.

@@ -21,12 +21,14 @@
 use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 
+use crate::engine::Watching;
 use crate::metrics::Exposition;
+use leasehold_core::events::Selector;
 
 use leasehold_core::error::Result;
-use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Term, Ttl};
+use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, Ttl};
 use leasehold_core::ledger::{BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall};
-use leasehold_core::lessor::{Acquire, Grant, KeyView, ListFilter, ListPage};
+use leasehold_core::lessor::{Acquire, Grant, HistoryPage, KeyView, ListFilter, ListPage};
 
 /// A reply still on its way (waiting in line, or for durability).
 pub type Pending<T> = BoxFuture<'static, Result<T>>;
@@ -40,13 +42,15 @@ pub trait Backend: Send + Sync + 'static {
     /// Extends the live term `fence` of `key`; `ttl = None` keeps its TTL.
     fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term>;
 
-    /// Ends the live term `fence` of `key` (as unfinished with `suspend`).
+    /// Ends the live term `fence` of `key` (as unfinished with `suspend`),
+    /// keeping the key for `handoff`'s successor for a while if given.
     fn release(
         &self,
         key: &Key,
         fence: Fence,
         lease_id: LeaseId,
         suspend: bool,
+        handoff: Option<Handoff>,
     ) -> Pending<EndedTerm>;
 
     /// The live term of `key` if `fence` is it.
@@ -63,6 +67,16 @@ pub trait Backend: Send + Sync + 'static {
         after: Option<&Key>,
         page_size: usize,
     ) -> Pending<ListPage>;
+
+    /// Up to `limit` ended terms of `key`, newest first, below `before`.
+    fn history(&self, key: &Key, before: Option<Fence>, limit: usize) -> Pending<HistoryPage>;
+
+    /// Lifts `key`'s quarantine; the key's state after.
+    fn unquarantine(&self, key: &Key) -> Pending<KeyView>;
+
+    /// Follows the keys `selector` picks, from revision `start` (0: from
+    /// now on); events only once durable, in revision order, none twice.
+    fn watch(&self, selector: Selector, start: u64) -> Pending<Watching>;
 
     /// Records tool calls as running under the live term, all or none.
     fn begin_tool_calls(

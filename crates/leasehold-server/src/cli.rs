@@ -12,7 +12,10 @@ use serde_json::{Value, json};
 
 use leasehold_client::{Client, ClientError};
 use leasehold_core::SystemClock;
-use leasehold_core::lease::{Ended, Fence, Key, Lease, LeaseId, TermEnd, Ttl};
+use leasehold_core::events::{Event, EventKind, Selector};
+use leasehold_core::lease::{
+    Ended, Fence, Handoff, HistoryEntry, Key, Lease, LeaseId, Reservation, TermEnd, Ttl,
+};
 use leasehold_core::lessor::ListFilter;
 use leasehold_server::Backend;
 use leasehold_server::engine::EngineConfig;
@@ -73,6 +76,20 @@ enum Command {
         /// keys are kept until taken over.
         #[arg(long, alias = "ledger-retention-ms", default_value_t = leasehold_core::lessor::DEFAULT_RETENTION_MS)]
         retention_ms: u64,
+        /// How many ended terms each key remembers (History).
+        #[arg(long, default_value_t = leasehold_core::lessor::DEFAULT_HISTORY_LEN)]
+        history_len: usize,
+        /// Quarantine a key after this many terms in a row end by expiry or
+        /// suspension, when its Acquire sets no limit of its own (0: never).
+        #[arg(long, default_value_t = 0)]
+        max_recoveries: u32,
+        /// How many events the Watch log keeps (SQLite); a watcher resuming
+        /// from an older revision must re-list.
+        #[arg(long, default_value_t = leasehold_core::events::DEFAULT_EVENT_LOG_LEN)]
+        event_log_len: usize,
+        /// How many commits a watcher may fall behind before it is cut off.
+        #[arg(long, default_value_t = 4096)]
+        watch_buffer: usize,
         /// Log lines on stderr: text for people (coloured only on a terminal,
         /// and not when NO_COLOR is set), json for log pipelines (one JSON
         /// object per line). RUST_LOG picks the level (default info).
@@ -108,6 +125,16 @@ enum Command {
         /// Retry token: repeating it returns the same lease.
         #[arg(long, default_value = "")]
         request_id: String,
+        /// If the term expires, keep the key from everyone this long (ms).
+        #[arg(long, default_value_t = 0)]
+        lock_delay_ms: u64,
+        /// Quarantine the key after this many failed terms in a row (0: the
+        /// server's default).
+        #[arg(long, default_value_t = 0)]
+        max_recoveries: u32,
+        /// Acquire even a quarantined key (needs the admin right).
+        #[arg(long)]
+        force: bool,
     },
     /// Extend a lease.
     Renew {
@@ -134,6 +161,45 @@ enum Command {
         /// Release as unfinished, so the key is listed as recoverable.
         #[arg(long)]
         suspend: bool,
+        /// Keep the key for this owner: only its Acquire gets it.
+        #[arg(long, default_value = "")]
+        successor: String,
+        /// How long the key waits for the successor (ms; 0: 30 s).
+        #[arg(long, default_value_t = 0)]
+        handoff_ms: u64,
+    },
+    /// Show a key's last ended terms, newest first.
+    History {
+        key: String,
+        #[command(flatten)]
+        target: Target,
+        /// Entries per page (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        page_size: u32,
+    },
+    /// Print every change of ownership of a key or prefix as it happens, one
+    /// line per event (JSON with --json), until interrupted or --count.
+    Watch {
+        #[command(flatten)]
+        target: Target,
+        /// Keys starting with this (empty: every key).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Exactly this key instead of a prefix.
+        #[arg(long)]
+        key: Option<String>,
+        /// The first revision to print (0: only what happens from now on).
+        #[arg(long, default_value_t = 0)]
+        from_revision: u64,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<usize>,
+    },
+    /// Lift a key's quarantine (admin).
+    Unquarantine {
+        key: String,
+        #[command(flatten)]
+        target: Target,
     },
     /// Succeed only while FENCE is KEY's live term.
     Check {
@@ -225,6 +291,10 @@ struct ServeLimits {
     /// The largest request message, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_bytes: usize,
+    /// Keys one principal (under --auth) may hold at once: its live terms
+    /// and Acquires in flight; 0 is no limit.
+    #[arg(long, default_value_t = 10_000)]
+    max_keys_per_principal: usize,
 }
 
 impl ServeLimits {
@@ -234,6 +304,7 @@ impl ServeLimits {
             streams_per_connection: self.max_streams_per_connection,
             ops_per_second: self.max_ops_per_second,
             max_message_bytes: self.max_message_bytes,
+            keys_per_principal: self.max_keys_per_principal,
         }
     }
 }
@@ -333,6 +404,7 @@ enum LogFormat {
 enum Filter {
     Live,
     Recoverable,
+    Quarantined,
     All,
 }
 
@@ -369,6 +441,10 @@ async fn run(command: Command) -> ExitCode {
             sync,
             drain_timeout_ms,
             retention_ms,
+            history_len,
+            max_recoveries,
+            event_log_len,
+            watch_buffer,
             log_format,
             metrics_listen,
             tls,
@@ -392,6 +468,10 @@ async fn run(command: Command) -> ExitCode {
                     let config = EngineConfig {
                         retention_ms,
                         max_waiters_per_key: limits.max_waiters_per_key,
+                        history_len,
+                        default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
+                        event_log_len,
+                        watch_buffer,
                         ..EngineConfig::default()
                     };
                     serve(db, sync, config, edge).await
@@ -725,6 +805,9 @@ async fn operate(command: Command) -> Result<(), String> {
             ttl_ms,
             wait_ms,
             request_id,
+            lock_delay_ms,
+            max_recoveries,
+            force,
         } => {
             let acquire = convert::acquire(pb::AcquireRequest {
                 key,
@@ -732,6 +815,9 @@ async fn operate(command: Command) -> Result<(), String> {
                 ttl_ms,
                 wait_ms,
                 request_id,
+                lock_delay_ms,
+                max_recoveries,
+                force,
             })
             .map_err(refused)?;
             let granted = connect(&target)
@@ -770,14 +856,84 @@ async fn operate(command: Command) -> Result<(), String> {
             fence,
             lease_id: id,
             suspend,
+            successor,
+            handoff_ms,
         } => {
             let (k, id) = (key(k)?, lease_id(&id)?);
+            let handoff = Handoff::parse_optional(successor, handoff_ms).map_err(refused)?;
             let ended = connect(&target)
                 .await?
-                .release_term(&k, Fence(fence), id, suspend)
+                .release_term_to(&k, Fence(fence), id, suspend, handoff.as_ref())
                 .await
                 .map_err(refused)?;
             print(target.json, json!({ "ended": ended_json(&ended) }));
+        }
+        Command::History {
+            key: k,
+            target,
+            page_size,
+        } => {
+            let k = key(k)?;
+            let page = connect(&target)
+                .await?
+                .history(&k, page_size, None)
+                .await
+                .map_err(refused)?;
+            let entries: Vec<Value> = page.entries.iter().map(history_json).collect();
+            print(target.json, json!({ "entries": entries }));
+        }
+        Command::Watch {
+            target,
+            prefix,
+            key: watched,
+            from_revision,
+            count,
+        } => {
+            use futures_util::StreamExt;
+            let selector = match watched {
+                Some(k) => Selector::Key(key(k)?),
+                None => Selector::Prefix(prefix),
+            };
+            let mut watch = connect(&target)
+                .await?
+                .watch(selector, from_revision)
+                .await
+                .map_err(refused)?;
+            let mut printed = 0;
+            while count.is_none_or(|n| printed < n) {
+                let Some(event) = watch.next().await else {
+                    return Err(format!(
+                        "the watch ended; resume with --from-revision {}",
+                        watch.next_revision()
+                    ));
+                };
+                let event = event.map_err(|e| {
+                    format!(
+                        "{}; resume with --from-revision {}",
+                        refused(e),
+                        watch.next_revision()
+                    )
+                })?;
+                print(target.json, event_json(&event));
+                let _ = std::io::stdout().flush();
+                printed += 1;
+            }
+        }
+        Command::Unquarantine { key: k, target } => {
+            let k = key(k)?;
+            let state = connect(&target)
+                .await?
+                .unquarantine(&k)
+                .await
+                .map_err(refused)?;
+            print(
+                target.json,
+                json!({
+                    "key": k.as_str(),
+                    "quarantined": state.quarantined,
+                    "recoverable": state.recoverable,
+                }),
+            );
         }
         Command::Check {
             key: k,
@@ -801,6 +957,8 @@ async fn operate(command: Command) -> Result<(), String> {
                     "lease": state.lease.as_ref().map(lease_json),
                     "last_ended": state.last_ended.as_ref().map(ended_json),
                     "recoverable": state.recoverable,
+                    "quarantined": state.quarantined,
+                    "reservation": state.reservation.as_ref().map(reservation_json),
                 }),
             );
         }
@@ -816,6 +974,7 @@ async fn operate(command: Command) -> Result<(), String> {
             let filter = match filter {
                 Filter::Live => ListFilter::Live,
                 Filter::Recoverable => ListFilter::Recoverable,
+                Filter::Quarantined => ListFilter::Quarantined,
                 Filter::All => ListFilter::All,
             };
             let mut token = (!page_token.is_empty()).then_some(page_token);
@@ -990,18 +1149,68 @@ fn lease_json(lease: &Lease) -> Value {
     value
 }
 
-fn ended_json(ended: &Ended) -> Value {
-    let end = match ended.end {
+fn end_name(end: TermEnd) -> &'static str {
+    match end {
         TermEnd::Released => "RELEASED",
         TermEnd::Suspended => "SUSPENDED",
         TermEnd::Expired => "EXPIRED",
-    };
+    }
+}
+
+fn ended_json(ended: &Ended) -> Value {
     json!({
         "fence": ended.fence.0,
         "owner": ended.owner.as_str(),
-        "end": end,
+        "end": end_name(ended.end),
         "ended_at_ms": ended.ended_at,
+        "handed_off": ended.handed_off,
     })
+}
+
+fn event_json(e: &Event) -> Value {
+    let kind = match e.kind {
+        EventKind::Granted => "GRANTED",
+        EventKind::Released => "RELEASED",
+        EventKind::Suspended => "SUSPENDED",
+        EventKind::Expired => "EXPIRED",
+        EventKind::Forgotten => "FORGOTTEN",
+    };
+    json!({
+        "revision": e.revision,
+        "key": e.key.as_str(),
+        "kind": kind,
+        "fence": e.fence.0,
+        "owner": e.owner.as_str(),
+        "at_ms": e.at,
+    })
+}
+
+fn history_json(h: &HistoryEntry) -> Value {
+    json!({
+        "fence": h.fence.0,
+        "owner": h.owner.as_str(),
+        "acquired_at_ms": h.acquired_at,
+        "ended_at_ms": h.ended_at,
+        "end": end_name(h.end),
+        "unsettled_tool_calls": h.unsettled_tool_calls,
+        "handed_off": h.handed_off,
+    })
+}
+
+fn reservation_json(r: &Reservation) -> Value {
+    match r {
+        Reservation::LockDelay { after, until } => json!({
+            "kind": "LOCK_DELAY", "after_fence": after.0, "until_ms": until,
+        }),
+        Reservation::Handoff {
+            from,
+            successor,
+            until,
+        } => json!({
+            "kind": "HANDOFF", "after_fence": from.0, "successor": successor.as_str(),
+            "until_ms": until,
+        }),
+    }
 }
 
 /// Prints `value` as JSON, or as `field: value` lines for people.

@@ -9,6 +9,7 @@
 //!   on one database.
 //! - [`grpc`]: the tonic services (leases, the Session stream, transcripts).
 //! - [`server`]: running it all on a listener, with health and reflection.
+//! - [`request_log`]: the request id on every log line of a request.
 //!
 //! The rules themselves live in `leasehold-core`; the wire format in
 //! `leasehold-wire`.
@@ -16,10 +17,12 @@
 pub mod auth;
 pub mod backend;
 pub mod engine;
+pub mod event_codec;
 pub mod grpc;
 pub mod limits;
 pub mod metrics;
 pub mod postgres;
+pub mod request_log;
 pub mod server;
 pub mod sqlite;
 pub mod tls;

@@ -205,7 +205,22 @@ impl Default for ServiceMetrics {
 impl ServiceMetrics {
     /// Records one request of `rpc` that took `elapsed` and ended in
     /// `refusal` (`None`: it succeeded).
+    ///
+    /// Every answer passes here, so this is also where it is logged (at
+    /// debug, inside the request's span: see [`crate::request_log`]); only
+    /// the RPC, the code and the time, never a key, owner or lease id.
     pub fn record(&self, rpc: &'static str, elapsed: Duration, refusal: Option<&Error>) {
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        match refusal {
+            None => tracing::debug!(rpc, micros, "answered"),
+            Some(err) => tracing::debug!(
+                rpc,
+                micros,
+                code = code_name(err),
+                reason = reason_name(err),
+                "refused"
+            ),
+        }
         if let Some(histogram) = self.requests.get(rpc) {
             histogram.observe_duration(elapsed);
         }
@@ -252,8 +267,10 @@ impl ServiceMetrics {
 fn code_name(err: &Error) -> &'static str {
     match err {
         Error::InvalidArgument(_) => "INVALID_ARGUMENT",
-        Error::Busy { .. } => "ABORTED",
-        Error::StaleFence { .. } => "FAILED_PRECONDITION",
+        Error::Busy { .. } | Error::Reserved { .. } => "ABORTED",
+        Error::StaleFence { .. } | Error::Quarantined { .. } => "FAILED_PRECONDITION",
+        Error::Unsupported(_) => "UNIMPLEMENTED",
+        Error::Compacted { .. } => "OUT_OF_RANGE",
         Error::PermissionDenied { .. } | Error::NotAllowed { .. } => "PERMISSION_DENIED",
         Error::Unauthenticated(_) => "UNAUTHENTICATED",
         Error::ResourceExhausted { .. } => "RESOURCE_EXHAUSTED",

@@ -53,7 +53,8 @@ pub fn open_engine(
     clock: Arc<dyn Clock>,
     config: EngineConfig,
 ) -> Result<Engine, StoreError> {
-    let store = SqliteStore::open(db, sync)?;
+    let mut store = SqliteStore::open(db, sync)?;
+    store.set_event_log_len(config.event_log_len);
     Engine::start(Box::new(store), clock, config)
 }
 
@@ -264,6 +265,7 @@ pub async fn serve_on(
         .accept_http1(true)
         .http2_keepalive_interval(Some(options.keep_alive_interval))
         .http2_keepalive_timeout(Some(options.keep_alive_timeout))
+        .trace_fn(crate::request_log::request_span)
         .layer(tonic_web::GrpcWebLayer::new())
         .add_service(health)
         .add_service(reflection_v1)

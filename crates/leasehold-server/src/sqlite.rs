@@ -28,15 +28,23 @@ use std::path::Path;
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Owner, RequestId, Term, TermEnd, Ttl};
+use leasehold_core::events::DEFAULT_EVENT_LOG_LEN;
+use leasehold_core::lease::{
+    EndedTerm, Fence, HistoryEntry, Key, LeaseId, Lifecycle, Owner, RequestId, Reservation, Term,
+    TermEnd, Ttl,
+};
 use leasehold_core::ledger::{CallState, ToolCall};
 use leasehold_core::store::{Batch, KeyRecord};
+
+use crate::event_codec;
 use leasehold_core::store::{Snapshot, Store, StoreError};
 
 /// The schema migrations, in order. Never remove or reorder an entry; only append.
 pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0001_leases.sql"),
     include_str!("../../../migrations/0002_tool_calls.sql"),
+    include_str!("../../../migrations/0003_lifecycle.sql"),
+    include_str!("../../../migrations/0004_events.sql"),
 ];
 
 /// How hard a commit waits for the disk.
@@ -55,6 +63,10 @@ pub struct SqliteStore {
     conn: Connection,
     /// Transactions committed, for batching metrics.
     commits: u64,
+    /// How many events the stored log keeps at least; older rows go.
+    event_log_len: u64,
+    /// The first revision of the oldest stored row (0: none yet).
+    oldest_revision: u64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -102,9 +114,20 @@ impl SqliteStore {
         };
         conn.pragma_update(None, "synchronous", sync)
             .map_err(open_err)?;
-        let mut store = SqliteStore { conn, commits: 0 };
+        let mut store = SqliteStore {
+            conn,
+            commits: 0,
+            event_log_len: DEFAULT_EVENT_LOG_LEN as u64,
+            oldest_revision: 0,
+        };
         store.migrate(&shown)?;
         Ok(store)
+    }
+
+    /// Keeps at least the last `len` events for Watch (older ones are
+    /// deleted as new ones come, a few thousand at a time).
+    pub fn set_event_log_len(&mut self, len: usize) {
+        self.event_log_len = len.max(1) as u64;
     }
 
     /// Applies the migrations this database has not seen yet, in one
@@ -165,15 +188,42 @@ impl Store for SqliteStore {
             .prepare(
                 "SELECT key, live_fence, live_owner, live_lease_id, live_request_id, live_ttl_ms,
                         live_acquired_at_ms, live_expires_at_ms, ended_fence, ended_owner,
-                        ended_lease_id, ended_end, ended_at_ms
+                        ended_lease_id, ended_end, ended_at_ms, live_lock_delay_ms,
+                        live_max_recoveries, live_handed_off, reserved_kind, reserved_after_fence,
+                        reserved_successor, reserved_until_ms, failures, quarantined
                  FROM keys ORDER BY key",
             )
             .map_err(io)?;
-        let records = stmt
+        let mut records = stmt
             .query_map([], read_record)
             .map_err(io)?
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
+        // Both in key order: each key's history joins its record in one pass.
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT key, fence, owner, acquired_at_ms, ended_at_ms, end_kind,
+                        unsettled_tool_calls, handed_off
+                 FROM term_history ORDER BY key, fence",
+            )
+            .map_err(io)?;
+        let history = stmt
+            .query_map([], read_history)
+            .map_err(io)?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(io)?;
+        let mut records_iter = records.iter_mut().peekable();
+        for (key, entry) in history {
+            while records_iter.peek().is_some_and(|r| r.key < key) {
+                records_iter.next();
+            }
+            match records_iter.peek_mut() {
+                Some(record) if record.key == key => record.history.push(entry),
+                // History of a key without a row: left over, never read.
+                _ => {}
+            }
+        }
         let mut stmt = self
             .conn
             .prepare(
@@ -187,10 +237,27 @@ impl Store for SqliteStore {
             .map_err(io)?
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT first_revision, data FROM events ORDER BY first_revision")
+            .map_err(io)?;
+        let mut events = Vec::new();
+        let mut rows = stmt.query([]).map_err(io)?;
+        while let Some(row) = rows.next().map_err(io)? {
+            let first: i64 = row.get(0).map_err(io)?;
+            if self.oldest_revision == 0 {
+                self.oldest_revision = first as u64;
+            }
+            let data: Vec<u8> = row.get(1).map_err(io)?;
+            let decoded = event_codec::decode(&data)
+                .map_err(|e| StoreError::Io(format!("stored events at revision {first}: {e}")))?;
+            events.extend(decoded);
+        }
         Ok(Snapshot {
             records,
             calls,
             fence_high_water: fence_high_water as u64,
+            events,
         })
     }
 
@@ -204,20 +271,47 @@ impl Store for SqliteStore {
             let mut forget = tx
                 .prepare_cached("DELETE FROM keys WHERE key = ?1")
                 .map_err(io)?;
+            let mut forget_history = tx
+                .prepare_cached("DELETE FROM term_history WHERE key = ?1")
+                .map_err(io)?;
             for key in &batch.forgotten {
                 forget.execute([Sql(key)]).map_err(io)?;
+                forget_history.execute([Sql(key)]).map_err(io)?;
             }
             let mut put = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO keys (key, live_fence, live_owner, live_lease_id,
                         live_request_id, live_ttl_ms, live_acquired_at_ms, live_expires_at_ms,
-                        ended_fence, ended_owner, ended_lease_id, ended_end, ended_at_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                        ended_fence, ended_owner, ended_lease_id, ended_end, ended_at_ms,
+                        live_lock_delay_ms, live_max_recoveries, live_handed_off, reserved_kind,
+                        reserved_after_fence, reserved_successor, reserved_until_ms, failures,
+                        quarantined)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
+                        ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
                 )
+                .map_err(io)?;
+            let mut put_history = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO term_history (key, fence, owner, acquired_at_ms,
+                        ended_at_ms, end_kind, unsettled_tool_calls, handed_off)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                )
+                .map_err(io)?;
+            let mut trim_history = tx
+                .prepare_cached("DELETE FROM term_history WHERE key = ?1 AND fence < ?2")
                 .map_err(io)?;
             for record in &batch.records {
                 let live = record.live.as_ref();
                 let ended = record.last_ended.as_ref();
+                let lifecycle = live.map(|t| t.lifecycle);
+                let reservation = record.reservation.as_ref();
+                let (kind, after, successor) = match reservation {
+                    None => (None, None, None),
+                    Some(Reservation::LockDelay { after, .. }) => (Some(1), Some(after), None),
+                    Some(Reservation::Handoff {
+                        from, successor, ..
+                    }) => (Some(2), Some(from), Some(Sql(successor))),
+                };
                 put.execute(params![
                     Sql(&record.key),
                     live.map(|t| Sql(&t.fence)),
@@ -232,8 +326,38 @@ impl Store for SqliteStore {
                     ended.map(|e| Sql(&e.lease_id)),
                     ended.map(|e| Sql(&e.end)),
                     ended.map(|e| e.ended_at as i64),
+                    lifecycle
+                        .filter(|l| l.lock_delay_ms > 0)
+                        .map(|l| l.lock_delay_ms as i64),
+                    lifecycle.and_then(|l| l.max_recoveries.map(i64::from)),
+                    lifecycle.filter(|l| l.handed_off).map(|_| true),
+                    kind,
+                    after.map(Sql),
+                    successor,
+                    reservation.map(|r| r.until() as i64),
+                    i64::from(record.failures),
+                    record.quarantined,
                 ])
                 .map_err(io)?;
+                if let Some(from) = &record.history_from {
+                    trim_history
+                        .execute(params![Sql(&record.key), Sql(from)])
+                        .map_err(io)?;
+                }
+                for h in &record.history {
+                    put_history
+                        .execute(params![
+                            Sql(&record.key),
+                            Sql(&h.fence),
+                            Sql(&h.owner),
+                            h.acquired_at as i64,
+                            h.ended_at as i64,
+                            Sql(&h.end),
+                            i64::from(h.unsettled_tool_calls),
+                            h.handed_off,
+                        ])
+                        .map_err(io)?;
+                }
             }
             let mut prune = tx
                 .prepare_cached("DELETE FROM tool_calls WHERE key = ?1 AND call_id = ?2")
@@ -268,6 +392,30 @@ impl Store for SqliteStore {
                         call.settled_at.map(|t| t as i64),
                     ])
                     .map_err(io)?;
+            }
+            if let (Some(first), Some(last)) = (batch.events.first(), batch.events.last()) {
+                tx.prepare_cached(
+                    "INSERT INTO events (first_revision, last_revision, data) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(io)?
+                .execute(params![
+                    first.revision as i64,
+                    last.revision as i64,
+                    event_codec::encode(&batch.events)
+                ])
+                .map_err(io)?;
+                if self.oldest_revision == 0 {
+                    self.oldest_revision = first.revision;
+                }
+                // Compact in steps of an eighth of the log, not every commit.
+                let keep_from = last.revision.saturating_sub(self.event_log_len);
+                if keep_from > self.oldest_revision + self.event_log_len / 8 {
+                    tx.prepare_cached("DELETE FROM events WHERE last_revision < ?1")
+                        .map_err(io)?
+                        .execute([keep_from as i64])
+                        .map_err(io)?;
+                    self.oldest_revision = keep_from;
+                }
             }
             // Every fence granted is in its key's row until the row is
             // deleted, and start-up takes the highest of the rows' fences and
@@ -463,6 +611,19 @@ fn read_call(row: &Row<'_>) -> rusqlite::Result<(Key, ToolCall)> {
     Ok((col(row, 0)?, call))
 }
 
+fn read_history(row: &Row<'_>) -> rusqlite::Result<(Key, HistoryEntry)> {
+    let entry = HistoryEntry {
+        fence: col(row, 1)?,
+        owner: col(row, 2)?,
+        acquired_at: row.get::<_, i64>(3)? as u64,
+        ended_at: row.get::<_, i64>(4)? as u64,
+        end: col(row, 5)?,
+        unsettled_tool_calls: row.get::<_, i64>(6)? as u32,
+        handed_off: row.get(7)?,
+    };
+    Ok((col(row, 0)?, entry))
+}
+
 fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
     let live = match row.get::<_, Option<Sql<Fence>>>(1)? {
         None => None,
@@ -474,6 +635,11 @@ fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
             ttl: col(row, 5)?,
             acquired_at: row.get::<_, i64>(6)? as u64,
             expires_at: row.get::<_, i64>(7)? as u64,
+            lifecycle: Lifecycle {
+                lock_delay_ms: row.get::<_, Option<i64>>(13)?.unwrap_or(0) as u64,
+                max_recoveries: row.get::<_, Option<i64>>(14)?.map(|k| k as u32),
+                handed_off: row.get::<_, Option<bool>>(15)?.unwrap_or(false),
+            },
         }),
     };
     let last_ended = match row.get::<_, Option<Sql<Fence>>>(8)? {
@@ -486,10 +652,37 @@ fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
             ended_at: row.get::<_, i64>(12)? as u64,
         }),
     };
+    let reservation = match row.get::<_, Option<i64>>(16)? {
+        None => None,
+        Some(kind) => {
+            let until = row.get::<_, i64>(19)? as u64;
+            let after = Fence(row.get::<_, i64>(17)? as u64);
+            Some(match kind {
+                1 => Reservation::LockDelay { after, until },
+                2 => Reservation::Handoff {
+                    from: after,
+                    successor: col(row, 18)?,
+                    until,
+                },
+                other => {
+                    return Err(rusqlite::Error::FromSqlConversionFailure(
+                        16,
+                        rusqlite::types::Type::Integer,
+                        format!("unknown reservation kind {other}").into(),
+                    ));
+                }
+            })
+        }
+    };
     Ok(KeyRecord {
         key: col(row, 0)?,
         live,
         last_ended,
+        reservation,
+        failures: row.get::<_, i64>(20)? as u32,
+        quarantined: row.get(21)?,
+        history: Vec::new(),
+        history_from: None,
     })
 }
 
@@ -567,6 +760,7 @@ mod tests {
             ttl: Ttl::from_millis(1000).unwrap(),
             wait: Default::default(),
             request_id: None,
+            options: Default::default(),
         };
         let k = |key: &str| Key::parse(key).unwrap();
         let leasehold_core::lessor::AcquireOutcome::Granted(a) = lessor.acquire(spec("a"), 0, None)
@@ -589,6 +783,8 @@ mod tests {
             0,
             100,
         );
+        // As the engine does: the event log continues after the stored one.
+        reopened.resume_revisions(snapshot.events.last().map_or(0, |e| e.revision));
         let leasehold_core::lessor::AcquireOutcome::Granted(c) =
             reopened.acquire(spec("c"), 0, None)
         else {
@@ -598,10 +794,10 @@ mod tests {
 
         // Release b, the key with the highest fence, and let it be forgotten.
         reopened
-            .release(&k("b"), b.term.fence, b.term.lease_id, false, 10)
+            .release(&k("b"), b.term.fence, b.term.lease_id, false, None, 10)
             .unwrap();
         reopened
-            .release(&k("c"), c.term.fence, c.term.lease_id, false, 10)
+            .release(&k("c"), c.term.fence, c.term.lease_id, false, None, 10)
             .unwrap();
         reopened.expire_due(110);
         let batch = reopened.take_batch();

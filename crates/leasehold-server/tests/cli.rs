@@ -113,6 +113,123 @@ async fn operator_commands_drive_a_live_server() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("NotFound"));
 }
 
+/// The lifecycle from the shell: a release to a successor, history, a
+/// quarantine lifted, and `watch --count` printing what happened.
+#[tokio::test]
+async fn lifecycle_commands_drive_a_live_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("cli.db"));
+    let url = server.url();
+    let s = ["--server", url.as_str()];
+
+    let acquired = json(&run(&[
+        &[
+            "acquire",
+            "s:1",
+            "--owner",
+            "worker",
+            "--max-recoveries",
+            "1",
+            "--json",
+        ][..],
+        &s,
+    ]
+    .concat()));
+    let fence = acquired["lease"]["fence"].as_u64().unwrap().to_string();
+    let lease_id = acquired["lease"]["lease_id"].as_str().unwrap().to_owned();
+    let released = json(&run(&[
+        &[
+            "release",
+            "s:1",
+            "--fence",
+            &fence,
+            "--lease-id",
+            &lease_id,
+            "--successor",
+            "ui",
+            "--json",
+        ][..],
+        &s,
+    ]
+    .concat()));
+    assert_eq!(released["ended"]["end"], "RELEASED");
+    let got = json(&run(&[&["get", "s:1", "--json"][..], &s].concat()));
+    assert_eq!(got["reservation"]["kind"], "HANDOFF");
+    assert_eq!(got["reservation"]["successor"], "ui");
+    let reserved = run(&[&["acquire", "s:1", "--owner", "x"][..], &s].concat());
+    assert!(String::from_utf8_lossy(&reserved.stderr).contains("reserved for successor"));
+    let ui = json(&run(&[
+        &[
+            "acquire",
+            "s:1",
+            "--owner",
+            "ui",
+            "--max-recoveries",
+            "1",
+            "--json",
+        ][..],
+        &s,
+    ]
+    .concat()));
+    assert_eq!(ui["previous"]["handed_off"], true);
+    let fence = ui["lease"]["fence"].as_u64().unwrap().to_string();
+    let lease_id = ui["lease"]["lease_id"].as_str().unwrap().to_owned();
+    run(&[
+        &[
+            "release",
+            "s:1",
+            "--fence",
+            &fence,
+            "--lease-id",
+            &lease_id,
+            "--suspend",
+        ][..],
+        &s,
+    ]
+    .concat());
+
+    // One suspension at K = 1: quarantined.
+    let refused = run(&[&["acquire", "s:1", "--owner", "w2"][..], &s].concat());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("quarantined"));
+    let history = json(&run(&[&["history", "s:1", "--json"][..], &s].concat()));
+    assert_eq!(history["entries"][0]["owner"], "ui");
+    assert_eq!(history["entries"][0]["end"], "SUSPENDED");
+    assert_eq!(history["entries"][1]["owner"], "worker");
+    let lifted = json(&run(&[&["unquarantine", "s:1", "--json"][..], &s].concat()));
+    assert_eq!(lifted["quarantined"], false);
+
+    let watched = run(&[
+        &[
+            "watch",
+            "--prefix",
+            "s:",
+            "--from-revision",
+            "1",
+            "--count",
+            "4",
+            "--json",
+        ][..],
+        &s,
+    ]
+    .concat());
+    assert!(
+        watched.status.success(),
+        "{}",
+        String::from_utf8_lossy(&watched.stderr)
+    );
+    let kinds: Vec<String> = String::from_utf8_lossy(&watched.stdout)
+        .lines()
+        .map(|line| {
+            let event: Value = serde_json::from_str(line).unwrap();
+            format!("{}:{}", event["revision"], event["kind"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec!["1:GRANTED", "2:RELEASED", "3:GRANTED", "4:SUSPENDED"]
+    );
+}
+
 /// A database written by a newer schema is refused with a clear error, never reset.
 #[test]
 fn serve_refuses_a_newer_database() {

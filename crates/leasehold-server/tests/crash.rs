@@ -61,6 +61,7 @@ impl Loader {
             fence: lease.fence,
             lease_id: lease.lease_id,
             suspend: false,
+            ..Default::default()
         };
         match self {
             Loader::Unary(rpc) => rpc.release(release).await.is_ok(),

@@ -171,6 +171,7 @@ fn req(key: &str, owner: &str) -> Acquire {
         ttl: Ttl::from_millis(10_000).unwrap(),
         wait: Wait::default(),
         request_id: None,
+        options: Default::default(),
     }
 }
 
@@ -214,13 +215,13 @@ async fn stale_and_denied_refusals_wait_for_the_release_they_reveal() {
     let g = f.engine.acquire(req("k", "a")).await.unwrap();
     let (fence, id) = (g.term.fence, g.term.lease_id);
     f.gate.arm();
-    let release = tokio::spawn(f.engine.release(&k("k"), fence, id, false));
+    let release = tokio::spawn(f.engine.release(&k("k"), fence, id, false, None));
     f.gate.held().await;
 
     let wrong = LeaseId::random();
     let check = f.engine.check(&k("k"), fence).boxed();
     let renew = f.engine.renew(&k("k"), fence, id, None).boxed();
-    let denied = f.engine.release(&k("k"), fence, wrong, false).boxed();
+    let denied = f.engine.release(&k("k"), fence, wrong, false, None).boxed();
     let mut probes = vec![
         ("check", check.map(|r| r.map(|_| ())).boxed()),
         ("renew", renew.map(|r| r.map(|_| ())).boxed()),
@@ -265,7 +266,7 @@ async fn a_filtered_list_waits_for_the_keys_it_leaves_out() {
     let f = start();
     let g = f.engine.acquire(req("s:1", "a")).await.unwrap();
     f.engine
-        .release(&k("s:1"), g.term.fence, g.term.lease_id, true)
+        .release(&k("s:1"), g.term.fence, g.term.lease_id, true, None)
         .await
         .unwrap();
     f.gate.arm();
@@ -342,6 +343,7 @@ async fn over_grpc_unary_and_stream_refusals_wait_too() {
             fence: held.fence,
             lease_id: held.lease_id.clone(),
             suspend: false,
+            ..Default::default()
         })),
     })
     .await
@@ -447,7 +449,7 @@ async fn abandoned_waits_leave_the_line() {
     // The holder is untouched and the key still goes to a live waiter.
     let next = f.engine.acquire(waiting("k", "next", 60_000));
     f.engine
-        .release(&k("k"), g.term.fence, g.term.lease_id, false)
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, None)
         .await
         .unwrap();
     assert_eq!(next.await.unwrap().term.owner, "next");
@@ -522,11 +524,14 @@ async fn a_superseded_release_over_grpc_is_refused() {
     let f = start();
     let first = f.engine.acquire(req("k", "a")).await.unwrap();
     let (fence, id) = (first.term.fence, first.term.lease_id);
-    f.engine.release(&k("k"), fence, id, false).await.unwrap();
+    f.engine
+        .release(&k("k"), fence, id, false, None)
+        .await
+        .unwrap();
     let second = f.engine.acquire(req("k", "b")).await.unwrap();
     let refused = f
         .engine
-        .release(&k("k"), fence, id, false)
+        .release(&k("k"), fence, id, false, None)
         .await
         .unwrap_err();
     assert_eq!(

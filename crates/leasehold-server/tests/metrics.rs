@@ -91,6 +91,7 @@ async fn metrics_count_what_happened() {
         fence: k1.fence,
         lease_id: k1.lease_id.clone(),
         suspend: false,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -99,6 +100,7 @@ async fn metrics_count_what_happened() {
         fence: k2.fence,
         lease_id: k2.lease_id.clone(),
         suspend: true,
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -222,6 +222,7 @@ fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
         fence: lease.fence,
         lease_id: lease.lease_id.clone(),
         suspend,
+        ..Default::default()
     }
 }
 

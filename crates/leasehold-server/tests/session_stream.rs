@@ -72,6 +72,7 @@ fn release(lease: &pb::Lease) -> Op {
         fence: lease.fence,
         lease_id: lease.lease_id.clone(),
         suspend: false,
+        ..Default::default()
     })
 }
 

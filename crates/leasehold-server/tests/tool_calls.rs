@@ -416,6 +416,7 @@ async fn settled_calls_are_pruned_after_retention() {
         fence: lease.fence,
         lease_id: lease.lease_id.clone(),
         suspend,
+        ..Default::default()
     };
     client.release(release(&done, false)).await.unwrap();
     client.release(release(&paused, true)).await.unwrap();

@@ -11,14 +11,15 @@
 use crate::pb;
 use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result};
+use leasehold_core::events::{Event, EventKind, Selector};
 use leasehold_core::lease::{
-    Ended, EndedTerm, Fence, Key, KeyState, Lease, LeaseId, Owner, RequestId, Term, TermEnd, Ttl,
-    Wait,
+    AcquireOptions, Ended, EndedTerm, Fence, Handoff, HistoryEntry, Key, KeyState, Lease, LeaseId,
+    Owner, RequestId, Reservation, Term, TermEnd, Ttl, Wait,
 };
 use leasehold_core::ledger::{
     CallFilter, CallSpec, CallState, Settlement, ToolCall, idempotency_key,
 };
-use leasehold_core::lessor::{Acquire, Grant, KeyView, ListFilter};
+use leasehold_core::lessor::{Acquire, Grant, HistoryPage, KeyView, ListFilter};
 
 // ---- Replies: domain to pb ------------------------------------------------
 
@@ -48,6 +49,114 @@ pub fn ended(ended: &EndedTerm) -> pb::EndedTerm {
         owner: ended.owner.as_str().to_owned(),
         end: term_end(ended.end) as i32,
         ended_at_ms: ended.ended_at,
+        handed_off: false,
+    }
+}
+
+/// A reservation of a free key on the wire.
+pub fn reservation(reservation: &Reservation) -> pb::Reservation {
+    use pb::reservation::Kind;
+    match reservation {
+        Reservation::LockDelay { after, until } => pb::Reservation {
+            kind: Kind::LockDelay as i32,
+            after_fence: after.0,
+            successor: String::new(),
+            until_ms: *until,
+        },
+        Reservation::Handoff {
+            from,
+            successor,
+            until,
+        } => pb::Reservation {
+            kind: Kind::Handoff as i32,
+            after_fence: from.0,
+            successor: successor.as_str().to_owned(),
+            until_ms: *until,
+        },
+    }
+}
+
+/// An event as Watch streams it.
+pub fn event(e: &Event) -> pb::Event {
+    let kind = match e.kind {
+        EventKind::Granted => pb::event::Kind::Granted,
+        EventKind::Released => pb::event::Kind::Released,
+        EventKind::Suspended => pb::event::Kind::Suspended,
+        EventKind::Expired => pb::event::Kind::Expired,
+        EventKind::Forgotten => pb::event::Kind::Forgotten,
+    };
+    pb::Event {
+        revision: e.revision,
+        key: e.key.as_str().to_owned(),
+        kind: kind as i32,
+        fence: e.fence.0,
+        owner: e.owner.as_str().to_owned(),
+        at_ms: e.at,
+    }
+}
+
+/// What a Watch request follows: its key, else its prefix.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a malformed key.
+pub fn selector(key: String, prefix: String) -> Result<Selector> {
+    if key.is_empty() {
+        Ok(Selector::Prefix(prefix))
+    } else if !prefix.is_empty() {
+        Err(Error::InvalidArgument(
+            "give a key or a prefix to watch, not both".into(),
+        ))
+    } else {
+        Ok(Selector::Key(Key::parse(key)?))
+    }
+}
+
+/// An event from a Watch reply.
+///
+/// # Errors
+/// [`Error::Storage`] when a field does not parse or the kind is unknown.
+pub fn event_from_pb(e: pb::Event) -> Result<Event> {
+    let kind = match pb::event::Kind::try_from(e.kind) {
+        Ok(pb::event::Kind::Granted) => EventKind::Granted,
+        Ok(pb::event::Kind::Released) => EventKind::Released,
+        Ok(pb::event::Kind::Suspended) => EventKind::Suspended,
+        Ok(pb::event::Kind::Expired) => EventKind::Expired,
+        Ok(pb::event::Kind::Forgotten) => EventKind::Forgotten,
+        _ => {
+            let err = Error::InvalidArgument(format!("unknown event kind {}", e.kind));
+            return Err(malformed("kind", &err));
+        }
+    };
+    Ok(Event {
+        revision: e.revision,
+        key: reply_key(e.key)?,
+        kind,
+        fence: Fence(e.fence),
+        owner: reply_owner(e.owner)?,
+        at: e.at_ms,
+    })
+}
+
+/// A page of a key's history, with the token for the next page.
+pub fn history_response(page: &HistoryPage) -> pb::HistoryResponse {
+    pb::HistoryResponse {
+        entries: page.entries.iter().map(history_entry).collect(),
+        next_page_token: page
+            .next_before
+            .map(|f| f.0.to_string())
+            .unwrap_or_default(),
+    }
+}
+
+fn history_entry(entry: &HistoryEntry) -> pb::HistoryEntry {
+    pb::HistoryEntry {
+        fence: entry.fence.0,
+        owner: entry.owner.as_str().to_owned(),
+        acquired_at_ms: entry.acquired_at,
+        ended_at_ms: entry.ended_at,
+        end: term_end(entry.end) as i32,
+        unsettled_tool_calls: entry.unsettled_tool_calls,
+        handed_off: entry.handed_off,
     }
 }
 
@@ -66,6 +175,8 @@ pub fn key_state(view: &KeyView) -> pb::KeyState {
         lease: view.live.as_ref().map(|t| lease(&view.key, t, false)),
         last_ended: view.last_ended.as_ref().map(ended),
         recoverable: view.recoverable,
+        quarantined: view.quarantined,
+        reservation: view.reservation.as_ref().map(reservation),
     }
 }
 
@@ -73,7 +184,10 @@ pub fn key_state(view: &KeyView) -> pb::KeyState {
 pub fn acquire_response(grant: &Grant) -> pb::AcquireResponse {
     pb::AcquireResponse {
         lease: Some(lease(&grant.key, &grant.term, true)),
-        previous: grant.previous.as_ref().map(ended),
+        previous: grant.previous.as_ref().map(|previous| pb::EndedTerm {
+            handed_off: grant.term.lifecycle.handed_off,
+            ..ended(previous)
+        }),
         replayed: grant.replayed,
         unsettled_tool_calls: u32::try_from(grant.unsettled_tool_calls).unwrap_or(u32::MAX),
     }
@@ -121,7 +235,31 @@ pub fn acquire(r: pb::AcquireRequest) -> Result<Acquire> {
         ttl: Ttl::from_millis(r.ttl_ms)?,
         wait: Wait::from_millis(r.wait_ms)?,
         request_id: RequestId::parse_optional(r.request_id)?,
+        options: AcquireOptions::parse(r.lock_delay_ms, r.max_recoveries, r.force)?,
     })
+}
+
+/// The handoff a Release asks for, if any.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a malformed successor or time.
+pub fn handoff(successor: String, handoff_ms: u64) -> Result<Option<Handoff>> {
+    Handoff::parse_optional(successor, handoff_ms)
+}
+
+/// The page a History request starts at: below this fence (`None`: the
+/// newest).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when the token is malformed.
+pub fn history_token(token: &str) -> Result<Option<Fence>> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    token
+        .parse::<u64>()
+        .map(|f| Some(Fence(f)))
+        .map_err(|_| Error::InvalidArgument("malformed page_token".into()))
 }
 
 /// An Acquire as it travels (the client's side of [`acquire`]).
@@ -136,6 +274,9 @@ pub fn acquire_to_pb(acquire: &Acquire) -> pb::AcquireRequest {
             .as_ref()
             .map(|id| id.as_str().to_owned())
             .unwrap_or_default(),
+        lock_delay_ms: acquire.options.lock_delay_ms,
+        max_recoveries: acquire.options.max_recoveries.unwrap_or(0),
+        force: acquire.options.force,
     }
 }
 
@@ -153,6 +294,7 @@ pub fn list_filter(value: i32) -> ListFilter {
     match pb::ListFilter::try_from(value) {
         Ok(pb::ListFilter::Live) => ListFilter::Live,
         Ok(pb::ListFilter::Recoverable) => ListFilter::Recoverable,
+        Ok(pb::ListFilter::Quarantined) => ListFilter::Quarantined,
         _ => ListFilter::All,
     }
 }
@@ -162,6 +304,7 @@ pub fn list_filter_to_pb(filter: ListFilter) -> pb::ListFilter {
     match filter {
         ListFilter::Live => pb::ListFilter::Live,
         ListFilter::Recoverable => pb::ListFilter::Recoverable,
+        ListFilter::Quarantined => pb::ListFilter::Quarantined,
         ListFilter::All => pb::ListFilter::All,
     }
 }
@@ -280,21 +423,72 @@ pub fn lease_from_pb(lease: pb::Lease) -> Result<Lease> {
 /// # Errors
 /// [`Error::Storage`] when a field does not parse or the end is unknown.
 pub fn ended_from_pb(ended: pb::EndedTerm) -> Result<Ended> {
-    let end = match pb::TermEnd::try_from(ended.end) {
-        Ok(pb::TermEnd::Released) => TermEnd::Released,
-        Ok(pb::TermEnd::Suspended) => TermEnd::Suspended,
-        Ok(pb::TermEnd::Expired) => TermEnd::Expired,
-        _ => {
-            let err = Error::InvalidArgument(format!("unknown term end {}", ended.end));
-            return Err(malformed("end", &err));
-        }
-    };
     Ok(Ended {
         fence: Fence(ended.fence),
         owner: reply_owner(ended.owner)?,
-        end,
+        end: term_end_from_pb(ended.end)?,
         ended_at: ended.ended_at_ms,
+        handed_off: ended.handed_off,
     })
+}
+
+fn term_end_from_pb(end: i32) -> Result<TermEnd> {
+    match pb::TermEnd::try_from(end) {
+        Ok(pb::TermEnd::Released) => Ok(TermEnd::Released),
+        Ok(pb::TermEnd::Suspended) => Ok(TermEnd::Suspended),
+        Ok(pb::TermEnd::Expired) => Ok(TermEnd::Expired),
+        _ => {
+            let err = Error::InvalidArgument(format!("unknown term end {end}"));
+            Err(malformed("end", &err))
+        }
+    }
+}
+
+/// A `pb::Reservation` from a reply.
+///
+/// # Errors
+/// [`Error::Storage`] when the kind is unknown or a successor malformed.
+pub fn reservation_from_pb(r: pb::Reservation) -> Result<Reservation> {
+    use pb::reservation::Kind;
+    match Kind::try_from(r.kind) {
+        Ok(Kind::LockDelay) => Ok(Reservation::LockDelay {
+            after: Fence(r.after_fence),
+            until: r.until_ms,
+        }),
+        Ok(Kind::Handoff) => Ok(Reservation::Handoff {
+            from: Fence(r.after_fence),
+            successor: reply_owner(r.successor)?,
+            until: r.until_ms,
+        }),
+        _ => {
+            let err = Error::InvalidArgument(format!("unknown reservation kind {}", r.kind));
+            Err(malformed("reservation", &err))
+        }
+    }
+}
+
+/// A History reply's entries (newest first) and the fence to continue below.
+///
+/// # Errors
+/// [`Error::Storage`] when a field does not parse.
+pub fn history_from_pb(r: pb::HistoryResponse) -> Result<(Vec<HistoryEntry>, Option<Fence>)> {
+    let entries = r
+        .entries
+        .into_iter()
+        .map(|h| {
+            Ok(HistoryEntry {
+                fence: Fence(h.fence),
+                owner: reply_owner(h.owner)?,
+                acquired_at: h.acquired_at_ms,
+                ended_at: h.ended_at_ms,
+                end: term_end_from_pb(h.end)?,
+                unsettled_tool_calls: h.unsettled_tool_calls,
+                handed_off: h.handed_off,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let next = history_token(&r.next_page_token).map_err(|e| malformed("next_page_token", &e))?;
+    Ok((entries, next))
 }
 
 /// A `pb::KeyState` from a Get or List reply.
@@ -307,6 +501,8 @@ pub fn key_state_from_pb(state: pb::KeyState) -> Result<KeyState> {
         lease: state.lease.map(lease_from_pb).transpose()?,
         last_ended: state.last_ended.map(ended_from_pb).transpose()?,
         recoverable: state.recoverable,
+        quarantined: state.quarantined,
+        reservation: state.reservation.map(reservation_from_pb).transpose()?,
     })
 }
 
@@ -369,6 +565,7 @@ mod tests {
             ttl: Ttl::from_millis(1500).unwrap(),
             acquired_at: 10,
             expires_at: 1510,
+            lifecycle: Default::default(),
         };
         let key = Key::parse("session:1").unwrap();
         let wire = lease(&key, &term, true);

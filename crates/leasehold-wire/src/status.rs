@@ -13,7 +13,7 @@ use tonic::metadata::{
 };
 use tonic::{Code, Status};
 
-use leasehold_core::error::{Error, StaleReason};
+use leasehold_core::error::{Error, Held, StaleReason};
 use leasehold_core::lease::{Fence, Key, Owner};
 
 const KEY: &str = "leasehold-key-bin";
@@ -28,6 +28,9 @@ const PRINCIPAL: &str = "leasehold-principal-bin";
 const RIGHT: &str = "leasehold-right";
 const LIMIT: &str = "leasehold-limit";
 const BY: &str = "leasehold-superseded-by";
+const SUCCESSOR: &str = "leasehold-successor-bin";
+const FAILURES: &str = "leasehold-failures";
+const OLDEST: &str = "leasehold-oldest-revision";
 
 /// Turns a domain error into the gRPC status a client sees.
 pub fn to_status(err: Error) -> Status {
@@ -46,6 +49,26 @@ pub fn to_status(err: Error) -> Status {
             put(&mut meta, FENCE, fence.0);
             put(&mut meta, REMAINING, *remaining_ms);
             Code::Aborted
+        }
+        Error::Reserved {
+            key,
+            reservation,
+            remaining_ms,
+        } => {
+            put_bin(&mut meta, KEY, key.as_str());
+            meta.insert(REASON, MetadataValue::from_static(reservation.name()));
+            put(&mut meta, REMAINING, *remaining_ms);
+            match reservation {
+                Held::LockDelay { after } => put(&mut meta, FENCE, after.0),
+                Held::Handoff { successor } => put_bin(&mut meta, SUCCESSOR, successor.as_str()),
+            }
+            Code::Aborted
+        }
+        Error::Quarantined { key, failures, .. } => {
+            put_bin(&mut meta, KEY, key.as_str());
+            meta.insert(REASON, MetadataValue::from_static("quarantined"));
+            put(&mut meta, FAILURES, u64::from(*failures));
+            Code::FailedPrecondition
         }
         Error::StaleFence { key, fence, reason } => {
             put_bin(&mut meta, KEY, key.as_str());
@@ -94,6 +117,11 @@ pub fn to_status(err: Error) -> Status {
             Code::PermissionDenied
         }
         Error::Unavailable(_) => Code::Unavailable,
+        Error::Unsupported(_) => Code::Unimplemented,
+        Error::Compacted { oldest, .. } => {
+            put(&mut meta, OLDEST, *oldest);
+            Code::OutOfRange
+        }
         Error::Storage(_) => Code::Internal,
     };
     Status::with_metadata(code, message, meta)
@@ -117,6 +145,16 @@ pub fn from_status(status: &Status) -> Error {
             detail: message.strip_prefix(&prefix).unwrap_or(&message).to_owned(),
         };
     }
+    if status.code() == Code::OutOfRange {
+        if let Some(oldest) = get(meta, OLDEST) {
+            let requested = message
+                .strip_prefix("revision ")
+                .and_then(|m| m.split_once(' '))
+                .and_then(|(r, _)| r.parse().ok())
+                .unwrap_or(0);
+            return Error::Compacted { requested, oldest };
+        }
+    }
     if status.code() == Code::PermissionDenied {
         if let Some(right) = meta.get(RIGHT).and_then(|v| v.to_str().ok()) {
             return Error::NotAllowed {
@@ -131,6 +169,41 @@ pub fn from_status(status: &Status) -> Error {
         return by_code(status.code(), message);
     };
     let fence = || Fence(get(meta, FENCE).unwrap_or(0));
+    let reason = meta.get(REASON).and_then(|v| v.to_str().ok());
+    match (status.code(), reason) {
+        (Code::Aborted, Some("lock_delay")) => {
+            return Error::Reserved {
+                key,
+                reservation: Held::LockDelay { after: fence() },
+                remaining_ms: get(meta, REMAINING).unwrap_or(0),
+            };
+        }
+        (Code::Aborted, Some("handoff")) => {
+            if let Some(successor) = get_bin(meta, SUCCESSOR).and_then(|s| Owner::parse(s).ok()) {
+                return Error::Reserved {
+                    key,
+                    reservation: Held::Handoff { successor },
+                    remaining_ms: get(meta, REMAINING).unwrap_or(0),
+                };
+            }
+        }
+        (Code::FailedPrecondition, Some("quarantined")) => {
+            // The failed terms are for people; the message carries them.
+            let recent = message
+                .split_once("without a clean release (")
+                .and_then(|(_, rest)| rest.split_once(')'))
+                .map(|(recent, _)| recent.to_owned())
+                .unwrap_or_default();
+            return Error::Quarantined {
+                key,
+                failures: get(meta, FAILURES)
+                    .and_then(|f| u32::try_from(f).ok())
+                    .unwrap_or(0),
+                recent,
+            };
+        }
+        _ => {}
+    }
     match status.code() {
         Code::Aborted => match get_bin(meta, HOLDER).and_then(|h| Owner::parse(h).ok()) {
             Some(holder) => Error::Busy {
@@ -197,6 +270,12 @@ fn by_code(code: Code, message: String) -> Error {
         // INTERNAL): it is what the client's transport reports when the
         // connection failed under a call (a refused TLS handshake, a reset),
         // so it is as retryable as UNAVAILABLE.
+        Code::Unimplemented => Error::Unsupported(
+            message
+                .strip_prefix("unsupported: ")
+                .unwrap_or(&message)
+                .to_owned(),
+        ),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             Error::Unavailable(
                 message
@@ -350,6 +429,28 @@ mod tests {
             Error::ResourceExhausted {
                 limit: "waiters_per_key".into(),
                 detail: "1000 Acquires already wait for key \"k\"".into(),
+            },
+            Error::Reserved {
+                key: key("k"),
+                reservation: Held::LockDelay { after: Fence(4) },
+                remaining_ms: 250,
+            },
+            Error::Reserved {
+                key: key("k"),
+                reservation: Held::Handoff {
+                    successor: Owner::parse("ui-ü").unwrap(),
+                },
+                remaining_ms: 9,
+            },
+            Error::Quarantined {
+                key: key("k"),
+                failures: 3,
+                recent: "fence 1 expired, fence 2 suspended, fence 3 expired".into(),
+            },
+            Error::Unsupported("handoff on the postgres backend".into()),
+            Error::Compacted {
+                requested: 3,
+                oldest: 40,
             },
             Error::NotAllowed {
                 principal: "dashboard".into(),

@@ -20,6 +20,7 @@ class ListFilter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LIVE: _ClassVar[ListFilter]
     RECOVERABLE: _ClassVar[ListFilter]
     ALL: _ClassVar[ListFilter]
+    QUARANTINED: _ClassVar[ListFilter]
 
 class ToolCallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -36,6 +37,7 @@ LIST_FILTER_UNSPECIFIED: ListFilter
 LIVE: ListFilter
 RECOVERABLE: ListFilter
 ALL: ListFilter
+QUARANTINED: ListFilter
 TOOL_CALL_STATE_UNSPECIFIED: ToolCallState
 RUNNING: ToolCallState
 SUCCEEDED: ToolCallState
@@ -106,30 +108,38 @@ class Lease(_message.Message):
     def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., owner: _Optional[str] = ..., lease_id: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., acquired_at_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ...) -> None: ...
 
 class EndedTerm(_message.Message):
-    __slots__ = ("fence", "owner", "end", "ended_at_ms")
+    __slots__ = ("fence", "owner", "end", "ended_at_ms", "handed_off")
     FENCE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    HANDED_OFF_FIELD_NUMBER: _ClassVar[int]
     fence: int
     owner: str
     end: TermEnd
     ended_at_ms: int
-    def __init__(self, fence: _Optional[int] = ..., owner: _Optional[str] = ..., end: _Optional[_Union[TermEnd, str]] = ..., ended_at_ms: _Optional[int] = ...) -> None: ...
+    handed_off: bool
+    def __init__(self, fence: _Optional[int] = ..., owner: _Optional[str] = ..., end: _Optional[_Union[TermEnd, str]] = ..., ended_at_ms: _Optional[int] = ..., handed_off: _Optional[bool] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("key", "owner", "ttl_ms", "wait_ms", "request_id")
+    __slots__ = ("key", "owner", "ttl_ms", "wait_ms", "request_id", "lock_delay_ms", "max_recoveries", "force")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCK_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RECOVERIES_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     key: str
     owner: str
     ttl_ms: int
     wait_ms: int
     request_id: str
-    def __init__(self, key: _Optional[str] = ..., owner: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    lock_delay_ms: int
+    max_recoveries: int
+    force: bool
+    def __init__(self, key: _Optional[str] = ..., owner: _Optional[str] = ..., ttl_ms: _Optional[int] = ..., wait_ms: _Optional[int] = ..., request_id: _Optional[str] = ..., lock_delay_ms: _Optional[int] = ..., max_recoveries: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("lease", "previous", "replayed", "unsettled_tool_calls")
@@ -162,16 +172,20 @@ class RenewResponse(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("key", "fence", "lease_id", "suspend")
+    __slots__ = ("key", "fence", "lease_id", "suspend", "successor", "handoff_ms")
     KEY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_FIELD_NUMBER: _ClassVar[int]
+    SUCCESSOR_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_MS_FIELD_NUMBER: _ClassVar[int]
     key: str
     fence: int
     lease_id: str
     suspend: bool
-    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., suspend: _Optional[bool] = ...) -> None: ...
+    successor: str
+    handoff_ms: int
+    def __init__(self, key: _Optional[str] = ..., fence: _Optional[int] = ..., lease_id: _Optional[str] = ..., suspend: _Optional[bool] = ..., successor: _Optional[str] = ..., handoff_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("ended",)
@@ -200,14 +214,38 @@ class GetRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("lease", "last_ended", "recoverable")
+    __slots__ = ("lease", "last_ended", "recoverable", "quarantined", "reservation")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     LAST_ENDED_FIELD_NUMBER: _ClassVar[int]
     RECOVERABLE_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
     lease: Lease
     last_ended: EndedTerm
     recoverable: bool
-    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., last_ended: _Optional[_Union[EndedTerm, _Mapping]] = ..., recoverable: _Optional[bool] = ...) -> None: ...
+    quarantined: bool
+    reservation: Reservation
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., last_ended: _Optional[_Union[EndedTerm, _Mapping]] = ..., recoverable: _Optional[bool] = ..., quarantined: _Optional[bool] = ..., reservation: _Optional[_Union[Reservation, _Mapping]] = ...) -> None: ...
+
+class Reservation(_message.Message):
+    __slots__ = ("kind", "after_fence", "successor", "until_ms")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[Reservation.Kind]
+        LOCK_DELAY: _ClassVar[Reservation.Kind]
+        HANDOFF: _ClassVar[Reservation.Kind]
+    KIND_UNSPECIFIED: Reservation.Kind
+    LOCK_DELAY: Reservation.Kind
+    HANDOFF: Reservation.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FENCE_FIELD_NUMBER: _ClassVar[int]
+    SUCCESSOR_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    kind: Reservation.Kind
+    after_fence: int
+    successor: str
+    until_ms: int
+    def __init__(self, kind: _Optional[_Union[Reservation.Kind, str]] = ..., after_fence: _Optional[int] = ..., successor: _Optional[str] = ..., until_ms: _Optional[int] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("prefix", "filter", "page_size", "page_token")
@@ -222,16 +260,116 @@ class ListRequest(_message.Message):
     def __init__(self, prefix: _Optional[str] = ..., filter: _Optional[_Union[ListFilter, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class KeyState(_message.Message):
-    __slots__ = ("key", "lease", "last_ended", "recoverable")
+    __slots__ = ("key", "lease", "last_ended", "recoverable", "quarantined", "reservation")
     KEY_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     LAST_ENDED_FIELD_NUMBER: _ClassVar[int]
     RECOVERABLE_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
     key: str
     lease: Lease
     last_ended: EndedTerm
     recoverable: bool
-    def __init__(self, key: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., last_ended: _Optional[_Union[EndedTerm, _Mapping]] = ..., recoverable: _Optional[bool] = ...) -> None: ...
+    quarantined: bool
+    reservation: Reservation
+    def __init__(self, key: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., last_ended: _Optional[_Union[EndedTerm, _Mapping]] = ..., recoverable: _Optional[bool] = ..., quarantined: _Optional[bool] = ..., reservation: _Optional[_Union[Reservation, _Mapping]] = ...) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("key", "page_size", "page_token")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    page_size: int
+    page_token: str
+    def __init__(self, key: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class HistoryEntry(_message.Message):
+    __slots__ = ("fence", "owner", "acquired_at_ms", "ended_at_ms", "end", "unsettled_tool_calls", "handed_off")
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    UNSETTLED_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    HANDED_OFF_FIELD_NUMBER: _ClassVar[int]
+    fence: int
+    owner: str
+    acquired_at_ms: int
+    ended_at_ms: int
+    end: TermEnd
+    unsettled_tool_calls: int
+    handed_off: bool
+    def __init__(self, fence: _Optional[int] = ..., owner: _Optional[str] = ..., acquired_at_ms: _Optional[int] = ..., ended_at_ms: _Optional[int] = ..., end: _Optional[_Union[TermEnd, str]] = ..., unsettled_tool_calls: _Optional[int] = ..., handed_off: _Optional[bool] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[HistoryEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[HistoryEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("key", "prefix", "start_revision")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    START_REVISION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    prefix: str
+    start_revision: int
+    def __init__(self, key: _Optional[str] = ..., prefix: _Optional[str] = ..., start_revision: _Optional[int] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("revision", "key", "kind", "fence", "owner", "at_ms")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[Event.Kind]
+        GRANTED: _ClassVar[Event.Kind]
+        RELEASED: _ClassVar[Event.Kind]
+        SUSPENDED: _ClassVar[Event.Kind]
+        EXPIRED: _ClassVar[Event.Kind]
+        FORGOTTEN: _ClassVar[Event.Kind]
+    KIND_UNSPECIFIED: Event.Kind
+    GRANTED: Event.Kind
+    RELEASED: Event.Kind
+    SUSPENDED: Event.Kind
+    EXPIRED: Event.Kind
+    FORGOTTEN: Event.Kind
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    key: str
+    kind: Event.Kind
+    fence: int
+    owner: str
+    at_ms: int
+    def __init__(self, revision: _Optional[int] = ..., key: _Optional[str] = ..., kind: _Optional[_Union[Event.Kind, str]] = ..., fence: _Optional[int] = ..., owner: _Optional[str] = ..., at_ms: _Optional[int] = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ("events", "revision")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    revision: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class UnquarantineRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class UnquarantineResponse(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: KeyState
+    def __init__(self, key: _Optional[_Union[KeyState, _Mapping]] = ...) -> None: ...
 
 class ListResponse(_message.Message):
     __slots__ = ("keys", "next_page_token")

@@ -9,7 +9,19 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use crate::lease::Key;
+use crate::clock::Millis;
+use crate::events::EventKind;
+use crate::lease::{Fence, Key, Owner};
+
+/// An event not yet handed to storage: it gets its revision then.
+#[derive(Debug)]
+pub(super) struct Draft {
+    pub key: Key,
+    pub kind: EventKind,
+    pub fence: Fence,
+    pub owner: Owner,
+    pub at: Millis,
+}
 
 /// What changed since the last batch.
 #[derive(Debug, Default)]
@@ -31,6 +43,8 @@ pub(super) struct Changes {
     pruned_calls: Vec<(Key, Vec<String>)>,
     /// Keys forgotten.
     forgotten: Vec<Key>,
+    /// Events of changed keys, in the order they happened.
+    events: Vec<Draft>,
 }
 
 /// The keys and calls a batch must write, before their rows are read.
@@ -40,6 +54,9 @@ pub(super) struct Taken {
     pub pruned_calls: Vec<(Key, Vec<String>)>,
     pub forgotten: Vec<Key>,
     pub seq: u64,
+    /// The events of the keys taken, in the order they happened, for
+    /// revisions to be given.
+    pub events: Vec<Draft>,
 }
 
 impl Changes {
@@ -67,6 +84,11 @@ impl Changes {
     pub fn call(&mut self, key: &Key, call_id: String) {
         self.calls.insert((key.clone(), call_id));
         self.urgent = true;
+    }
+
+    /// Records an event of `key` (whose row is recorded changed as well).
+    pub fn event(&mut self, draft: Draft) {
+        self.events.push(draft);
     }
 
     /// Records calls pruned from `key`'s ledger.
@@ -113,12 +135,26 @@ impl Changes {
         // Rows written in key order share B-tree pages.
         keys.sort_unstable();
         self.urgent = false;
+        let forgotten = std::mem::take(&mut self.forgotten);
+        // An event goes with its key's row, so a revision is only ever given
+        // to a change that is committed with it. Events of keys left for a
+        // later batch stay, in order.
+        let events = if self.lazy_dirty.is_empty() {
+            std::mem::take(&mut self.events)
+        } else {
+            let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.events)
+                .into_iter()
+                .partition(|e| keys.binary_search(&e.key).is_ok() || forgotten.contains(&e.key));
+            self.events = later;
+            now
+        };
         Taken {
             keys,
             calls: self.calls.drain().collect(),
             pruned_calls: std::mem::take(&mut self.pruned_calls),
-            forgotten: std::mem::take(&mut self.forgotten),
+            forgotten,
             seq: self.seq,
+            events,
         }
     }
 }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::clock::Millis;
 use crate::error::{Error, Result, StaleReason};
-use crate::lease::{EndedTerm, Fence, Key, LeaseId, Term, TermEnd};
+use crate::lease::{EndedTerm, Fence, HistoryEntry, Key, LeaseId, Reservation, Term, TermEnd};
 use crate::ledger::Ledger;
 
 use super::KeyView;
@@ -28,8 +28,23 @@ pub(super) struct KeyState<W> {
     /// Whether the retention timer holds an entry for this key (at most one).
     pub prune_scheduled: bool,
     /// The deadline under which the expiry timer holds this key, if it does
-    /// (at most one entry per key).
+    /// (at most one entry per key). It serves the live term's expiry, or,
+    /// while the key is free, the end of its reservation.
     pub deadline_entry: Option<Millis>,
+    /// Who alone may take the key while it is free (lock-delay, handoff).
+    pub reservation: Option<Reservation>,
+    /// Terms in a row that ended by expiry or suspension.
+    pub failures: u32,
+    /// Refuses Acquires (but forced ones) until an admin lifts it.
+    pub quarantined: bool,
+    /// The last ended terms, oldest first, at most the lessor's history
+    /// length.
+    pub history: VecDeque<HistoryEntry>,
+    /// How many entries at the back of `history` storage has not seen.
+    pub history_unsaved: usize,
+    /// Whether entries were dropped from the front since storage last saw
+    /// the key, so it must drop them too.
+    pub history_trimmed: bool,
 }
 
 impl<W> KeyState<W> {
@@ -42,7 +57,18 @@ impl<W> KeyState<W> {
             ledger: None,
             prune_scheduled: false,
             deadline_entry: None,
+            reservation: None,
+            failures: 0,
+            quarantined: false,
+            history: VecDeque::new(),
+            history_unsaved: 0,
+            history_trimmed: false,
         }
+    }
+
+    /// The reservation in force at `now`, if any.
+    pub fn reservation_at(&self, now: Millis) -> Option<&Reservation> {
+        self.reservation.as_ref().filter(|r| now < r.until())
     }
 
     pub fn unsettled_tool_calls(&self) -> usize {
@@ -61,13 +87,27 @@ impl<W> KeyState<W> {
             Some(term) if !term.is_live_at(now) => (None, Some(expired(term))),
             live => (live.clone(), self.last_ended.clone()),
         };
-        let recoverable =
-            live.is_none() && last_ended.as_ref().is_some_and(|e| e.end.is_recoverable());
+        let recoverable = live.is_none()
+            && !self.quarantined
+            && last_ended.as_ref().is_some_and(|e| e.end.is_recoverable());
+        // A term that expired unseen may have started a lock-delay.
+        let reservation = match (&self.live, &live) {
+            (Some(term), None) if term.lifecycle.lock_delay_ms > 0 => {
+                Some(Reservation::LockDelay {
+                    after: term.fence,
+                    until: term.expires_at + term.lifecycle.lock_delay_ms,
+                })
+            }
+            _ => self.reservation.clone(),
+        }
+        .filter(|r| live.is_none() && now < r.until());
         KeyView {
             key: key.clone(),
             live,
             last_ended,
             recoverable,
+            quarantined: self.quarantined,
+            reservation,
             visible_seq: self.visible_seq,
         }
     }

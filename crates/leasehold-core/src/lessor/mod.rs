@@ -26,10 +26,12 @@
 //! - `timers`: term deadlines and retention checks, one entry per key each;
 //! - `changes`: change tracking for group commit;
 //! - `retention`: forgetting cleanly released keys;
+//! - `lifecycle`: lock-delay, handoff reservations, quarantine, term history;
 //! - `tool_calls`: the tool-call ledger under the live term.
 
 mod changes;
 mod key_state;
+mod lifecycle;
 mod retention;
 mod timers;
 mod tool_calls;
@@ -39,15 +41,20 @@ use std::collections::BTreeMap;
 
 use crate::clock::Millis;
 use crate::error::{Error, Result};
-use crate::lease::{EndedTerm, Fence, Key, LeaseId, Owner, RequestId, Term, TermEnd, Ttl, Wait};
+use crate::lease::{
+    AcquireOptions, EndedTerm, Fence, Handoff, Key, LeaseId, Lifecycle, Owner, RequestId,
+    Reservation, Term, TermEnd, Ttl, Wait,
+};
 use crate::ledger::{Ledger, ToolCall};
 use crate::store::{Batch, KeyRecord};
 
-use changes::Changes;
+use crate::events::{Event, EventKind};
+use changes::{Changes, Draft};
 use key_state::{KeyState, denied, holder, stale, unknown};
 use timers::Timers;
 
 pub use key_state::stale_reason;
+pub use lifecycle::{DEFAULT_HISTORY_LEN, HistoryPage};
 pub use retention::DEFAULT_RETENTION_MS;
 pub use waiters::{WaiterHandle, WaiterId};
 
@@ -63,6 +70,8 @@ pub struct Acquire {
     pub wait: Wait,
     /// The retry token; `None` when the client sent none.
     pub request_id: Option<RequestId>,
+    /// Lock-delay, recovery limit, force.
+    pub options: AcquireOptions,
 }
 
 /// A term handed out by Acquire (new or replayed).
@@ -87,8 +96,18 @@ pub enum AcquireOutcome {
     Granted(Grant),
     /// The key is held; the request waits in line under this id.
     Queued(WaiterId),
-    /// The key is held and the request did not want to wait.
+    /// The key is held (or reserved, or quarantined) and the request did
+    /// not want to wait, or cannot.
     Busy(Error),
+}
+
+/// What a queued Acquire gets when it leaves the line: a grant, or a
+/// refusal with the sequence it must wait for (the key was quarantined
+/// while it waited).
+#[derive(Debug)]
+pub enum Delivery {
+    Granted(Grant),
+    Refused(Error, u64),
 }
 
 /// A key as readers see it (never with a lease id leaving the server).
@@ -97,8 +116,13 @@ pub struct KeyView {
     pub key: Key,
     pub live: Option<Term>,
     pub last_ended: Option<EndedTerm>,
-    /// No live term, and the last one ended expired or suspended.
+    /// No live term, the last one ended expired or suspended, and the key
+    /// is not quarantined.
     pub recoverable: bool,
+    /// Acquires are refused until an admin lifts the quarantine.
+    pub quarantined: bool,
+    /// Who alone may take the key now, if it is free but reserved.
+    pub reservation: Option<Reservation>,
     /// The reply may only be sent once storage has committed this sequence.
     pub visible_seq: u64,
 }
@@ -134,6 +158,10 @@ pub struct Stats {
     pub expirations: u64,
     /// Since start-up: successful renewals.
     pub renewals: u64,
+    /// Keys quarantined now.
+    pub quarantined: usize,
+    /// Since start-up: keys that became quarantined.
+    pub quarantines: u64,
 }
 
 /// The largest List page, and the one given when a request names none.
@@ -159,7 +187,9 @@ pub fn page_limit(page_size: usize) -> Result<usize> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListFilter {
     Live,
+    /// Free keys whose last term expired or was suspended (not quarantined).
     Recoverable,
+    Quarantined,
     All,
 }
 
@@ -175,8 +205,8 @@ pub struct Lessor<W> {
     timers: Timers,
     /// What changed since the last batch.
     changes: Changes,
-    /// Grants made to queued waiters, for the caller to deliver.
-    handoffs: Vec<(W, Grant)>,
+    /// Grants (and refusals) for queued waiters, for the caller to deliver.
+    handoffs: Vec<(W, Delivery)>,
     /// The id the next queued Acquire gets.
     next_waiter_id: WaiterId,
     /// The registration counter of tool calls, server-wide.
@@ -188,6 +218,13 @@ pub struct Lessor<W> {
     stats: Stats,
     /// At most this many Acquires wait in one key's line.
     max_waiters_per_key: usize,
+    /// How many ended terms each key remembers.
+    history_len: usize,
+    /// The recovery limit of terms whose Acquire named none (`None`: no
+    /// quarantine).
+    default_max_recoveries: Option<u32>,
+    /// The revision the next event gets (see [`crate::events`]).
+    next_revision: u64,
 }
 
 impl<W: WaiterHandle> Lessor<W> {
@@ -214,9 +251,13 @@ impl<W: WaiterHandle> Lessor<W> {
             retention_ms,
             stats: Stats::default(),
             max_waiters_per_key: usize::MAX,
+            history_len: DEFAULT_HISTORY_LEN,
+            default_max_recoveries: None,
+            next_revision: 1,
         };
         for record in records {
             let mut state = KeyState::new();
+            lessor.restore_lifecycle(&record, &mut state, now);
             if let Some(mut term) = record.live {
                 term.expires_at = term.expires_at.max(now + term.ttl.as_millis());
                 lessor.next_fence = lessor.next_fence.max(term.fence.0 + 1);
@@ -237,6 +278,7 @@ impl<W: WaiterHandle> Lessor<W> {
                 }
             }
             state.last_ended = record.last_ended;
+            lessor.stats.quarantined += usize::from(state.quarantined);
             lessor.keys.insert(record.key, state);
         }
         let mut by_key: BTreeMap<Key, Vec<ToolCall>> = BTreeMap::new();
@@ -257,6 +299,27 @@ impl<W: WaiterHandle> Lessor<W> {
     /// refused (RESOURCE_EXHAUSTED) instead of queued.
     pub fn set_max_waiters_per_key(&mut self, max: usize) {
         self.max_waiters_per_key = max;
+    }
+
+    /// How many ended terms each key remembers (at least 1).
+    pub fn set_history_len(&mut self, len: usize) {
+        self.history_len = len.max(1);
+    }
+
+    /// The recovery limit for terms whose Acquire named none; `None` never
+    /// quarantines them.
+    pub fn set_default_max_recoveries(&mut self, max: Option<u32>) {
+        self.default_max_recoveries = max.filter(|&k| k > 0);
+    }
+
+    /// Continues the event log after `revision`, the highest stored.
+    pub fn resume_revisions(&mut self, revision: u64) {
+        self.next_revision = self.next_revision.max(revision + 1);
+    }
+
+    /// The highest revision given so far (0: none).
+    pub fn revision(&self) -> u64 {
+        self.next_revision - 1
     }
 
     /// An empty lessor whose first fence is 1.
@@ -287,14 +350,7 @@ impl<W: WaiterHandle> Lessor<W> {
                     });
                 }
                 if waiter.is_some() && state.waiters.len() >= self.max_waiters_per_key {
-                    return AcquireOutcome::Busy(Error::ResourceExhausted {
-                        limit: "waiters_per_key".into(),
-                        detail: format!(
-                            "{} Acquires already wait for key {:?}",
-                            state.waiters.len(),
-                            request.key
-                        ),
-                    });
+                    return AcquireOutcome::Busy(self.line_full(&request.key));
                 }
                 return match waiter {
                     Some(handle) => AcquireOutcome::Queued(self.enqueue(request, handle)),
@@ -306,8 +362,27 @@ impl<W: WaiterHandle> Lessor<W> {
                     }),
                 };
             }
+            if state.quarantined && !request.options.force {
+                return AcquireOutcome::Busy(state.quarantined_error(&request.key));
+            }
+            match state.reservation_at(now) {
+                Some(Reservation::Handoff { successor, .. }) if *successor == request.owner => {
+                    return AcquireOutcome::Granted(self.grant(request, now, true));
+                }
+                Some(reservation) => {
+                    let refusal = state.reserved_error(&request.key, reservation, now);
+                    if waiter.is_some() && state.waiters.len() >= self.max_waiters_per_key {
+                        return AcquireOutcome::Busy(self.line_full(&request.key));
+                    }
+                    return match waiter {
+                        Some(handle) => AcquireOutcome::Queued(self.enqueue(request, handle)),
+                        None => AcquireOutcome::Busy(refusal),
+                    };
+                }
+                None => {}
+            }
         }
-        AcquireOutcome::Granted(self.grant(request, now))
+        AcquireOutcome::Granted(self.grant(request, now, false))
     }
 
     /// Extends the live term `fence` of `key` to `now + ttl` (never shortening it).
@@ -352,6 +427,10 @@ impl<W: WaiterHandle> Lessor<W> {
     /// long as no newer term holds the key (then the retry is refused as
     /// superseded: that is the truth).
     ///
+    /// With a `handoff`, the freed key is kept for the named successor for
+    /// that long: it gets the key ahead of every waiter (at once, if it is
+    /// already in line), others only once the time runs out.
+    ///
     /// # Errors
     /// [`Error::StaleFence`] when `fence` is not the live term (and was not
     /// released by that fence); [`Error::PermissionDenied`] when `lease_id`
@@ -362,6 +441,7 @@ impl<W: WaiterHandle> Lessor<W> {
         fence: Fence,
         lease_id: LeaseId,
         suspend: bool,
+        handoff: Option<Handoff>,
         now: Millis,
     ) -> Result<(EndedTerm, u64)> {
         self.catch_up(key, now);
@@ -388,6 +468,16 @@ impl<W: WaiterHandle> Lessor<W> {
         let ended = self
             .end_term(key, end, now)
             .expect("live term checked above");
+        if let Some(handoff) = handoff {
+            self.reserve(
+                key,
+                Reservation::Handoff {
+                    from: fence,
+                    successor: handoff.successor,
+                    until: now.saturating_add(handoff.for_ms),
+                },
+            );
+        }
         if end == TermEnd::Released {
             self.schedule_prune(key, now.saturating_add(self.retention_ms));
         }
@@ -446,6 +536,20 @@ impl<W: WaiterHandle> Lessor<W> {
         let mut last = None;
         let range = self.keys.range::<str, _>((start, Bound::Unbounded));
         for (scanned, (key, state)) in range.enumerate() {
+            // The filter by quarantine needs no view (the common case of a
+            // recoverer scanning many keys).
+            if filter == ListFilter::Quarantined && !state.quarantined {
+                if !key.as_str().starts_with(prefix) {
+                    return page;
+                }
+                if page.keys.len() == limit || scanned == scan_budget {
+                    page.next_after = last;
+                    return page;
+                }
+                last = Some(key.clone());
+                page.visible_seq = page.visible_seq.max(state.visible_seq);
+                continue;
+            }
             if !key.as_str().starts_with(prefix) {
                 return page;
             }
@@ -459,6 +563,7 @@ impl<W: WaiterHandle> Lessor<W> {
             let wanted = match filter {
                 ListFilter::Live => view.live.is_some(),
                 ListFilter::Recoverable => view.recoverable,
+                ListFilter::Quarantined => view.quarantined,
                 ListFilter::All => true,
             };
             if wanted {
@@ -493,8 +598,15 @@ impl<W: WaiterHandle> Lessor<W> {
                 continue;
             };
             state.deadline_entry = None;
-            match state.live.as_ref().map(|t| t.expires_at) {
-                // Renewed since the entry was filed: file it again.
+            // The entry serves the live term, or the free key's reservation.
+            let due = match (&state.live, &state.reservation) {
+                (Some(term), _) => Some(term.expires_at),
+                (None, Some(reservation)) => Some(reservation.until()),
+                (None, None) => None,
+            };
+            match due {
+                // Renewed (or reserved again) since the entry was filed:
+                // file it again.
                 Some(at) if at > now => {
                     self.timers
                         .file_deadline(&key, at, &mut state.deadline_entry);
@@ -556,12 +668,26 @@ impl<W: WaiterHandle> Lessor<W> {
             .keys
             .into_iter()
             .filter_map(|key| {
-                let state = self.keys.get(&key)?;
-                Some(KeyRecord {
+                let state = self.keys.get_mut(&key)?;
+                let history = state
+                    .history
+                    .range(state.history.len() - state.history_unsaved..);
+                let record = KeyRecord {
                     live: state.live.clone(),
                     last_ended: state.last_ended.clone(),
+                    reservation: state.reservation.clone(),
+                    failures: state.failures,
+                    quarantined: state.quarantined,
+                    history: history.cloned().collect(),
+                    history_from: state
+                        .history_trimmed
+                        .then(|| state.history.front().map(|h| h.fence))
+                        .flatten(),
                     key,
-                })
+                };
+                state.history_unsaved = 0;
+                state.history_trimmed = false;
+                Some(record)
             })
             .collect();
         let calls = taken
@@ -572,6 +698,22 @@ impl<W: WaiterHandle> Lessor<W> {
                 Some((key, call))
             })
             .collect();
+        let events = taken
+            .events
+            .into_iter()
+            .map(|draft| {
+                let revision = self.next_revision;
+                self.next_revision += 1;
+                Event {
+                    revision,
+                    key: draft.key,
+                    kind: draft.kind,
+                    fence: draft.fence,
+                    owner: draft.owner,
+                    at: draft.at,
+                }
+            })
+            .collect();
         Batch {
             records,
             forgotten: taken.forgotten,
@@ -579,6 +721,7 @@ impl<W: WaiterHandle> Lessor<W> {
             calls,
             fence_high_water: self.next_fence - 1,
             seq: taken.seq,
+            events,
         }
     }
 
@@ -607,11 +750,13 @@ impl<W: WaiterHandle> Lessor<W> {
             let at = term.expires_at;
             self.end_term(key, TermEnd::Expired, at);
         }
+        self.lapse_reservation(key, now);
         self.serve_waiters(key, now);
     }
 
-    /// Starts a new term on a free key.
-    fn grant(&mut self, request: Acquire, now: Millis) -> Grant {
+    /// Starts a new term on a free key (for its named successor when
+    /// `handed_off`), ending any reservation.
+    fn grant(&mut self, request: Acquire, now: Millis, handed_off: bool) -> Grant {
         let fence = Fence(self.next_fence);
         self.next_fence += 1;
         let term = Term {
@@ -622,6 +767,11 @@ impl<W: WaiterHandle> Lessor<W> {
             ttl: request.ttl,
             acquired_at: now,
             expires_at: now + request.ttl.as_millis(),
+            lifecycle: Lifecycle {
+                lock_delay_ms: request.options.lock_delay_ms,
+                max_recoveries: request.options.max_recoveries,
+                handed_off,
+            },
         };
         let seq = self.changes.next_seq();
         let state = self
@@ -631,6 +781,7 @@ impl<W: WaiterHandle> Lessor<W> {
         self.timers
             .file_deadline(&request.key, term.expires_at, &mut state.deadline_entry);
         state.live = Some(term.clone());
+        state.reservation = None;
         state.visible_seq = seq;
         self.stats.live_terms += 1;
         self.stats.grants += 1;
@@ -643,6 +794,13 @@ impl<W: WaiterHandle> Lessor<W> {
             visible_seq: seq,
         };
         self.changes.key(&grant.key, true);
+        self.changes.event(Draft {
+            key: grant.key.clone(),
+            kind: EventKind::Granted,
+            fence,
+            owner: grant.term.owner.clone(),
+            at: now,
+        });
         grant
     }
 
@@ -655,13 +813,35 @@ impl<W: WaiterHandle> Lessor<W> {
         let term = state.live.take()?;
         let ended = EndedTerm {
             fence: term.fence,
-            owner: term.owner,
+            owner: term.owner.clone(),
             lease_id: term.lease_id,
             end,
             ended_at: at,
         };
         state.last_ended = Some(ended.clone());
         self.stats.live_terms -= 1;
+        let default_max_recoveries = self.default_max_recoveries;
+        let history_len = self.history_len;
+        let was_quarantined = state.quarantined;
+        state.record_end(&term, end, at, default_max_recoveries, history_len);
+        match (was_quarantined, state.quarantined) {
+            (false, true) => {
+                self.stats.quarantined += 1;
+                self.stats.quarantines += 1;
+            }
+            (true, false) => self.stats.quarantined -= 1,
+            _ => {}
+        }
+        if end == TermEnd::Expired && term.lifecycle.lock_delay_ms > 0 {
+            self.reserve(
+                key,
+                Reservation::LockDelay {
+                    after: term.fence,
+                    until: at.saturating_add(term.lifecycle.lock_delay_ms),
+                },
+            );
+        }
+        let state = self.keys.get_mut(key)?;
         match end {
             TermEnd::Released => self.stats.releases += 1,
             TermEnd::Suspended => self.stats.suspensions += 1,
@@ -672,6 +852,13 @@ impl<W: WaiterHandle> Lessor<W> {
             state.visible_seq = self.changes.next_seq();
         }
         self.changes.key(key, urgent);
+        self.changes.event(Draft {
+            key: key.clone(),
+            kind: EventKind::of_end(end),
+            fence: ended.fence,
+            owner: ended.owner.clone(),
+            at,
+        });
         Some(ended)
     }
 }

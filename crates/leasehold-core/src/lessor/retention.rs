@@ -9,8 +9,10 @@
 //! over.
 
 use crate::clock::Millis;
+use crate::events::EventKind;
 use crate::lease::{Key, TermEnd};
 
+use super::changes::Draft;
 use super::{Lessor, WaiterHandle};
 
 /// How long a cleanly released key, with its settled tool calls, is
@@ -65,15 +67,27 @@ impl<W: WaiterHandle> Lessor<W> {
                 }
             }
             if state.ledger.is_none() && state.waiters.is_empty() {
-                self.forget(key);
+                self.forget(key, now);
             }
         }
     }
 
     /// Removes `key` from the table; the next batch deletes its row.
-    fn forget(&mut self, key: Key) {
-        if let Some(at) = self.keys.remove(&key).and_then(|s| s.deadline_entry) {
+    fn forget(&mut self, key: Key, now: Millis) {
+        let Some(state) = self.keys.remove(&key) else {
+            return;
+        };
+        if let Some(at) = state.deadline_entry {
             self.timers.remove_deadline(&key, at);
+        }
+        if let Some(last) = state.last_ended {
+            self.changes.event(Draft {
+                key: key.clone(),
+                kind: EventKind::Forgotten,
+                fence: last.fence,
+                owner: last.owner,
+                at: now,
+            });
         }
         self.changes.forgotten(key);
     }

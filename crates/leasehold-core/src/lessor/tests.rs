@@ -28,6 +28,14 @@ fn spec(key: &str, owner: &str) -> Acquire {
         ttl: ttl(1000),
         wait: Wait::default(),
         request_id: None,
+        options: Default::default(),
+    }
+}
+
+fn delivered(delivery: Delivery) -> Grant {
+    match delivery {
+        Delivery::Granted(grant) => grant,
+        Delivery::Refused(err, _) => panic!("expected a grant, got {err}"),
     }
 }
 
@@ -77,7 +85,7 @@ fn waiters_are_served_in_arrival_order() {
         AcquireOutcome::Queued(_)
     ));
     lessor
-        .release(&k("k"), held.term.fence, held.term.lease_id, false, 3)
+        .release(&k("k"), held.term.fence, held.term.lease_id, false, None, 3)
         .unwrap();
     let handoffs = lessor.take_handoffs();
     assert_eq!(handoffs.len(), 1);
@@ -154,10 +162,10 @@ fn a_cleanly_released_key_is_forgotten_after_the_retention() {
     let g = granted(lessor.acquire(spec("done", "a"), 0, None));
     let s = granted(lessor.acquire(spec("paused", "a"), 0, None));
     lessor
-        .release(&k("done"), g.term.fence, g.term.lease_id, false, 10)
+        .release(&k("done"), g.term.fence, g.term.lease_id, false, None, 10)
         .unwrap();
     lessor
-        .release(&k("paused"), s.term.fence, s.term.lease_id, true, 10)
+        .release(&k("paused"), s.term.fence, s.term.lease_id, true, None, 10)
         .unwrap();
     lessor.take_batch();
 
@@ -196,7 +204,7 @@ fn a_key_taken_again_or_released_again_is_not_forgotten_early() {
     let mut lessor = short_retention();
     let g = granted(lessor.acquire(spec("k", "a"), 0, None));
     lessor
-        .release(&k("k"), g.term.fence, g.term.lease_id, false, 10)
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, None, 10)
         .unwrap();
     // Taken again before the retention ends: kept while held.
     let h = granted(lessor.acquire(spec("k", "b"), 50, None));
@@ -212,7 +220,7 @@ fn a_key_taken_again_or_released_again_is_not_forgotten_early() {
         )
         .unwrap();
     lessor
-        .release(&k("k"), h.term.fence, h.term.lease_id, false, 300)
+        .release(&k("k"), h.term.fence, h.term.lease_id, false, None, 300)
         .unwrap();
     lessor.expire_due(399);
     assert_eq!(
@@ -230,7 +238,7 @@ fn a_forgotten_key_created_again_in_the_same_batch_is_written_back() {
     let mut lessor = short_retention();
     let g = granted(lessor.acquire(spec("k", "a"), 0, None));
     lessor
-        .release(&k("k"), g.term.fence, g.term.lease_id, false, 0)
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, None, 0)
         .unwrap();
     lessor.take_batch();
     lessor.expire_due(100);
@@ -265,12 +273,13 @@ fn a_key_handed_over_again_and_again_keeps_one_timer_entry() {
                 held.term.fence,
                 held.term.lease_id,
                 now % 2 == 0,
+                None,
                 now,
             )
             .unwrap();
         let mut handoffs = lessor.take_handoffs();
         assert_eq!(handoffs.len(), 1);
-        held = handoffs.pop().unwrap().1;
+        held = delivered(handoffs.pop().unwrap().1);
     }
     assert_eq!(
         lessor.deadline_entries(),
@@ -313,7 +322,7 @@ fn a_short_term_after_a_long_one_expires_on_time() {
     };
     let g = granted(lessor.acquire(long, 0, None));
     lessor
-        .release(&k("k"), g.term.fence, g.term.lease_id, false, 1)
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, None, 1)
         .unwrap();
     let short = granted(lessor.acquire(spec("k", "b"), 1, None));
     assert_eq!(lessor.next_deadline(), Some(short.term.expires_at));
@@ -332,12 +341,26 @@ fn a_retried_release_of_a_superseded_fence_is_refused_as_superseded() {
     let mut lessor = Lessor::<Tag>::new();
     let first = granted(lessor.acquire(spec("k", "a"), 0, None));
     lessor
-        .release(&k("k"), first.term.fence, first.term.lease_id, false, 1)
+        .release(
+            &k("k"),
+            first.term.fence,
+            first.term.lease_id,
+            false,
+            None,
+            1,
+        )
         .unwrap();
     // The retry before anyone took the key: the same answer again.
     assert!(
         lessor
-            .release(&k("k"), first.term.fence, first.term.lease_id, false, 2)
+            .release(
+                &k("k"),
+                first.term.fence,
+                first.term.lease_id,
+                false,
+                None,
+                2
+            )
             .is_ok()
     );
     let second = granted(lessor.acquire(spec("k", "b"), 3, None));
@@ -345,7 +368,14 @@ fn a_retried_release_of_a_superseded_fence_is_refused_as_superseded() {
         by: second.term.fence,
     };
     assert_eq!(
-        lessor.release(&k("k"), first.term.fence, first.term.lease_id, false, 4),
+        lessor.release(
+            &k("k"),
+            first.term.fence,
+            first.term.lease_id,
+            false,
+            None,
+            4
+        ),
         Err(stale(&k("k"), first.term.fence, superseded))
     );
     assert_eq!(
@@ -375,9 +405,13 @@ fn a_retry_waiting_behind_its_original_gets_the_replay_with_it() {
         AcquireOutcome::Queued(_)
     ));
     lessor
-        .release(&k("k"), held.term.fence, held.term.lease_id, false, 2)
+        .release(&k("k"), held.term.fence, held.term.lease_id, false, None, 2)
         .unwrap();
-    let handoffs = lessor.take_handoffs();
+    let handoffs: Vec<(Tag, Grant)> = lessor
+        .take_handoffs()
+        .into_iter()
+        .map(|(tag, d)| (tag, delivered(d)))
+        .collect();
     assert_eq!(handoffs.len(), 2);
     assert_eq!(handoffs[0].0, Tag("original"));
     assert!(!handoffs[0].1.replayed);
@@ -392,7 +426,7 @@ fn list_reports_the_sequence_of_keys_its_filter_left_out() {
     let mut lessor = Lessor::<Tag>::new();
     let g = granted(lessor.acquire(spec("s:1", "a"), 0, None));
     lessor
-        .release(&k("s:1"), g.term.fence, g.term.lease_id, true, 1)
+        .release(&k("s:1"), g.term.fence, g.term.lease_id, true, None, 1)
         .unwrap();
     lessor.take_batch();
     let taken = granted(lessor.acquire(spec("s:1", "b"), 2, None));
@@ -414,7 +448,7 @@ fn a_key_with_running_tool_calls_is_not_forgotten() {
         .begin_tool_calls(&k("k"), g.term.fence, g.term.lease_id, calls, 0)
         .unwrap();
     lessor
-        .release(&k("k"), g.term.fence, g.term.lease_id, false, 0)
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, None, 0)
         .unwrap();
     lessor.expire_due(1_000);
     assert_eq!(lessor.key_count(), 1);
@@ -488,7 +522,7 @@ fn stats_follow_the_table() {
         .unwrap();
     // a is released: w2 gets it at once.
     lessor
-        .release(&k("a"), a.term.fence, a.term.lease_id, false, 5)
+        .release(&k("a"), a.term.fence, a.term.lease_id, false, None, 5)
         .unwrap();
     assert_eq!(lessor.take_handoffs().len(), 1);
     assert_stats_match(&lessor);
@@ -516,4 +550,412 @@ fn stats_follow_the_table() {
         100,
     );
     assert_stats_match(&restored);
+}
+
+// ---- lifecycle: lock-delay, handoff, quarantine, history ----
+
+fn with_options(key: &str, owner: &str, options: AcquireOptions) -> Acquire {
+    Acquire {
+        options,
+        ..spec(key, owner)
+    }
+}
+
+fn delayed(key: &str, owner: &str, lock_delay_ms: u64) -> Acquire {
+    with_options(
+        key,
+        owner,
+        AcquireOptions {
+            lock_delay_ms,
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn lock_delay_holds_after_expiry_and_not_after_release() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    // Expired at 1000: nobody gets the key until 1500.
+    granted(lessor.acquire(delayed("k", "a", 500), 0, None));
+    match lessor.acquire(spec("k", "b"), 1200, None) {
+        AcquireOutcome::Busy(Error::Reserved {
+            reservation: crate::error::Held::LockDelay { after },
+            remaining_ms,
+            ..
+        }) => {
+            assert_eq!(after, Fence(1));
+            assert_eq!(remaining_ms, 300);
+        }
+        other => panic!("expected a lock-delay refusal, got {other:?}"),
+    }
+    let view = lessor.get(&k("k"), 1200).unwrap();
+    assert!(view.reservation.is_some());
+    assert!(view.recoverable, "in lock-delay, still recoverable");
+    let b = granted(lessor.acquire(spec("k", "b"), 1500, None));
+    assert_eq!(b.term.fence, Fence(2));
+
+    // Released cleanly: no delay.
+    let c = granted(lessor.acquire(delayed("r", "c", 500), 0, None));
+    lessor
+        .release(&k("r"), c.term.fence, c.term.lease_id, false, None, 10)
+        .unwrap();
+    granted(lessor.acquire(spec("r", "d"), 11, None));
+}
+
+#[test]
+fn a_waiter_keeps_its_place_through_a_lock_delay() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    granted(lessor.acquire(delayed("k", "a", 500), 0, None));
+    assert!(matches!(
+        lessor.acquire(spec("k", "w"), 10, Some(Tag("w"))),
+        AcquireOutcome::Queued(_)
+    ));
+    lessor.expire_due(1000);
+    assert!(lessor.take_handoffs().is_empty(), "the delay runs first");
+    assert_eq!(lessor.waiter_count(), 1);
+    assert_eq!(lessor.next_deadline(), Some(1500));
+    lessor.expire_due(1500);
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0].0, Tag("w"));
+}
+
+fn handoff(successor: &str, for_ms: u64) -> Option<Handoff> {
+    Handoff::parse_optional(successor, for_ms).unwrap()
+}
+
+#[test]
+fn a_handoff_goes_to_the_successor_ahead_of_waiters() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let a = granted(lessor.acquire(spec("k", "a"), 0, None));
+    assert!(matches!(
+        lessor.acquire(spec("k", "w"), 1, Some(Tag("w"))),
+        AcquireOutcome::Queued(_)
+    ));
+    lessor
+        .release(
+            &k("k"),
+            a.term.fence,
+            a.term.lease_id,
+            false,
+            handoff("ui", 200),
+            10,
+        )
+        .unwrap();
+    assert!(
+        lessor.take_handoffs().is_empty(),
+        "the waiter is not the successor"
+    );
+    match lessor.acquire(spec("k", "x"), 20, None) {
+        AcquireOutcome::Busy(Error::Reserved {
+            reservation: crate::error::Held::Handoff { successor },
+            remaining_ms: 190,
+            ..
+        }) => assert_eq!(successor, "ui"),
+        other => panic!("expected a reservation refusal, got {other:?}"),
+    }
+    let ui = granted(lessor.acquire(spec("k", "ui"), 30, None));
+    assert!(ui.term.lifecycle.handed_off);
+    assert_eq!(ui.previous.as_ref().unwrap().end, TermEnd::Released);
+    assert_eq!(
+        lessor.waiter_count(),
+        1,
+        "w still waits behind the successor"
+    );
+}
+
+#[test]
+fn a_waiting_successor_gets_the_key_at_the_release() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let a = granted(lessor.acquire(spec("k", "a"), 0, None));
+    for who in ["w", "ui"] {
+        assert!(matches!(
+            lessor.acquire(spec("k", who), 1, Some(Tag(who))),
+            AcquireOutcome::Queued(_)
+        ));
+    }
+    lessor
+        .release(
+            &k("k"),
+            a.term.fence,
+            a.term.lease_id,
+            true,
+            handoff("ui", 200),
+            10,
+        )
+        .unwrap();
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0].0, Tag("ui"));
+    let grant = match &handoffs[0].1 {
+        Delivery::Granted(grant) => grant,
+        Delivery::Refused(err, _) => panic!("{err}"),
+    };
+    assert!(grant.term.lifecycle.handed_off);
+    assert_eq!(grant.previous.as_ref().unwrap().end, TermEnd::Suspended);
+}
+
+#[test]
+fn a_handoff_times_out_to_the_waiter() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let a = granted(lessor.acquire(spec("k", "a"), 0, None));
+    assert!(matches!(
+        lessor.acquire(spec("k", "w"), 1, Some(Tag("w"))),
+        AcquireOutcome::Queued(_)
+    ));
+    lessor
+        .release(
+            &k("k"),
+            a.term.fence,
+            a.term.lease_id,
+            false,
+            handoff("ui", 200),
+            10,
+        )
+        .unwrap();
+    lessor.expire_due(209);
+    assert!(lessor.take_handoffs().is_empty());
+    lessor.expire_due(210);
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    assert_eq!(handoffs[0].0, Tag("w"));
+    // The successor, late, is now just busy.
+    assert!(matches!(
+        lessor.acquire(spec("k", "ui"), 220, None),
+        AcquireOutcome::Busy(Error::Busy { .. })
+    ));
+}
+
+fn limited(key: &str, owner: &str, max_recoveries: u32) -> Acquire {
+    with_options(
+        key,
+        owner,
+        AcquireOptions {
+            max_recoveries: Some(max_recoveries),
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn a_key_is_quarantined_after_k_failed_terms_in_a_row() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let mut now = 0;
+    // Expired, suspended, expired: three failures in a row at K = 3.
+    for round in 0..3 {
+        let g = granted(lessor.acquire(limited("k", "w", 3), now, None));
+        if round == 1 {
+            lessor
+                .release(&k("k"), g.term.fence, g.term.lease_id, true, None, now + 1)
+                .unwrap();
+        }
+        now += 2000;
+        lessor.expire_due(now);
+        assert_eq!(
+            lessor.get(&k("k"), now).unwrap().quarantined,
+            round == 2,
+            "round {round}"
+        );
+    }
+    match lessor.acquire(spec("k", "w"), now, None) {
+        AcquireOutcome::Busy(Error::Quarantined {
+            failures, recent, ..
+        }) => {
+            assert_eq!(failures, 3);
+            assert_eq!(
+                recent,
+                "fence 1 expired, fence 2 suspended, fence 3 expired"
+            );
+        }
+        other => panic!("expected quarantine, got {other:?}"),
+    }
+    let page = lessor.list("", ListFilter::Quarantined, None, 10, 100, now);
+    assert_eq!(page.keys.len(), 1);
+    assert_eq!(lessor.stats().quarantined, 1);
+    assert_eq!(lessor.stats().quarantines, 1);
+    let page = lessor.list("", ListFilter::Recoverable, None, 10, 100, now);
+    assert!(
+        page.keys.is_empty(),
+        "a quarantined key is not for recoverers"
+    );
+
+    // Force gets it; lifting the quarantine lets anyone in.
+    let forced = AcquireOptions {
+        force: true,
+        ..Default::default()
+    };
+    let f = granted(lessor.acquire(with_options("k", "admin", forced), now, None));
+    lessor
+        .release(&k("k"), f.term.fence, f.term.lease_id, true, None, now + 1)
+        .unwrap();
+    assert!(lessor.get(&k("k"), now + 1).unwrap().quarantined);
+    let (view, _) = lessor.unquarantine(&k("k"), now + 2).unwrap();
+    assert!(!view.quarantined);
+    assert_eq!(lessor.stats().quarantined, 0);
+    assert!(view.recoverable);
+    granted(lessor.acquire(spec("k", "w"), now + 3, None));
+}
+
+#[test]
+fn a_clean_release_resets_the_count_and_waiters_are_told_of_quarantine() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let g = granted(lessor.acquire(limited("k", "w", 2), 0, None));
+    lessor.expire_due(1000);
+    let g2 = granted(lessor.acquire(limited("k", "w", 2), 1000, None));
+    assert_ne!(g.term.fence, g2.term.fence);
+    lessor
+        .release(&k("k"), g2.term.fence, g2.term.lease_id, false, None, 1001)
+        .unwrap();
+    // One more failure is not two in a row.
+    granted(lessor.acquire(limited("k", "w", 2), 1002, None));
+    assert!(matches!(
+        lessor.acquire(spec("k", "waiter"), 1003, Some(Tag("waiter"))),
+        AcquireOutcome::Queued(_)
+    ));
+    lessor.expire_due(2002);
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(
+        handoffs.len(),
+        1,
+        "one failure since the release: not quarantined"
+    );
+    assert!(matches!(handoffs[0].1, Delivery::Granted(_)));
+
+    // At K = 1 the expiry quarantines the key, and its waiter is told so
+    // instead of waiting for nothing.
+    granted(lessor.acquire(limited("q", "w", 1), 0, None));
+    assert!(matches!(
+        lessor.acquire(spec("q", "waiter"), 1, Some(Tag("waiter"))),
+        AcquireOutcome::Queued(_)
+    ));
+    lessor.expire_due(1000);
+    let handoffs = lessor.take_handoffs();
+    assert_eq!(handoffs.len(), 1);
+    match &handoffs[0].1 {
+        Delivery::Refused(Error::Quarantined { failures: 1, .. }, _) => {}
+        other => panic!("expected a quarantine refusal, got {other:?}"),
+    }
+    assert_eq!(lessor.waiter_count(), 0);
+}
+
+#[test]
+fn history_pages_newest_first_and_keeps_the_last_n() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    lessor.set_history_len(3);
+    for i in 0..5u64 {
+        let g = granted(lessor.acquire(spec("k", "w"), i * 10, None));
+        lessor
+            .release(
+                &k("k"),
+                g.term.fence,
+                g.term.lease_id,
+                false,
+                None,
+                i * 10 + 5,
+            )
+            .unwrap();
+    }
+    let page = lessor.history(&k("k"), None, 2, 100).unwrap();
+    let fences: Vec<u64> = page.entries.iter().map(|h| h.fence.0).collect();
+    assert_eq!(fences, vec![5, 4]);
+    assert_eq!(page.next_before, Some(Fence(4)));
+    let page = lessor.history(&k("k"), page.next_before, 2, 100).unwrap();
+    let fences: Vec<u64> = page.entries.iter().map(|h| h.fence.0).collect();
+    assert_eq!(fences, vec![3]);
+    assert_eq!(page.next_before, None);
+    assert_eq!(page.entries[0].acquired_at, 20);
+    assert_eq!(page.entries[0].ended_at, 25);
+
+    // Storage gets each entry once, and the fence below which to drop.
+    let batch = lessor.take_batch();
+    let record = batch.records.iter().find(|r| r.key == "k").unwrap();
+    let fences: Vec<u64> = record.history.iter().map(|h| h.fence.0).collect();
+    assert_eq!(fences, vec![3, 4, 5]);
+    assert_eq!(record.history_from, Some(Fence(3)));
+    let g = granted(lessor.acquire(spec("k", "w"), 100, None));
+    lessor
+        .release(&k("k"), g.term.fence, g.term.lease_id, false, None, 101)
+        .unwrap();
+    let batch = lessor.take_batch();
+    let record = batch.records.iter().find(|r| r.key == "k").unwrap();
+    assert_eq!(record.history.len(), 1);
+    assert_eq!(record.history_from, Some(Fence(4)));
+}
+
+#[test]
+fn reservations_quarantine_and_history_survive_a_restore() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let a = granted(lessor.acquire(limited("q", "w", 1), 0, None));
+    lessor
+        .release(&k("q"), a.term.fence, a.term.lease_id, true, None, 1)
+        .unwrap();
+    let b = granted(lessor.acquire(spec("h", "w"), 0, None));
+    lessor
+        .release(
+            &k("h"),
+            b.term.fence,
+            b.term.lease_id,
+            false,
+            handoff("ui", 500),
+            2,
+        )
+        .unwrap();
+    let batch = lessor.take_batch();
+    let mut restored: Lessor<Tag> =
+        Lessor::restore(batch.records, Vec::new(), 0, 100, DEFAULT_RETENTION_MS);
+    assert!(restored.get(&k("q"), 100).unwrap().quarantined);
+    assert_eq!(
+        restored
+            .history(&k("q"), None, 10, 100)
+            .unwrap()
+            .entries
+            .len(),
+        1
+    );
+    assert!(matches!(
+        restored.acquire(spec("h", "x"), 100, None),
+        AcquireOutcome::Busy(Error::Reserved { .. })
+    ));
+    granted(restored.acquire(spec("h", "ui"), 101, None));
+}
+
+// ---- events: revisions given at commit, with their key's row ----
+
+#[test]
+fn events_get_revisions_in_commit_order_and_wait_for_their_keys_row() {
+    use crate::events::EventKind;
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    lessor.resume_revisions(41);
+    let long = Acquire {
+        ttl: ttl(5000),
+        ..spec("a", "w")
+    };
+    let a = granted(lessor.acquire(long, 0, None));
+    granted(lessor.acquire(spec("lazy", "w"), 0, None));
+    let batch = lessor.take_batch();
+    let revisions: Vec<u64> = batch.events.iter().map(|e| e.revision).collect();
+    assert_eq!(revisions, vec![42, 43]);
+    assert_eq!(batch.events[0].kind, EventKind::Granted);
+    assert_eq!(batch.events[0].fence, a.term.fence);
+
+    // "lazy" expires (a lazy change), then "a" is released (urgent): a
+    // batch that leaves the lazy key for later leaves its event too, and
+    // the release gets the next revision.
+    lessor.expire_due(1000);
+    lessor
+        .release(&k("a"), a.term.fence, a.term.lease_id, false, None, 1000)
+        .unwrap();
+    let batch = lessor.take_batch_up_to(0);
+    assert_eq!(batch.records.len(), 1);
+    assert_eq!(batch.events.len(), 1);
+    assert_eq!(batch.events[0].key, "a");
+    assert_eq!(batch.events[0].kind, EventKind::Released);
+    assert_eq!(batch.events[0].revision, 44);
+    let batch = lessor.take_batch();
+    assert_eq!(batch.events.len(), 1);
+    assert_eq!(batch.events[0].key, "lazy");
+    assert_eq!(batch.events[0].kind, EventKind::Expired);
+    assert_eq!(batch.events[0].revision, 45);
+    assert_eq!(batch.events[0].at, 1000);
+    assert_eq!(lessor.revision(), 45);
 }

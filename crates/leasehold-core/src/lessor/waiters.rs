@@ -3,9 +3,9 @@
 use std::collections::VecDeque;
 
 use crate::clock::Millis;
-use crate::lease::Key;
+use crate::lease::{Key, Reservation};
 
-use super::{Acquire, Grant, Lessor};
+use super::{Acquire, Delivery, Grant, Lessor};
 
 /// The waiting side of a queued Acquire, owned by whoever delivers grants.
 pub trait WaiterHandle {
@@ -45,8 +45,9 @@ impl<W: WaiterHandle> Lessor<W> {
         self.stats.waiters
     }
 
-    /// Grants made to queued waiters since the last call, to deliver.
-    pub fn take_handoffs(&mut self) -> Vec<(W, Grant)> {
+    /// Grants (and refusals) for queued waiters since the last call, to
+    /// deliver.
+    pub fn take_handoffs(&mut self) -> Vec<(W, Delivery)> {
         std::mem::take(&mut self.handoffs)
     }
 
@@ -64,18 +65,48 @@ impl<W: WaiterHandle> Lessor<W> {
         id
     }
 
-    /// While `key` is free, grants it to the first waiter still waiting.
+    /// While `key` is free, grants it to the first waiter still waiting:
+    /// the named successor first while a handoff reserves the key, nobody
+    /// during a lock-delay, and only forced Acquires while it is
+    /// quarantined (the others are refused, not left waiting for nothing).
     pub(super) fn serve_waiters(&mut self, key: &Key, now: Millis) {
         loop {
             let Some(state) = self.keys.get_mut(key) else {
                 return;
             };
-            if state.live.is_some() {
+            if state.live.is_some() || state.waiters.is_empty() {
                 return;
             }
-            let Some(queued) = state.waiters.pop_front() else {
-                return;
+            if state.quarantined && state.waiters.iter().any(|q| !q.request.options.force) {
+                let refusal = state.quarantined_error(key);
+                let seq = state.visible_seq;
+                let (forced, refused): (VecDeque<_>, VecDeque<_>) =
+                    std::mem::take(&mut state.waiters)
+                        .into_iter()
+                        .partition(|q| q.request.options.force);
+                state.waiters = forced;
+                self.stats.waiters -= refused.len();
+                for queued in refused {
+                    let delivery = Delivery::Refused(refusal.clone(), seq);
+                    self.handoffs.push((queued.handle, delivery));
+                }
+                continue;
+            }
+            let (index, handed_off) = match state.reservation_at(now) {
+                None => (0, false),
+                Some(Reservation::LockDelay { .. }) => return,
+                Some(Reservation::Handoff { successor, .. }) => {
+                    match state
+                        .waiters
+                        .iter()
+                        .position(|q| q.request.owner == *successor)
+                    {
+                        Some(index) => (index, true),
+                        None => return,
+                    }
+                }
             };
+            let queued = state.waiters.remove(index).expect("an index in line");
             self.stats.waiters -= 1;
             if !queued.handle.is_waiting() {
                 continue;
@@ -84,7 +115,7 @@ impl<W: WaiterHandle> Lessor<W> {
             // term as a replay, rather than waiting behind it for nothing.
             let retries = take_retries(&mut state.waiters, &queued.request);
             self.stats.waiters -= retries.len();
-            let grant = self.grant(queued.request, now);
+            let grant = self.grant(queued.request, now, handed_off);
             let replays: Vec<_> = retries
                 .into_iter()
                 .map(|retry| {
@@ -92,10 +123,11 @@ impl<W: WaiterHandle> Lessor<W> {
                         replayed: true,
                         ..grant.clone()
                     };
-                    (retry.handle, replay)
+                    (retry.handle, Delivery::Granted(replay))
                 })
                 .collect();
-            self.handoffs.push((queued.handle, grant));
+            self.handoffs
+                .push((queued.handle, Delivery::Granted(grant)));
             self.handoffs.extend(replays);
         }
     }

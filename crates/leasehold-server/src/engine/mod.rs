@@ -27,8 +27,12 @@
 //! - `writer`: the writer thread (group commit);
 //! - `timer`: the expiry timer.
 
+mod event_log;
 mod timer;
 mod writer;
+
+use event_log::EventLog;
+pub use event_log::Watching;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,13 +44,14 @@ use tokio::sync::{Notify, oneshot, watch};
 
 use leasehold_core::clock::{Clock, Millis};
 use leasehold_core::error::{Error, Result};
-use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Term, Ttl};
+use leasehold_core::events::{DEFAULT_EVENT_LOG_LEN, Selector};
+use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, Ttl};
 use leasehold_core::ledger::{
     BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
 };
 use leasehold_core::lessor::{
-    Acquire, AcquireOutcome, DEFAULT_RETENTION_MS, Grant, KeyView, Lessor, ListFilter, ListPage,
-    Stats, WaiterHandle, WaiterId, page_limit,
+    Acquire, AcquireOutcome, DEFAULT_HISTORY_LEN, DEFAULT_RETENTION_MS, Delivery, Grant,
+    HistoryPage, KeyView, Lessor, ListFilter, ListPage, Stats, WaiterHandle, WaiterId, page_limit,
 };
 use leasehold_core::store::{Store, StoreError};
 
@@ -76,6 +81,15 @@ pub struct EngineConfig {
     pub retention_ms: u64,
     /// At most this many Acquires wait in one key's line.
     pub max_waiters_per_key: usize,
+    /// How many ended terms each key remembers (History).
+    pub history_len: usize,
+    /// The recovery limit of terms whose Acquire names none (`None`: keys
+    /// are never quarantined unless their Acquire asks).
+    pub default_max_recoveries: Option<u32>,
+    /// How many events the Watch log keeps (older revisions are compacted).
+    pub event_log_len: usize,
+    /// How many commits a watcher may fall behind before it is cut off.
+    pub watch_buffer: usize,
 }
 
 impl Default for EngineConfig {
@@ -85,6 +99,10 @@ impl Default for EngineConfig {
             list_scan_budget: 10_000,
             retention_ms: DEFAULT_RETENTION_MS,
             max_waiters_per_key: 1_000,
+            history_len: DEFAULT_HISTORY_LEN,
+            default_max_recoveries: None,
+            event_log_len: DEFAULT_EVENT_LOG_LEN,
+            watch_buffer: 4096,
         }
     }
 }
@@ -93,7 +111,15 @@ impl Default for EngineConfig {
 pub type Page = ListPage;
 
 /// The wake-up end of a queued Acquire.
-struct Waiter(oneshot::Sender<Grant>);
+struct Waiter(oneshot::Sender<Delivery>);
+
+/// What a queued Acquire was handed, as a reply still to be revealed.
+fn delivered(delivery: Delivery) -> std::result::Result<Grant, (Error, u64)> {
+    match delivery {
+        Delivery::Granted(grant) => Ok(grant),
+        Delivery::Refused(err, seq) => Err((err, seq)),
+    }
+}
 
 impl WaiterHandle for Waiter {
     fn is_waiting(&self) -> bool {
@@ -132,7 +158,7 @@ enum Started {
     Queued {
         request: Acquire,
         place: PlaceInLine,
-        granted: oneshot::Receiver<Grant>,
+        granted: oneshot::Receiver<Delivery>,
         until: Millis,
     },
 }
@@ -205,6 +231,8 @@ struct Shared {
     commit_batch_size: Histogram,
     /// The writer thread, joined at shutdown.
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Committed events, for Watch.
+    events: EventLog,
     /// Tuning.
     config: EngineConfig,
 }
@@ -255,6 +283,16 @@ impl Engine {
             config.retention_ms,
         );
         lessor.set_max_waiters_per_key(config.max_waiters_per_key);
+        lessor.set_history_len(config.history_len);
+        lessor.set_default_max_recoveries(config.default_max_recoveries);
+        let revision = snapshot.events.last().map_or(0, |e| e.revision);
+        lessor.resume_revisions(revision);
+        let events = EventLog::new(
+            snapshot.events,
+            revision,
+            config.event_log_len,
+            config.watch_buffer,
+        );
         tracing::info!(
             keys,
             fence_high_water = snapshot.fence_high_water,
@@ -265,6 +303,7 @@ impl Engine {
             writer_wake: Condvar::new(),
             writer_idle: AtomicBool::new(false),
             durable: watch::Sender::new(Durable::default()),
+            events,
             timer_wake: Notify::new(),
             clock,
             closing: watch::Sender::new(false),
@@ -317,9 +356,9 @@ impl Engine {
                 }) => {
                     let mut closing = shared.closing.subscribe();
                     tokio::select! {
-                        grant = &mut granted => {
+                        delivery = &mut granted => {
                             place.armed = false;
-                            Ok(grant.map_err(|_| closed())?)
+                            delivered(delivery.map_err(|_| closed())?)
                         }
                         _ = shared.clock.sleep_until(until) => {
                             shared.give_up_waiting(request, &mut place, &mut granted).await
@@ -328,7 +367,7 @@ impl Engine {
                             if place.leave() {
                                 return Err(closed());
                             }
-                            Ok(granted.await.map_err(|_| closed())?)
+                            delivered(granted.await.map_err(|_| closed())?)
                         }
                     }
                 }
@@ -369,11 +408,54 @@ impl Engine {
         fence: Fence,
         lease_id: LeaseId,
         suspend: bool,
+        handoff: Option<Handoff>,
     ) -> impl Future<Output = Result<EndedTerm>> + Send + use<> {
         self.shared
             .apply(key, Ok(()), |l, now, ()| {
-                l.release(key, fence, lease_id, suspend, now)
+                l.release(key, fence, lease_id, suspend, handoff, now)
             })
+            .durable()
+    }
+
+    /// Up to `limit` ended terms of `key`, newest first, below `before`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::InvalidArgument`] for a page size over
+    /// 1000, [`Error::Unavailable`].
+    pub fn history(
+        &self,
+        key: &Key,
+        before: Option<Fence>,
+        page_size: usize,
+    ) -> impl Future<Output = Result<HistoryPage>> + Send + use<> {
+        self.shared
+            .apply(key, page_limit(page_size), |l, now, limit| {
+                let page = l.history(key, before, limit, now)?;
+                let seq = page.visible_seq;
+                Ok((page, seq))
+            })
+            .durable()
+    }
+
+    /// Follows the keys `selector` picks from revision `start` (0: from
+    /// now on): first what the log still holds from `start`, then each
+    /// commit's events as it becomes durable.
+    ///
+    /// # Errors
+    /// [`Error::Compacted`] when `start` is older than the log holds;
+    /// [`Error::Unavailable`] when the engine is closed.
+    pub fn watch(&self, selector: Selector, start: u64) -> Result<Watching> {
+        self.shared.ensure_open()?;
+        self.shared.events.watch(selector, start)
+    }
+
+    /// Lifts `key`'s quarantine; its state after.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::Unavailable`].
+    pub fn unquarantine(&self, key: &Key) -> impl Future<Output = Result<KeyView>> + Send + use<> {
+        self.shared
+            .apply(key, Ok(()), |l, now, ()| l.unquarantine(key, now))
             .durable()
     }
 
@@ -570,10 +652,10 @@ impl Shared {
             let wake_writer = lessor.has_urgent() && self.writer_idle.load(Ordering::Relaxed);
             (out, handoffs, wake_writer, lessor.take_deadline_changed())
         };
-        for (Waiter(tx), grant) in handoffs {
+        for (Waiter(tx), delivery) in handoffs {
             // A waiter that left just now loses its grant; the term then
             // lapses at its TTL (or its request-id retry picks it up).
-            let _ = tx.send(grant);
+            let _ = tx.send(delivery);
         }
         if wake_writer {
             self.writer_wake.notify_one();
@@ -662,11 +744,16 @@ impl Shared {
         let (tx, granted) = oneshot::channel();
         // Only a waiting request needs itself again (to give up, or retry).
         let retry = request.clone();
-        match self.with_lessor(|l| l.acquire(request, now, Some(Waiter(tx)))) {
-            AcquireOutcome::Granted(grant) => Ok(Started::Granted(grant)),
-            // A full line: the refusal reveals no term, so no sequence.
-            AcquireOutcome::Busy(err) => Err(at_once(err)),
-            AcquireOutcome::Queued(id) => Ok(Started::Queued {
+        let outcome = self.with_lessor(|l| {
+            let outcome = l.acquire(request, now, Some(Waiter(tx)));
+            (outcome, l.visible_seq(&retry.key))
+        });
+        match outcome {
+            (AcquireOutcome::Granted(grant), _) => Ok(Started::Granted(grant)),
+            // A full line, or a quarantined key: the refusal waits for
+            // what it reveals, as any other.
+            (AcquireOutcome::Busy(err), seq) => Err((err, seq)),
+            (AcquireOutcome::Queued(id), _) => Ok(Started::Queued {
                 place: PlaceInLine {
                     shared: self.clone(),
                     key: retry.key.clone(),
@@ -685,7 +772,7 @@ impl Shared {
         &self,
         request: Acquire,
         place: &mut PlaceInLine,
-        granted: &mut oneshot::Receiver<Grant>,
+        granted: &mut oneshot::Receiver<Delivery>,
     ) -> std::result::Result<Grant, (Error, u64)> {
         let now = self.clock.now();
         place.armed = false;
@@ -700,7 +787,10 @@ impl Shared {
         match outcome {
             Some(outcome) => outcome,
             // Granted between the timeout and the cancel: take the grant.
-            None => granted.await.map_err(|_| at_once(closed())),
+            None => granted
+                .await
+                .map_err(|_| at_once(closed()))
+                .and_then(delivered),
         }
     }
 
@@ -777,8 +867,23 @@ impl Backend for Engine {
         fence: Fence,
         lease_id: LeaseId,
         suspend: bool,
+        handoff: Option<Handoff>,
     ) -> Pending<EndedTerm> {
-        Box::pin(Engine::release(self, key, fence, lease_id, suspend))
+        Box::pin(Engine::release(
+            self, key, fence, lease_id, suspend, handoff,
+        ))
+    }
+
+    fn history(&self, key: &Key, before: Option<Fence>, limit: usize) -> Pending<HistoryPage> {
+        Box::pin(Engine::history(self, key, before, limit))
+    }
+
+    fn unquarantine(&self, key: &Key) -> Pending<KeyView> {
+        Box::pin(Engine::unquarantine(self, key))
+    }
+
+    fn watch(&self, selector: Selector, start: u64) -> Pending<Watching> {
+        Box::pin(std::future::ready(Engine::watch(self, selector, start)))
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {
@@ -859,6 +964,27 @@ impl Backend for Engine {
             "leasehold_tool_calls_unsettled",
             "Tool calls recorded as running and not yet settled.",
             stats.unsettled_tool_calls as f64,
+        );
+        out.gauge(
+            "leasehold_keys_quarantined",
+            "Keys refused to Acquire after too many failed terms in a row (see Unquarantine).",
+            stats.quarantined as f64,
+        );
+        out.counter(
+            "leasehold_quarantines_total",
+            "Keys that became quarantined.",
+            stats.quarantines,
+        );
+        let (watchers, revision) = self.shared.events.stats();
+        out.gauge(
+            "leasehold_watchers",
+            "Watch streams following the live event feed.",
+            watchers as f64,
+        );
+        out.gauge(
+            "leasehold_revision",
+            "The highest event revision committed and published to watchers.",
+            revision as f64,
         );
         out.counter(
             "leasehold_grants_total",

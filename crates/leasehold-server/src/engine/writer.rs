@@ -27,7 +27,7 @@ impl Shared {
             let lazy_due = stopping || backlog || last_flush.elapsed() >= lazy_flush;
             let due = lessor.has_urgent() || (lessor.has_dirty() && lazy_due);
             if due {
-                let batch = lessor.take_batch_up_to(LAZY_CHUNK);
+                let mut batch = lessor.take_batch_up_to(LAZY_CHUNK);
                 backlog = lessor.has_lazy_backlog();
                 drop(lessor);
                 let started = Instant::now();
@@ -52,6 +52,8 @@ impl Shared {
                     return;
                 }
                 self.commits.store(store.commits(), Ordering::Relaxed);
+                // Durable now: watchers may see it.
+                self.events.publish(std::mem::take(&mut batch.events));
                 self.durable.send_modify(|d| d.seq = d.seq.max(batch.seq));
                 lessor = self.lessor.lock().expect("lessor lock");
                 continue;

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use crate::auth::{AuthConfig, Caller, Principal, Right, subject_name};
 use crate::backend::Backend;
-use crate::limits::{Gate, Limits, Slot, caller_name};
+use crate::limits::{Gate, KeyReservation, Limits, Slot, caller_name};
 use crate::metrics::ServiceMetrics;
 use leasehold_core::error::Error;
+use leasehold_core::events::Selector;
 use leasehold_core::lease::{Fence, Key, Ttl};
 use leasehold_core::ledger::BeginOutcome;
 use leasehold_core::lessor::Acquire;
@@ -111,6 +112,23 @@ impl LeaseholdService {
         })
     }
 
+    /// Counts an Acquire of `key` against its principal's
+    /// `keys_per_principal` until it is answered (nothing without auth).
+    fn reserve_key(
+        &self,
+        rpc: &'static str,
+        who: Option<&Principal>,
+        key: &Key,
+    ) -> Result<Option<KeyReservation>, Status> {
+        let Some(who) = who else {
+            return Ok(None);
+        };
+        self.gate.reserve_key(&who.name, key).map_err(|err| {
+            self.metrics.record(rpc, Duration::ZERO, Some(&err));
+            status::to_status(err)
+        })
+    }
+
     /// `Ok` when `who` (if auth is on) holds `right` on `key`.
     fn authorize(
         &self,
@@ -166,10 +184,23 @@ impl Leasehold for LeaseholdService {
         let acquire = self.parsed("Acquire", convert::acquire(request.into_inner()))?;
         let _waiting = self.wait_slot("Acquire", &acquire, peer)?;
         self.authorize("Acquire", who.as_deref(), Right::Hold, acquire.key.as_str())?;
+        if acquire.options.force {
+            // Overriding a quarantine is an operator's decision.
+            self.authorize(
+                "Acquire",
+                who.as_deref(),
+                Right::Admin,
+                acquire.key.as_str(),
+            )?;
+        }
         if let Some(who) = &who {
             self.parsed("Acquire", who.allow_owner(acquire.owner.as_str()))?;
         }
+        let reservation = self.reserve_key("Acquire", who.as_deref(), &acquire.key)?;
         let grant = self.timed("Acquire", self.backend.acquire(acquire)).await;
+        if let (Ok(g), Some(reservation)) = (&grant, reservation) {
+            reservation.granted(&g.key, &g.term);
+        }
         reply(grant.map(|g| convert::acquire_response(&g)))
     }
 
@@ -185,6 +216,9 @@ impl Leasehold for LeaseholdService {
                 self.backend.renew(&key, Fence(r.fence), lease_id, ttl),
             )
             .await;
+        if let (Ok(t), Some(_)) = (&term, &who) {
+            self.gate.renewed(&key, t);
+        }
         reply(term.map(|t| pb::RenewResponse {
             lease: Some(convert::lease(&key, &t, true)),
         }))
@@ -195,13 +229,17 @@ impl Leasehold for LeaseholdService {
         let r = request.into_inner();
         let (key, lease_id) = self.parsed("Release", convert::held(r.key, &r.lease_id))?;
         self.authorize("Release", who.as_deref(), Right::Hold, key.as_str())?;
+        let handoff = self.parsed("Release", convert::handoff(r.successor, r.handoff_ms))?;
         let ended = self
             .timed(
                 "Release",
                 self.backend
-                    .release(&key, Fence(r.fence), lease_id, r.suspend),
+                    .release(&key, Fence(r.fence), lease_id, r.suspend, handoff),
             )
             .await;
+        if let (Ok(e), Some(_)) = (&ended, &who) {
+            self.gate.released(&key, e.fence);
+        }
         reply(ended.map(|e| pb::ReleaseResponse {
             ended: Some(convert::ended(&e)),
         }))
@@ -231,6 +269,8 @@ impl Leasehold for LeaseholdService {
                 lease: state.lease,
                 last_ended: state.last_ended,
                 recoverable: state.recoverable,
+                quarantined: state.quarantined,
+                reservation: state.reservation,
             }
         }))
     }
@@ -266,6 +306,36 @@ impl Leasehold for LeaseholdService {
                     .map(convert::page_token)
                     .unwrap_or_default(),
             }
+        }))
+    }
+
+    async fn history(&self, request: Request<pb::HistoryRequest>) -> Reply<pb::HistoryResponse> {
+        let who = self.caller("History", &request)?;
+        let r = request.into_inner();
+        let key = self.parsed("History", Key::parse(r.key))?;
+        self.authorize("History", who.as_deref(), Right::Read, key.as_str())?;
+        let before = self.parsed("History", convert::history_token(&r.page_token))?;
+        let page = self
+            .timed(
+                "History",
+                self.backend.history(&key, before, r.page_size as usize),
+            )
+            .await;
+        reply(page.map(|p| convert::history_response(&p)))
+    }
+
+    async fn unquarantine(
+        &self,
+        request: Request<pb::UnquarantineRequest>,
+    ) -> Reply<pb::UnquarantineResponse> {
+        let who = self.caller("Unquarantine", &request)?;
+        let key = self.parsed("Unquarantine", Key::parse(request.into_inner().key))?;
+        self.authorize("Unquarantine", who.as_deref(), Right::Admin, key.as_str())?;
+        let view = self
+            .timed("Unquarantine", self.backend.unquarantine(&key))
+            .await;
+        reply(view.map(|v| pb::UnquarantineResponse {
+            key: Some(convert::key_state(&v)),
         }))
     }
 
@@ -381,6 +451,53 @@ impl Leasehold for LeaseholdService {
         }))
     }
 
+    type WatchStream = futures_util::stream::BoxStream<'static, Result<pb::WatchResponse, Status>>;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
+        use futures_util::StreamExt;
+        let who = self.caller("Watch", &request)?;
+        let slot = self
+            .gate
+            .stream_slot(request.remote_addr())
+            .map_err(status::to_status)?;
+        let r = request.into_inner();
+        let selector = self.parsed("Watch", convert::selector(r.key, r.prefix))?;
+        if let Selector::Key(key) = &selector {
+            self.authorize("Watch", who.as_deref(), Right::Read, key.as_str())?;
+        }
+        let watching = self
+            .timed("Watch", self.backend.watch(selector, r.start_revision))
+            .await
+            .map_err(status::to_status)?;
+        let first = pb::WatchResponse {
+            events: Vec::new(),
+            revision: watching.revision,
+        };
+        // Each commit's events the caller may read, as one response; the
+        // first response says where the watch starts.
+        let events = watching.events.filter_map(move |batch| {
+            let _slot = &slot;
+            let out = match batch {
+                Err(err) => Some(Err(status::to_status(err))),
+                Ok(batch) => {
+                    let revision = batch.last().map_or(0, |e| e.revision);
+                    let events: Vec<pb::Event> = batch
+                        .iter()
+                        .filter(|e| {
+                            who.as_ref()
+                                .is_none_or(|w| w.can(Right::Read, e.key.as_str()))
+                        })
+                        .map(convert::event)
+                        .collect();
+                    (!events.is_empty()).then_some(Ok(pb::WatchResponse { events, revision }))
+                }
+            };
+            std::future::ready(out)
+        });
+        let stream = futures_util::stream::once(std::future::ready(Ok(first))).chain(events);
+        Ok(Response::new(stream.boxed()))
+    }
+
     type SessionStream = SessionPipe;
 
     async fn session(
@@ -395,6 +512,7 @@ impl Leasehold for LeaseholdService {
         let rate_key = (self.gate.limits().ops_per_second > 0)
             .then(|| caller_name(who.as_ref().map(|p| p.name.as_str()), request.remote_addr()));
         Ok(Response::new(SessionPipe {
+            span: tracing::Span::current(),
             _slot: slot,
             gate: self.gate.clone(),
             rate_key,
@@ -419,6 +537,10 @@ pub const SESSION_WINDOW: usize = 1024;
 /// responses are ready and sends them in one write: under load, one read and
 /// one write carry many operations.
 pub struct SessionPipe {
+    /// The stream's request span (its request id): tonic polls the response
+    /// body outside the span it handles the call in, so the pipe enters it
+    /// itself, and each operation's log lines carry the stream's id.
+    span: tracing::Span,
     /// This stream's slot on its connection, given back when it ends.
     _slot: Option<Slot>,
     gate: Arc<Gate>,
@@ -447,6 +569,7 @@ impl Stream for SessionPipe {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        let _request = this.span.enter();
         while this.pending.len() < SESSION_WINDOW {
             let Some(inbound) = this.inbound.as_mut() else {
                 break;
@@ -461,6 +584,7 @@ impl Stream for SessionPipe {
                     this.pending.push(session_step(
                         this.backend.as_ref(),
                         &this.metrics,
+                        &this.gate,
                         this.who.as_deref(),
                         message,
                     ));
@@ -486,6 +610,7 @@ impl Stream for SessionPipe {
 fn session_step(
     backend: &dyn Backend,
     metrics: &Arc<ServiceMetrics>,
+    gate: &Arc<Gate>,
     who: Option<&Principal>,
     message: pb::SessionRequest,
 ) -> BoxFuture<'static, pb::SessionResponse> {
@@ -509,9 +634,15 @@ fn session_step(
                 return step.refused(err);
             }
             let renewed = backend.renew(&key, Fence(r.fence), lease_id, ttl);
-            step.respond(renewed, move |t| pb::SessionResponse {
-                lease: Some(convert::lease(&key, &t, true)),
-                ..Default::default()
+            let gate = who.map(|_| gate.clone());
+            step.respond(renewed, move |t| {
+                if let Some(gate) = gate {
+                    gate.renewed(&key, &t);
+                }
+                pb::SessionResponse {
+                    lease: Some(convert::lease(&key, &t, true)),
+                    ..Default::default()
+                }
             })
         }
         Some(Op::Check(r)) => {
@@ -536,11 +667,26 @@ fn session_step(
                 Err(err) => return step.refused(err),
             };
             let owner_ok = who.map_or(Ok(()), |w| w.allow_owner(acquire.owner.as_str()));
-            if let Err(err) = allowed(who, Right::Hold, &acquire.key).and(owner_ok) {
+            let force_ok = match acquire.options.force {
+                true => allowed(who, Right::Admin, &acquire.key),
+                false => Ok(()),
+            };
+            if let Err(err) = allowed(who, Right::Hold, &acquire.key)
+                .and(owner_ok)
+                .and(force_ok)
+            {
                 return step.refused(err);
             }
+            let reservation = match who.map(|w| gate.reserve_key(&w.name, &acquire.key)) {
+                Some(Err(err)) => return step.refused(err),
+                Some(Ok(reservation)) => reservation,
+                None => None,
+            };
             let granted = backend.acquire(acquire);
-            step.respond(granted, |g| {
+            step.respond(granted, move |g| {
+                if let Some(reservation) = reservation {
+                    reservation.granted(&g.key, &g.term);
+                }
                 let acquired = convert::acquire_response(&g);
                 pb::SessionResponse {
                     lease: acquired.lease,
@@ -560,10 +706,20 @@ fn session_step(
             if let Err(err) = allowed(who, Right::Hold, &key) {
                 return step.refused(err);
             }
-            let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend);
-            step.respond(released, |e| pb::SessionResponse {
-                ended: Some(convert::ended(&e)),
-                ..Default::default()
+            let handoff = match convert::handoff(r.successor, r.handoff_ms) {
+                Ok(handoff) => handoff,
+                Err(err) => return step.refused(err),
+            };
+            let released = backend.release(&key, Fence(r.fence), lease_id, r.suspend, handoff);
+            let gate = who.map(|_| gate.clone());
+            step.respond(released, move |e| {
+                if let Some(gate) = gate {
+                    gate.released(&key, e.fence);
+                }
+                pb::SessionResponse {
+                    ended: Some(convert::ended(&e)),
+                    ..Default::default()
+                }
             })
         }
         None => {

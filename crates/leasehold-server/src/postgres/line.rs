@@ -326,6 +326,7 @@ pub(super) fn granted(
         ttl: request.ttl,
         acquired_at: millis(mine.get("granted_acquired_at_ms")),
         expires_at: millis(mine.get("granted_expires_at_ms")),
+        lifecycle: Default::default(),
     };
     let current = snapshot.key.live.as_ref().is_some_and(|t| t.fence == fence);
     Ok(Grant {

@@ -68,11 +68,13 @@ use tokio_postgres::error::SqlState;
 
 use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result};
-use leasehold_core::lease::{EndedTerm, Fence, Key, LeaseId, Term, TermEnd, Ttl};
+use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, TermEnd, Ttl};
 use leasehold_core::ledger::{
     BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
 };
-use leasehold_core::lessor::{Acquire, DEFAULT_RETENTION_MS, Grant, KeyView, ListFilter, ListPage};
+use leasehold_core::lessor::{
+    Acquire, DEFAULT_RETENTION_MS, Grant, HistoryPage, KeyView, ListFilter, ListPage,
+};
 use leasehold_core::store::StoreError;
 
 use crate::backend::{Backend, Pending};
@@ -529,8 +531,24 @@ impl PgBackend {
     }
 }
 
+/// The refusal of a lifecycle feature this backend does not have yet
+/// (lock-delay, handoff, quarantine, history): said plainly rather than
+/// ignored, since a client that asked for a lock-delay relies on it.
+fn lifecycle_unsupported<T: Send + 'static>(feature: &str) -> Pending<T> {
+    let err = Error::Unsupported(format!(
+        "{feature} is not available on the PostgreSQL backend yet (it is on SQLite)"
+    ));
+    Box::pin(std::future::ready(Err(err)))
+}
+
 impl Backend for PgBackend {
     fn acquire(&self, request: Acquire) -> Pending<Grant> {
+        if request.options.lock_delay_ms > 0 {
+            return lifecycle_unsupported("lock_delay_ms");
+        }
+        if request.options.max_recoveries.is_some() || request.options.force {
+            return lifecycle_unsupported("quarantine (max_recoveries, force)");
+        }
         // The next operation on the key starts once this one is granted,
         // refused or in line, not when its wait ends.
         let (predecessor, turn, cleanup) = self.inner.turns.take(&request.key, Access::Write);
@@ -556,11 +574,31 @@ impl Backend for PgBackend {
         fence: Fence,
         lease_id: LeaseId,
         suspend: bool,
+        handoff: Option<Handoff>,
     ) -> Pending<EndedTerm> {
+        if handoff.is_some() {
+            return lifecycle_unsupported("handoff (successor)");
+        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner.release(&k, fence, lease_id, suspend).await
         })
+    }
+
+    fn history(&self, _key: &Key, _before: Option<Fence>, _limit: usize) -> Pending<HistoryPage> {
+        lifecycle_unsupported("History")
+    }
+
+    fn unquarantine(&self, _key: &Key) -> Pending<KeyView> {
+        lifecycle_unsupported("Unquarantine")
+    }
+
+    fn watch(
+        &self,
+        _selector: leasehold_core::events::Selector,
+        _start: u64,
+    ) -> Pending<crate::engine::Watching> {
+        lifecycle_unsupported("Watch")
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {

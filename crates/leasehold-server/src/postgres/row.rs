@@ -53,6 +53,7 @@ impl KeyRow {
                     .map_err(|e| Error::Storage(format!("stored ttl: {e}")))?,
                 acquired_at: millis(row.try_get("live_acquired_at_ms").map_err(storage)?),
                 expires_at: millis(row.try_get("live_expires_at_ms").map_err(storage)?),
+                lifecycle: Default::default(),
             }),
         };
         let last_ended = match row

@@ -146,6 +146,8 @@ impl Inner {
             ListFilter::All => sql::LIST_ALL,
             ListFilter::Live => sql::LIST_LIVE,
             ListFilter::Recoverable => sql::LIST_RECOVERABLE,
+            // This backend never quarantines a key (see `lifecycle_unsupported`).
+            ListFilter::Quarantined => return Ok(ListPage::default()),
         };
         let stmt = client.prepare_cached(query).await.map_err(db_error)?;
         let pattern = like_prefix(&prefix);
@@ -234,6 +236,8 @@ pub(super) fn view(key: Key, state: KeyNow) -> KeyView {
         key,
         live: state.live,
         last_ended: state.last_ended,
+        quarantined: false,
+        reservation: None,
         visible_seq: 0,
     }
 }

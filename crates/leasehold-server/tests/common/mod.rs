@@ -33,6 +33,8 @@ pub struct TestServer {
     pub db: PathBuf,
     /// The connection options it serves with, kept for restarts.
     pub options: server::ServeOptions,
+    /// The engine's configuration, kept for restarts.
+    pub config: EngineConfig,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
     /// Keeps the database directory alive for the test.
@@ -49,6 +51,7 @@ pub struct TestServerBuilder {
     clock: Option<ManualClock>,
     options: Option<server::ServeOptions>,
     pinned_addr: Option<SocketAddr>,
+    config: Option<EngineConfig>,
 }
 
 /// The connection options of a test server: the defaults with a short drain,
@@ -79,6 +82,12 @@ impl TestServerBuilder {
         self
     }
 
+    /// Run the engine with this configuration instead of the default.
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = Some(config);
+        self
+    }
+
     /// Listen on exactly this address (retrying briefly while a stopped
     /// server's socket lets go), so clients that knew an earlier server there
     /// reconnect to this one.
@@ -98,11 +107,12 @@ impl TestServerBuilder {
         };
         let clock = self.clock.unwrap_or_else(|| ManualClock::new(T0));
         let options = self.options.unwrap_or_else(test_options);
+        let config = self.config.unwrap_or_default();
         let engine = server::open_engine(
             &db,
             SyncMode::Full,
             Arc::new(clock.clone()) as Arc<dyn Clock>,
-            EngineConfig::default(),
+            config.clone(),
         )
         .expect("open engine");
         let listener = match self.pinned_addr {
@@ -132,6 +142,7 @@ impl TestServerBuilder {
             clock,
             db,
             options,
+            config,
             stop: Some(stop),
             task: Some(task),
             _dir: dir,
@@ -156,6 +167,7 @@ impl TestServer {
             .db(&self.db)
             .clock(self.clock.clone())
             .options(self.options)
+            .config(self.config.clone())
     }
 
     pub fn url(&self) -> String {
@@ -216,6 +228,7 @@ pub fn acquire(key: &str, owner: &str, ttl_ms: u64) -> pb::AcquireRequest {
         ttl_ms,
         wait_ms: 0,
         request_id: String::new(),
+        ..Default::default()
     }
 }
 

@@ -4,10 +4,14 @@
 //   INVALID_ARGUMENT    malformed input (empty or over-long key/owner, control
 //                       characters in a key, ttl outside [100 ms, 24 h], wait over 5 min)
 //   ABORTED             the key is held by someone else (message names the holder and
-//                       the time left; metadata leasehold-holder, leasehold-remaining-ms)
+//                       the time left; metadata leasehold-holder, leasehold-remaining-ms),
+//                       or it is free but reserved (metadata leasehold-reason lock_delay
+//                       or handoff, leasehold-remaining-ms; leasehold-successor for a
+//                       handoff)
 //   FAILED_PRECONDITION the presented fence is not the key's live term (message says
 //                       whether it expired, was released, was superseded or is unknown;
-//                       metadata leasehold-reason)
+//                       metadata leasehold-reason), or (Acquire) the key is quarantined
+//                       (leasehold-reason quarantined, leasehold-failures)
 //   PERMISSION_DENIED   right fence, wrong lease_id
 //   NOT_FOUND           Get of a key that was never acquired
 //   UNAVAILABLE         the server is shutting down or its storage failed
@@ -24,7 +28,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/leasehold.proto.
  */
 export const file_leasehold_v1_leasehold: GenFile = /*@__PURE__*/
-  fileDesc("ChxsZWFzZWhvbGQvdjEvbGVhc2Vob2xkLnByb3RvEgxsZWFzZWhvbGQudjEi3gEKDlNlc3Npb25SZXF1ZXN0EisKBXJlbmV3GAEgASgLMhoubGVhc2Vob2xkLnYxLlJlbmV3UmVxdWVzdEgAEisKBWNoZWNrGAIgASgLMhoubGVhc2Vob2xkLnYxLkNoZWNrUmVxdWVzdEgAEi8KB2FjcXVpcmUYAyABKAsyHC5sZWFzZWhvbGQudjEuQWNxdWlyZVJlcXVlc3RIABIvCgdyZWxlYXNlGAQgASgLMhwubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXF1ZXN0SAASCgoCaWQYDyABKARCBAoCb3Ai4AIKD1Nlc3Npb25SZXNwb25zZRIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGcmVhc29uGAMgASgJEiIKBWxlYXNlGAQgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlEikKCHByZXZpb3VzGAUgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRIQCghyZXBsYXllZBgGIAEoCBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgHIAEoDRImCgVlbmRlZBgIIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SCgoCaWQYCSABKAQSOwoHZGV0YWlscxgKIAMoCzIqLmxlYXNlaG9sZC52MS5TZXNzaW9uUmVzcG9uc2UuRGV0YWlsc0VudHJ5Gi4KDERldGFpbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAw6AjgBIoMBCgVMZWFzZRILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSDQoFb3duZXIYAyABKAkSEAoIbGVhc2VfaWQYBCABKAkSDgoGdHRsX21zGAUgASgEEhYKDmFjcXVpcmVkX2F0X21zGAYgASgEEhUKDWV4cGlyZXNfYXRfbXMYByABKAQiYgoJRW5kZWRUZXJtEg0KBWZlbmNlGAEgASgEEg0KBW93bmVyGAIgASgJEiIKA2VuZBgDIAEoDjIVLmxlYXNlaG9sZC52MS5UZXJtRW5kEhMKC2VuZGVkX2F0X21zGAQgASgEImEKDkFjcXVpcmVSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVvd25lchgCIAEoCRIOCgZ0dGxfbXMYAyABKAQSDwoHd2FpdF9tcxgEIAEoBBISCgpyZXF1ZXN0X2lkGAUgASgJIpABCg9BY3F1aXJlUmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2USKQoIcHJldmlvdXMYAiABKAsyFy5sZWFzZWhvbGQudjEuRW5kZWRUZXJtEhAKCHJlcGxheWVkGAMgASgIEhwKFHVuc2V0dGxlZF90b29sX2NhbGxzGAQgASgNIkwKDFJlbmV3UmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDgoGdHRsX21zGAQgASgEIjMKDVJlbmV3UmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2UiTwoOUmVsZWFzZVJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEg8KB3N1c3BlbmQYBCABKAgiOQoPUmVsZWFzZVJlc3BvbnNlEiYKBWVuZGVkGAEgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybSIqCgxDaGVja1JlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEIjMKDUNoZWNrUmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2UiGQoKR2V0UmVxdWVzdBILCgNrZXkYASABKAkicwoLR2V0UmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2USKwoKbGFzdF9lbmRlZBgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEwoLcmVjb3ZlcmFibGUYAyABKAgibgoLTGlzdFJlcXVlc3QSDgoGcHJlZml4GAEgASgJEigKBmZpbHRlchgCIAEoDjIYLmxlYXNlaG9sZC52MS5MaXN0RmlsdGVyEhEKCXBhZ2Vfc2l6ZRgDIAEoDRISCgpwYWdlX3Rva2VuGAQgASgJIn0KCEtleVN0YXRlEgsKA2tleRgBIAEoCRIiCgVsZWFzZRgCIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIrCgpsYXN0X2VuZGVkGAMgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRITCgtyZWNvdmVyYWJsZRgEIAEoCCJNCgxMaXN0UmVzcG9uc2USJAoEa2V5cxgBIAMoCzIWLmxlYXNlaG9sZC52MS5LZXlTdGF0ZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkimwIKCFRvb2xDYWxsEgsKA2tleRgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSFAoMaW5wdXRfZGlnZXN0GAQgASgJEg0KBWZlbmNlGAUgASgEEioKBXN0YXRlGAYgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNc2V0dGxlZF9mZW5jZRgHIAEoBBIVCg1yZXN1bHRfZGlnZXN0GAggASgJEg4KBnJlc3VsdBgJIAEoDBITCgtiZWd1bl9hdF9tcxgKIAEoBBIVCg1zZXR0bGVkX2F0X21zGAsgASgEEg8KB29yZGluYWwYDCABKAQSFwoPaWRlbXBvdGVuY3lfa2V5GA0gASgJIkMKDFRvb2xDYWxsU3BlYxIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFAoMaW5wdXRfZGlnZXN0GAMgASgJInkKFEJlZ2luVG9vbENhbGxSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIPCgdjYWxsX2lkGAQgASgJEgwKBG5hbWUYBSABKAkSFAoMaW5wdXRfZGlnZXN0GAYgASgJIlAKFUJlZ2luVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCCJwChVCZWdpblRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEikKBWNhbGxzGAQgAygLMhoubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3BlYyJuChZCZWdpblRvb2xDYWxsc1Jlc3BvbnNlEiUKBWNhbGxzGAEgAygLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCBIaChJkdXBsaWNhdGVfY2FsbF9pZHMYAyADKAkiqwEKFVNldHRsZVRvb2xDYWxsUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHY2FsbF9pZBgEIAEoCRIsCgdvdXRjb21lGAUgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNcmVzdWx0X2RpZ2VzdBgGIAEoCRIOCgZyZXN1bHQYByABKAwiVwoWU2V0dGxlVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhcKD2FscmVhZHlfc2V0dGxlZBgCIAEoCCKYAQoUTGlzdFRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEjkKBmZpbHRlchgCIAEoDjIpLmxlYXNlaG9sZC52MS5MaXN0VG9vbENhbGxzUmVxdWVzdC5GaWx0ZXIiOAoGRmlsdGVyEhYKEkZJTFRFUl9VTlNQRUNJRklFRBAAEg0KCVVOU0VUVExFRBABEgcKA0FMTBACIj4KFUxpc3RUb29sQ2FsbHNSZXNwb25zZRIlCgVjYWxscxgBIAMoCzIWLmxlYXNlaG9sZC52MS5Ub29sQ2FsbCI8ChZUcmFuc2NyaXB0Q2hlY2tSZXF1ZXN0EhIKCnRyYW5zY3JpcHQYASABKAkSDgoGZm9ybWF0GAIgASgJIncKEVRyYW5zY3JpcHRGaW5kaW5nEgwKBGtpbmQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRINCgVpbmRleBgDIAEoBBIMCgRsaW5lGAQgASgEEg4KBmRldGFpbBgFIAEoCRIWCg5wcm92aWRlcl9lcnJvchgGIAEoCSKUAQoXVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USDwoHaGVhbHRoeRgBIAEoCBIOCgZmb3JtYXQYAiABKAkSEAoIbWVzc2FnZXMYAyABKAQSMQoIZmluZGluZ3MYBCADKAsyHy5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdEZpbmRpbmcSEwoLcmVwb3J0X2pzb24YBSABKAkiWgoXVHJhbnNjcmlwdFJlcGFpclJlcXVlc3QSEgoKdHJhbnNjcmlwdBgBIAEoCRIOCgZmb3JtYXQYAiABKAkSGwoTcGxhY2Vob2xkZXJfbWFya2VycxgDIAMoCSKNAQoYVHJhbnNjcmlwdFJlcGFpclJlc3BvbnNlEhIKCnRyYW5zY3JpcHQYASABKAkSDwoHaGVhbHRoeRgCIAEoCBIUCgxhY3Rpb25zX2pzb24YAyABKAkSNgoNdW5yZWNvdmVyYWJsZRgEIAMoCzIfLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0RmluZGluZypNCgdUZXJtRW5kEhgKFFRFUk1fRU5EX1VOU1BFQ0lGSUVEEAASDAoIUkVMRUFTRUQQARINCglTVVNQRU5ERUQQAhILCgdFWFBJUkVEEAMqTQoKTGlzdEZpbHRlchIbChdMSVNUX0ZJTFRFUl9VTlNQRUNJRklFRBAAEggKBExJVkUQARIPCgtSRUNPVkVSQUJMRRACEgcKA0FMTBADKmUKDVRvb2xDYWxsU3RhdGUSHwobVE9PTF9DQUxMX1NUQVRFX1VOU1BFQ0lGSUVEEAASCwoHUlVOTklORxABEg0KCVNVQ0NFRURFRBACEgoKBkZBSUxFRBADEgsKB1VOS05PV04QBDLUBgoJTGVhc2Vob2xkEkYKB0FjcXVpcmUSHC5sZWFzZWhvbGQudjEuQWNxdWlyZVJlcXVlc3QaHS5sZWFzZWhvbGQudjEuQWNxdWlyZVJlc3BvbnNlEkAKBVJlbmV3EhoubGVhc2Vob2xkLnYxLlJlbmV3UmVxdWVzdBobLmxlYXNlaG9sZC52MS5SZW5ld1Jlc3BvbnNlEkYKB1JlbGVhc2USHC5sZWFzZWhvbGQudjEuUmVsZWFzZVJlcXVlc3QaHS5sZWFzZWhvbGQudjEuUmVsZWFzZVJlc3BvbnNlEkAKBUNoZWNrEhoubGVhc2Vob2xkLnYxLkNoZWNrUmVxdWVzdBobLmxlYXNlaG9sZC52MS5DaGVja1Jlc3BvbnNlEjoKA0dldBIYLmxlYXNlaG9sZC52MS5HZXRSZXF1ZXN0GhkubGVhc2Vob2xkLnYxLkdldFJlc3BvbnNlEj0KBExpc3QSGS5sZWFzZWhvbGQudjEuTGlzdFJlcXVlc3QaGi5sZWFzZWhvbGQudjEuTGlzdFJlc3BvbnNlElgKDUJlZ2luVG9vbENhbGwSIi5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbFJlcXVlc3QaIy5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbFJlc3BvbnNlElsKDkJlZ2luVG9vbENhbGxzEiMubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxzUmVxdWVzdBokLmxlYXNlaG9sZC52MS5CZWdpblRvb2xDYWxsc1Jlc3BvbnNlElsKDlNldHRsZVRvb2xDYWxsEiMubGVhc2Vob2xkLnYxLlNldHRsZVRvb2xDYWxsUmVxdWVzdBokLmxlYXNlaG9sZC52MS5TZXR0bGVUb29sQ2FsbFJlc3BvbnNlElgKDUxpc3RUb29sQ2FsbHMSIi5sZWFzZWhvbGQudjEuTGlzdFRvb2xDYWxsc1JlcXVlc3QaIy5sZWFzZWhvbGQudjEuTGlzdFRvb2xDYWxsc1Jlc3BvbnNlEkoKB1Nlc3Npb24SHC5sZWFzZWhvbGQudjEuU2Vzc2lvblJlcXVlc3QaHS5sZWFzZWhvbGQudjEuU2Vzc2lvblJlc3BvbnNlKAEwATK8AQoLVHJhbnNjcmlwdHMSVAoFQ2hlY2sSJC5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdENoZWNrUmVxdWVzdBolLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0Q2hlY2tSZXNwb25zZRJXCgZSZXBhaXISJS5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdFJlcGFpclJlcXVlc3QaJi5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdFJlcGFpclJlc3BvbnNlYgZwcm90bzM");
+  fileDesc("ChxsZWFzZWhvbGQvdjEvbGVhc2Vob2xkLnByb3RvEgxsZWFzZWhvbGQudjEi3gEKDlNlc3Npb25SZXF1ZXN0EisKBXJlbmV3GAEgASgLMhoubGVhc2Vob2xkLnYxLlJlbmV3UmVxdWVzdEgAEisKBWNoZWNrGAIgASgLMhoubGVhc2Vob2xkLnYxLkNoZWNrUmVxdWVzdEgAEi8KB2FjcXVpcmUYAyABKAsyHC5sZWFzZWhvbGQudjEuQWNxdWlyZVJlcXVlc3RIABIvCgdyZWxlYXNlGAQgASgLMhwubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXF1ZXN0SAASCgoCaWQYDyABKARCBAoCb3Ai4AIKD1Nlc3Npb25SZXNwb25zZRIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGcmVhc29uGAMgASgJEiIKBWxlYXNlGAQgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlEikKCHByZXZpb3VzGAUgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRIQCghyZXBsYXllZBgGIAEoCBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgHIAEoDRImCgVlbmRlZBgIIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SCgoCaWQYCSABKAQSOwoHZGV0YWlscxgKIAMoCzIqLmxlYXNlaG9sZC52MS5TZXNzaW9uUmVzcG9uc2UuRGV0YWlsc0VudHJ5Gi4KDERldGFpbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAw6AjgBIoMBCgVMZWFzZRILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSDQoFb3duZXIYAyABKAkSEAoIbGVhc2VfaWQYBCABKAkSDgoGdHRsX21zGAUgASgEEhYKDmFjcXVpcmVkX2F0X21zGAYgASgEEhUKDWV4cGlyZXNfYXRfbXMYByABKAQidgoJRW5kZWRUZXJtEg0KBWZlbmNlGAEgASgEEg0KBW93bmVyGAIgASgJEiIKA2VuZBgDIAEoDjIVLmxlYXNlaG9sZC52MS5UZXJtRW5kEhMKC2VuZGVkX2F0X21zGAQgASgEEhIKCmhhbmRlZF9vZmYYBSABKAginwEKDkFjcXVpcmVSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVvd25lchgCIAEoCRIOCgZ0dGxfbXMYAyABKAQSDwoHd2FpdF9tcxgEIAEoBBISCgpyZXF1ZXN0X2lkGAUgASgJEhUKDWxvY2tfZGVsYXlfbXMYBiABKAQSFgoObWF4X3JlY292ZXJpZXMYByABKA0SDQoFZm9yY2UYCCABKAgikAEKD0FjcXVpcmVSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIpCghwcmV2aW91cxgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEAoIcmVwbGF5ZWQYAyABKAgSHAoUdW5zZXR0bGVkX3Rvb2xfY2FsbHMYBCABKA0iTAoMUmVuZXdSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIOCgZ0dGxfbXMYBCABKAQiMwoNUmVuZXdSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSJ2Cg5SZWxlYXNlUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHc3VzcGVuZBgEIAEoCBIRCglzdWNjZXNzb3IYBSABKAkSEgoKaGFuZG9mZl9tcxgGIAEoBCI5Cg9SZWxlYXNlUmVzcG9uc2USJgoFZW5kZWQYASABKAsyFy5sZWFzZWhvbGQudjEuRW5kZWRUZXJtIioKDENoZWNrUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQiMwoNQ2hlY2tSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSIZCgpHZXRSZXF1ZXN0EgsKA2tleRgBIAEoCSK4AQoLR2V0UmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2USKwoKbGFzdF9lbmRlZBgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEwoLcmVjb3ZlcmFibGUYAyABKAgSEwoLcXVhcmFudGluZWQYBCABKAgSLgoLcmVzZXJ2YXRpb24YBSABKAsyGS5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24isAEKC1Jlc2VydmF0aW9uEiwKBGtpbmQYASABKA4yHi5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24uS2luZBITCgthZnRlcl9mZW5jZRgCIAEoBBIRCglzdWNjZXNzb3IYAyABKAkSEAoIdW50aWxfbXMYBCABKAQiOQoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASDgoKTE9DS19ERUxBWRABEgsKB0hBTkRPRkYQAiJuCgtMaXN0UmVxdWVzdBIOCgZwcmVmaXgYASABKAkSKAoGZmlsdGVyGAIgASgOMhgubGVhc2Vob2xkLnYxLkxpc3RGaWx0ZXISEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkiwgEKCEtleVN0YXRlEgsKA2tleRgBIAEoCRIiCgVsZWFzZRgCIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIrCgpsYXN0X2VuZGVkGAMgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRITCgtyZWNvdmVyYWJsZRgEIAEoCBITCgtxdWFyYW50aW5lZBgFIAEoCBIuCgtyZXNlcnZhdGlvbhgGIAEoCzIZLmxlYXNlaG9sZC52MS5SZXNlcnZhdGlvbiJECg5IaXN0b3J5UmVxdWVzdBILCgNrZXkYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkirwEKDEhpc3RvcnlFbnRyeRINCgVmZW5jZRgBIAEoBBINCgVvd25lchgCIAEoCRIWCg5hY3F1aXJlZF9hdF9tcxgDIAEoBBITCgtlbmRlZF9hdF9tcxgEIAEoBBIiCgNlbmQYBSABKA4yFS5sZWFzZWhvbGQudjEuVGVybUVuZBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgGIAEoDRISCgpoYW5kZWRfb2ZmGAcgASgIIlcKD0hpc3RvcnlSZXNwb25zZRIrCgdlbnRyaWVzGAEgAygLMhoubGVhc2Vob2xkLnYxLkhpc3RvcnlFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQwoMV2F0Y2hSZXF1ZXN0EgsKA2tleRgBIAEoCRIOCgZwcmVmaXgYAiABKAkSFgoOc3RhcnRfcmV2aXNpb24YAyABKAQi3wEKBUV2ZW50EhAKCHJldmlzaW9uGAEgASgEEgsKA2tleRgCIAEoCRImCgRraW5kGAMgASgOMhgubGVhc2Vob2xkLnYxLkV2ZW50LktpbmQSDQoFZmVuY2UYBCABKAQSDQoFb3duZXIYBSABKAkSDQoFYXRfbXMYBiABKAQiYgoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASCwoHR1JBTlRFRBABEgwKCFJFTEVBU0VEEAISDQoJU1VTUEVOREVEEAMSCwoHRVhQSVJFRBAEEg0KCUZPUkdPVFRFThAFIkYKDVdhdGNoUmVzcG9uc2USIwoGZXZlbnRzGAEgAygLMhMubGVhc2Vob2xkLnYxLkV2ZW50EhAKCHJldmlzaW9uGAIgASgEIiIKE1VucXVhcmFudGluZVJlcXVlc3QSCwoDa2V5GAEgASgJIjsKFFVucXVhcmFudGluZVJlc3BvbnNlEiMKA2tleRgBIAEoCzIWLmxlYXNlaG9sZC52MS5LZXlTdGF0ZSJNCgxMaXN0UmVzcG9uc2USJAoEa2V5cxgBIAMoCzIWLmxlYXNlaG9sZC52MS5LZXlTdGF0ZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkimwIKCFRvb2xDYWxsEgsKA2tleRgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSFAoMaW5wdXRfZGlnZXN0GAQgASgJEg0KBWZlbmNlGAUgASgEEioKBXN0YXRlGAYgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNc2V0dGxlZF9mZW5jZRgHIAEoBBIVCg1yZXN1bHRfZGlnZXN0GAggASgJEg4KBnJlc3VsdBgJIAEoDBITCgtiZWd1bl9hdF9tcxgKIAEoBBIVCg1zZXR0bGVkX2F0X21zGAsgASgEEg8KB29yZGluYWwYDCABKAQSFwoPaWRlbXBvdGVuY3lfa2V5GA0gASgJIkMKDFRvb2xDYWxsU3BlYxIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSFAoMaW5wdXRfZGlnZXN0GAMgASgJInkKFEJlZ2luVG9vbENhbGxSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIPCgdjYWxsX2lkGAQgASgJEgwKBG5hbWUYBSABKAkSFAoMaW5wdXRfZGlnZXN0GAYgASgJIlAKFUJlZ2luVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCCJwChVCZWdpblRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEikKBWNhbGxzGAQgAygLMhoubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3BlYyJuChZCZWdpblRvb2xDYWxsc1Jlc3BvbnNlEiUKBWNhbGxzGAEgAygLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCBIaChJkdXBsaWNhdGVfY2FsbF9pZHMYAyADKAkiqwEKFVNldHRsZVRvb2xDYWxsUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHY2FsbF9pZBgEIAEoCRIsCgdvdXRjb21lGAUgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNcmVzdWx0X2RpZ2VzdBgGIAEoCRIOCgZyZXN1bHQYByABKAwiVwoWU2V0dGxlVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhcKD2FscmVhZHlfc2V0dGxlZBgCIAEoCCKYAQoUTGlzdFRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEjkKBmZpbHRlchgCIAEoDjIpLmxlYXNlaG9sZC52MS5MaXN0VG9vbENhbGxzUmVxdWVzdC5GaWx0ZXIiOAoGRmlsdGVyEhYKEkZJTFRFUl9VTlNQRUNJRklFRBAAEg0KCVVOU0VUVExFRBABEgcKA0FMTBACIj4KFUxpc3RUb29sQ2FsbHNSZXNwb25zZRIlCgVjYWxscxgBIAMoCzIWLmxlYXNlaG9sZC52MS5Ub29sQ2FsbCI8ChZUcmFuc2NyaXB0Q2hlY2tSZXF1ZXN0EhIKCnRyYW5zY3JpcHQYASABKAkSDgoGZm9ybWF0GAIgASgJIncKEVRyYW5zY3JpcHRGaW5kaW5nEgwKBGtpbmQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRINCgVpbmRleBgDIAEoBBIMCgRsaW5lGAQgASgEEg4KBmRldGFpbBgFIAEoCRIWCg5wcm92aWRlcl9lcnJvchgGIAEoCSKUAQoXVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USDwoHaGVhbHRoeRgBIAEoCBIOCgZmb3JtYXQYAiABKAkSEAoIbWVzc2FnZXMYAyABKAQSMQoIZmluZGluZ3MYBCADKAsyHy5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdEZpbmRpbmcSEwoLcmVwb3J0X2pzb24YBSABKAkiWgoXVHJhbnNjcmlwdFJlcGFpclJlcXVlc3QSEgoKdHJhbnNjcmlwdBgBIAEoCRIOCgZmb3JtYXQYAiABKAkSGwoTcGxhY2Vob2xkZXJfbWFya2VycxgDIAMoCSKNAQoYVHJhbnNjcmlwdFJlcGFpclJlc3BvbnNlEhIKCnRyYW5zY3JpcHQYASABKAkSDwoHaGVhbHRoeRgCIAEoCBIUCgxhY3Rpb25zX2pzb24YAyABKAkSNgoNdW5yZWNvdmVyYWJsZRgEIAMoCzIfLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0RmluZGluZypNCgdUZXJtRW5kEhgKFFRFUk1fRU5EX1VOU1BFQ0lGSUVEEAASDAoIUkVMRUFTRUQQARINCglTVVNQRU5ERUQQAhILCgdFWFBJUkVEEAMqXgoKTGlzdEZpbHRlchIbChdMSVNUX0ZJTFRFUl9VTlNQRUNJRklFRBAAEggKBExJVkUQARIPCgtSRUNPVkVSQUJMRRACEgcKA0FMTBADEg8KC1FVQVJBTlRJTkVEEAQqZQoNVG9vbENhbGxTdGF0ZRIfChtUT09MX0NBTExfU1RBVEVfVU5TUEVDSUZJRUQQABILCgdSVU5OSU5HEAESDQoJU1VDQ0VFREVEEAISCgoGRkFJTEVEEAMSCwoHVU5LTk9XThAEMrcICglMZWFzZWhvbGQSRgoHQWNxdWlyZRIcLmxlYXNlaG9sZC52MS5BY3F1aXJlUmVxdWVzdBodLmxlYXNlaG9sZC52MS5BY3F1aXJlUmVzcG9uc2USQAoFUmVuZXcSGi5sZWFzZWhvbGQudjEuUmVuZXdSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLlJlbmV3UmVzcG9uc2USRgoHUmVsZWFzZRIcLmxlYXNlaG9sZC52MS5SZWxlYXNlUmVxdWVzdBodLmxlYXNlaG9sZC52MS5SZWxlYXNlUmVzcG9uc2USQAoFQ2hlY2sSGi5sZWFzZWhvbGQudjEuQ2hlY2tSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLkNoZWNrUmVzcG9uc2USOgoDR2V0EhgubGVhc2Vob2xkLnYxLkdldFJlcXVlc3QaGS5sZWFzZWhvbGQudjEuR2V0UmVzcG9uc2USPQoETGlzdBIZLmxlYXNlaG9sZC52MS5MaXN0UmVxdWVzdBoaLmxlYXNlaG9sZC52MS5MaXN0UmVzcG9uc2USRgoHSGlzdG9yeRIcLmxlYXNlaG9sZC52MS5IaXN0b3J5UmVxdWVzdBodLmxlYXNlaG9sZC52MS5IaXN0b3J5UmVzcG9uc2USVQoMVW5xdWFyYW50aW5lEiEubGVhc2Vob2xkLnYxLlVucXVhcmFudGluZVJlcXVlc3QaIi5sZWFzZWhvbGQudjEuVW5xdWFyYW50aW5lUmVzcG9uc2USQgoFV2F0Y2gSGi5sZWFzZWhvbGQudjEuV2F0Y2hSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLldhdGNoUmVzcG9uc2UwARJYCg1CZWdpblRvb2xDYWxsEiIubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXNwb25zZRJbCg5CZWdpblRvb2xDYWxscxIjLmxlYXNlaG9sZC52MS5CZWdpblRvb2xDYWxsc1JlcXVlc3QaJC5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbHNSZXNwb25zZRJbCg5TZXR0bGVUb29sQ2FsbBIjLmxlYXNlaG9sZC52MS5TZXR0bGVUb29sQ2FsbFJlcXVlc3QaJC5sZWFzZWhvbGQudjEuU2V0dGxlVG9vbENhbGxSZXNwb25zZRJYCg1MaXN0VG9vbENhbGxzEiIubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXNwb25zZRJKCgdTZXNzaW9uEhwubGVhc2Vob2xkLnYxLlNlc3Npb25SZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLlNlc3Npb25SZXNwb25zZSgBMAEyvAEKC1RyYW5zY3JpcHRzElQKBUNoZWNrEiQubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRDaGVja1JlcXVlc3QaJS5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USVwoGUmVwYWlyEiUubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXF1ZXN0GiYubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXNwb25zZWIGcHJvdG8z");
 
 /**
  * @generated from message leasehold.v1.SessionRequest
@@ -232,6 +236,14 @@ export type EndedTerm = Message<"leasehold.v1.EndedTerm"> & {
    * @generated from field: uint64 ended_at_ms = 4;
    */
   endedAtMs: bigint;
+
+  /**
+   * In AcquireResponse.previous: the key was handed to this Acquire's owner
+   * by that term's Release (successor).
+   *
+   * @generated from field: bool handed_off = 5;
+   */
+  handedOff: boolean;
 };
 
 /**
@@ -276,6 +288,31 @@ export type AcquireRequest = Message<"leasehold.v1.AcquireRequest"> & {
    * @generated from field: string request_id = 5;
    */
   requestId: string;
+
+  /**
+   * If this term ends by expiry, nobody may acquire the key for this long
+   * (ABORTED, reason lock_delay), so writes the lost holder already sent can
+   * drain first. A release or suspend skips it. At most 60000; 0 = none.
+   *
+   * @generated from field: uint64 lock_delay_ms = 6;
+   */
+  lockDelayMs: bigint;
+
+  /**
+   * Quarantine the key when this many terms in a row (this one included)
+   * end by expiry or suspension without a clean release in between.
+   * 0 = the server's default (--max-recoveries; off unless set).
+   *
+   * @generated from field: uint32 max_recoveries = 7;
+   */
+  maxRecoveries: number;
+
+  /**
+   * Acquire a quarantined key anyway (needs the admin right).
+   *
+   * @generated from field: bool force = 8;
+   */
+  force: boolean;
 };
 
 /**
@@ -401,6 +438,21 @@ export type ReleaseRequest = Message<"leasehold.v1.ReleaseRequest"> & {
    * @generated from field: bool suspend = 4;
    */
   suspend: boolean;
+
+  /**
+   * Hand the key to this owner: only its Acquire gets the key (ahead of any
+   * waiter) until handoff_ms pass; others get ABORTED, reason handoff.
+   *
+   * @generated from field: string successor = 5;
+   */
+  successor: string;
+
+  /**
+   * How long the key waits for the successor: 0 = 30000; at most 600000.
+   *
+   * @generated from field: uint64 handoff_ms = 6;
+   */
+  handoffMs: bigint;
 };
 
 /**
@@ -506,11 +558,26 @@ export type GetResponse = Message<"leasehold.v1.GetResponse"> & {
   lastEnded?: EndedTerm | undefined;
 
   /**
-   * No live term, and the last one ended EXPIRED or SUSPENDED.
+   * No live term, the last one ended EXPIRED or SUSPENDED, and the key is
+   * not quarantined.
    *
    * @generated from field: bool recoverable = 3;
    */
   recoverable: boolean;
+
+  /**
+   * Acquires are refused until Unquarantine.
+   *
+   * @generated from field: bool quarantined = 4;
+   */
+  quarantined: boolean;
+
+  /**
+   * Set while the key is free but reserved (lock-delay or handoff).
+   *
+   * @generated from field: leasehold.v1.Reservation reservation = 5;
+   */
+  reservation?: Reservation | undefined;
 };
 
 /**
@@ -519,6 +586,76 @@ export type GetResponse = Message<"leasehold.v1.GetResponse"> & {
  */
 export const GetResponseSchema: GenMessage<GetResponse> = /*@__PURE__*/
   messageDesc(file_leasehold_v1_leasehold, 13);
+
+/**
+ * Who alone may take a free key, and until when.
+ *
+ * @generated from message leasehold.v1.Reservation
+ */
+export type Reservation = Message<"leasehold.v1.Reservation"> & {
+  /**
+   * @generated from field: leasehold.v1.Reservation.Kind kind = 1;
+   */
+  kind: Reservation_Kind;
+
+  /**
+   * The term whose end made the reservation.
+   *
+   * @generated from field: uint64 after_fence = 2;
+   */
+  afterFence: bigint;
+
+  /**
+   * HANDOFF: the owner the key is kept for.
+   *
+   * @generated from field: string successor = 3;
+   */
+  successor: string;
+
+  /**
+   * Server wall-clock milliseconds since the Unix epoch.
+   *
+   * @generated from field: uint64 until_ms = 4;
+   */
+  untilMs: bigint;
+};
+
+/**
+ * Describes the message leasehold.v1.Reservation.
+ * Use `create(ReservationSchema)` to create a new message.
+ */
+export const ReservationSchema: GenMessage<Reservation> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 14);
+
+/**
+ * @generated from enum leasehold.v1.Reservation.Kind
+ */
+export enum Reservation_Kind {
+  /**
+   * @generated from enum value: KIND_UNSPECIFIED = 0;
+   */
+  KIND_UNSPECIFIED = 0,
+
+  /**
+   * After an expiry: nobody, until until_ms.
+   *
+   * @generated from enum value: LOCK_DELAY = 1;
+   */
+  LOCK_DELAY = 1,
+
+  /**
+   * After a release naming a successor: only the successor, until until_ms.
+   *
+   * @generated from enum value: HANDOFF = 2;
+   */
+  HANDOFF = 2,
+}
+
+/**
+ * Describes the enum leasehold.v1.Reservation.Kind.
+ */
+export const Reservation_KindSchema: GenEnum<Reservation_Kind> = /*@__PURE__*/
+  enumDesc(file_leasehold_v1_leasehold, 14, 0);
 
 /**
  * @generated from message leasehold.v1.ListRequest
@@ -554,7 +691,7 @@ export type ListRequest = Message<"leasehold.v1.ListRequest"> & {
  * Use `create(ListRequestSchema)` to create a new message.
  */
 export const ListRequestSchema: GenMessage<ListRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 14);
+  messageDesc(file_leasehold_v1_leasehold, 15);
 
 /**
  * @generated from message leasehold.v1.KeyState
@@ -579,6 +716,16 @@ export type KeyState = Message<"leasehold.v1.KeyState"> & {
    * @generated from field: bool recoverable = 4;
    */
   recoverable: boolean;
+
+  /**
+   * @generated from field: bool quarantined = 5;
+   */
+  quarantined: boolean;
+
+  /**
+   * @generated from field: leasehold.v1.Reservation reservation = 6;
+   */
+  reservation?: Reservation | undefined;
 };
 
 /**
@@ -586,7 +733,299 @@ export type KeyState = Message<"leasehold.v1.KeyState"> & {
  * Use `create(KeyStateSchema)` to create a new message.
  */
 export const KeyStateSchema: GenMessage<KeyState> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 15);
+  messageDesc(file_leasehold_v1_leasehold, 16);
+
+/**
+ * @generated from message leasehold.v1.HistoryRequest
+ */
+export type HistoryRequest = Message<"leasehold.v1.HistoryRequest"> & {
+  /**
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * 0 means 100; at most 1000.
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * From a previous HistoryResponse.next_page_token; empty for the newest.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message leasehold.v1.HistoryRequest.
+ * Use `create(HistoryRequestSchema)` to create a new message.
+ */
+export const HistoryRequestSchema: GenMessage<HistoryRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 17);
+
+/**
+ * One ended term of a key.
+ *
+ * @generated from message leasehold.v1.HistoryEntry
+ */
+export type HistoryEntry = Message<"leasehold.v1.HistoryEntry"> & {
+  /**
+   * @generated from field: uint64 fence = 1;
+   */
+  fence: bigint;
+
+  /**
+   * @generated from field: string owner = 2;
+   */
+  owner: string;
+
+  /**
+   * @generated from field: uint64 acquired_at_ms = 3;
+   */
+  acquiredAtMs: bigint;
+
+  /**
+   * @generated from field: uint64 ended_at_ms = 4;
+   */
+  endedAtMs: bigint;
+
+  /**
+   * @generated from field: leasehold.v1.TermEnd end = 5;
+   */
+  end: TermEnd;
+
+  /**
+   * Tool calls still running when the term ended.
+   *
+   * @generated from field: uint32 unsettled_tool_calls = 6;
+   */
+  unsettledToolCalls: number;
+
+  /**
+   * The term was granted to the successor its predecessor named.
+   *
+   * @generated from field: bool handed_off = 7;
+   */
+  handedOff: boolean;
+};
+
+/**
+ * Describes the message leasehold.v1.HistoryEntry.
+ * Use `create(HistoryEntrySchema)` to create a new message.
+ */
+export const HistoryEntrySchema: GenMessage<HistoryEntry> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 18);
+
+/**
+ * @generated from message leasehold.v1.HistoryResponse
+ */
+export type HistoryResponse = Message<"leasehold.v1.HistoryResponse"> & {
+  /**
+   * Newest first.
+   *
+   * @generated from field: repeated leasehold.v1.HistoryEntry entries = 1;
+   */
+  entries: HistoryEntry[];
+
+  /**
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message leasehold.v1.HistoryResponse.
+ * Use `create(HistoryResponseSchema)` to create a new message.
+ */
+export const HistoryResponseSchema: GenMessage<HistoryResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 19);
+
+/**
+ * @generated from message leasehold.v1.WatchRequest
+ */
+export type WatchRequest = Message<"leasehold.v1.WatchRequest"> & {
+  /**
+   * Exactly this key; or, when empty, every key starting with prefix
+   * (empty prefix: every key the caller may read).
+   *
+   * @generated from field: string key = 1;
+   */
+  key: string;
+
+  /**
+   * @generated from field: string prefix = 2;
+   */
+  prefix: string;
+
+  /**
+   * The first revision wanted; 0 = only changes after the current revision.
+   *
+   * @generated from field: uint64 start_revision = 3;
+   */
+  startRevision: bigint;
+};
+
+/**
+ * Describes the message leasehold.v1.WatchRequest.
+ * Use `create(WatchRequestSchema)` to create a new message.
+ */
+export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 20);
+
+/**
+ * @generated from message leasehold.v1.Event
+ */
+export type Event = Message<"leasehold.v1.Event"> & {
+  /**
+   * @generated from field: uint64 revision = 1;
+   */
+  revision: bigint;
+
+  /**
+   * @generated from field: string key = 2;
+   */
+  key: string;
+
+  /**
+   * @generated from field: leasehold.v1.Event.Kind kind = 3;
+   */
+  kind: Event_Kind;
+
+  /**
+   * @generated from field: uint64 fence = 4;
+   */
+  fence: bigint;
+
+  /**
+   * @generated from field: string owner = 5;
+   */
+  owner: string;
+
+  /**
+   * Server wall-clock milliseconds: when it happened (for EXPIRED, when the
+   * TTL ran out).
+   *
+   * @generated from field: uint64 at_ms = 6;
+   */
+  atMs: bigint;
+};
+
+/**
+ * Describes the message leasehold.v1.Event.
+ * Use `create(EventSchema)` to create a new message.
+ */
+export const EventSchema: GenMessage<Event> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 21);
+
+/**
+ * @generated from enum leasehold.v1.Event.Kind
+ */
+export enum Event_Kind {
+  /**
+   * @generated from enum value: KIND_UNSPECIFIED = 0;
+   */
+  KIND_UNSPECIFIED = 0,
+
+  /**
+   * A term began: fence and owner are the new holder's.
+   *
+   * @generated from enum value: GRANTED = 1;
+   */
+  GRANTED = 1,
+
+  /**
+   * @generated from enum value: RELEASED = 2;
+   */
+  RELEASED = 2,
+
+  /**
+   * @generated from enum value: SUSPENDED = 3;
+   */
+  SUSPENDED = 3,
+
+  /**
+   * @generated from enum value: EXPIRED = 4;
+   */
+  EXPIRED = 4,
+
+  /**
+   * The key was forgotten (long released): fence and owner are its last
+   * term's.
+   *
+   * @generated from enum value: FORGOTTEN = 5;
+   */
+  FORGOTTEN = 5,
+}
+
+/**
+ * Describes the enum leasehold.v1.Event.Kind.
+ */
+export const Event_KindSchema: GenEnum<Event_Kind> = /*@__PURE__*/
+  enumDesc(file_leasehold_v1_leasehold, 21, 0);
+
+/**
+ * @generated from message leasehold.v1.WatchResponse
+ */
+export type WatchResponse = Message<"leasehold.v1.WatchResponse"> & {
+  /**
+   * Revisions rising; empty in the first response when nothing is due.
+   *
+   * @generated from field: repeated leasehold.v1.Event events = 1;
+   */
+  events: Event[];
+
+  /**
+   * The first response: the revision the watch starts after. Later ones:
+   * the last event's revision.
+   *
+   * @generated from field: uint64 revision = 2;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message leasehold.v1.WatchResponse.
+ * Use `create(WatchResponseSchema)` to create a new message.
+ */
+export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 22);
+
+/**
+ * @generated from message leasehold.v1.UnquarantineRequest
+ */
+export type UnquarantineRequest = Message<"leasehold.v1.UnquarantineRequest"> & {
+  /**
+   * @generated from field: string key = 1;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message leasehold.v1.UnquarantineRequest.
+ * Use `create(UnquarantineRequestSchema)` to create a new message.
+ */
+export const UnquarantineRequestSchema: GenMessage<UnquarantineRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 23);
+
+/**
+ * @generated from message leasehold.v1.UnquarantineResponse
+ */
+export type UnquarantineResponse = Message<"leasehold.v1.UnquarantineResponse"> & {
+  /**
+   * @generated from field: leasehold.v1.KeyState key = 1;
+   */
+  key?: KeyState | undefined;
+};
+
+/**
+ * Describes the message leasehold.v1.UnquarantineResponse.
+ * Use `create(UnquarantineResponseSchema)` to create a new message.
+ */
+export const UnquarantineResponseSchema: GenMessage<UnquarantineResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 24);
 
 /**
  * @generated from message leasehold.v1.ListResponse
@@ -611,7 +1050,7 @@ export type ListResponse = Message<"leasehold.v1.ListResponse"> & {
  * Use `create(ListResponseSchema)` to create a new message.
  */
 export const ListResponseSchema: GenMessage<ListResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 16);
+  messageDesc(file_leasehold_v1_leasehold, 25);
 
 /**
  * One entry of a key's tool-call ledger.
@@ -703,7 +1142,7 @@ export type ToolCall = Message<"leasehold.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 17);
+  messageDesc(file_leasehold_v1_leasehold, 26);
 
 /**
  * @generated from message leasehold.v1.ToolCallSpec
@@ -730,7 +1169,7 @@ export type ToolCallSpec = Message<"leasehold.v1.ToolCallSpec"> & {
  * Use `create(ToolCallSpecSchema)` to create a new message.
  */
 export const ToolCallSpecSchema: GenMessage<ToolCallSpec> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 18);
+  messageDesc(file_leasehold_v1_leasehold, 27);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallRequest
@@ -772,7 +1211,7 @@ export type BeginToolCallRequest = Message<"leasehold.v1.BeginToolCallRequest"> 
  * Use `create(BeginToolCallRequestSchema)` to create a new message.
  */
 export const BeginToolCallRequestSchema: GenMessage<BeginToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 19);
+  messageDesc(file_leasehold_v1_leasehold, 28);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallResponse
@@ -797,7 +1236,7 @@ export type BeginToolCallResponse = Message<"leasehold.v1.BeginToolCallResponse"
  * Use `create(BeginToolCallResponseSchema)` to create a new message.
  */
 export const BeginToolCallResponseSchema: GenMessage<BeginToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 20);
+  messageDesc(file_leasehold_v1_leasehold, 29);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallsRequest
@@ -829,7 +1268,7 @@ export type BeginToolCallsRequest = Message<"leasehold.v1.BeginToolCallsRequest"
  * Use `create(BeginToolCallsRequestSchema)` to create a new message.
  */
 export const BeginToolCallsRequestSchema: GenMessage<BeginToolCallsRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 21);
+  messageDesc(file_leasehold_v1_leasehold, 30);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallsResponse
@@ -862,7 +1301,7 @@ export type BeginToolCallsResponse = Message<"leasehold.v1.BeginToolCallsRespons
  * Use `create(BeginToolCallsResponseSchema)` to create a new message.
  */
 export const BeginToolCallsResponseSchema: GenMessage<BeginToolCallsResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 22);
+  messageDesc(file_leasehold_v1_leasehold, 31);
 
 /**
  * @generated from message leasehold.v1.SettleToolCallRequest
@@ -911,7 +1350,7 @@ export type SettleToolCallRequest = Message<"leasehold.v1.SettleToolCallRequest"
  * Use `create(SettleToolCallRequestSchema)` to create a new message.
  */
 export const SettleToolCallRequestSchema: GenMessage<SettleToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 23);
+  messageDesc(file_leasehold_v1_leasehold, 32);
 
 /**
  * @generated from message leasehold.v1.SettleToolCallResponse
@@ -937,7 +1376,7 @@ export type SettleToolCallResponse = Message<"leasehold.v1.SettleToolCallRespons
  * Use `create(SettleToolCallResponseSchema)` to create a new message.
  */
 export const SettleToolCallResponseSchema: GenMessage<SettleToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 24);
+  messageDesc(file_leasehold_v1_leasehold, 33);
 
 /**
  * @generated from message leasehold.v1.ListToolCallsRequest
@@ -959,7 +1398,7 @@ export type ListToolCallsRequest = Message<"leasehold.v1.ListToolCallsRequest"> 
  * Use `create(ListToolCallsRequestSchema)` to create a new message.
  */
 export const ListToolCallsRequestSchema: GenMessage<ListToolCallsRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 25);
+  messageDesc(file_leasehold_v1_leasehold, 34);
 
 /**
  * @generated from enum leasehold.v1.ListToolCallsRequest.Filter
@@ -987,7 +1426,7 @@ export enum ListToolCallsRequest_Filter {
  * Describes the enum leasehold.v1.ListToolCallsRequest.Filter.
  */
 export const ListToolCallsRequest_FilterSchema: GenEnum<ListToolCallsRequest_Filter> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_leasehold, 25, 0);
+  enumDesc(file_leasehold_v1_leasehold, 34, 0);
 
 /**
  * @generated from message leasehold.v1.ListToolCallsResponse
@@ -1004,7 +1443,7 @@ export type ListToolCallsResponse = Message<"leasehold.v1.ListToolCallsResponse"
  * Use `create(ListToolCallsResponseSchema)` to create a new message.
  */
 export const ListToolCallsResponseSchema: GenMessage<ListToolCallsResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 26);
+  messageDesc(file_leasehold_v1_leasehold, 35);
 
 /**
  * @generated from message leasehold.v1.TranscriptCheckRequest
@@ -1026,7 +1465,7 @@ export type TranscriptCheckRequest = Message<"leasehold.v1.TranscriptCheckReques
  * Use `create(TranscriptCheckRequestSchema)` to create a new message.
  */
 export const TranscriptCheckRequestSchema: GenMessage<TranscriptCheckRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 27);
+  messageDesc(file_leasehold_v1_leasehold, 36);
 
 /**
  * @generated from message leasehold.v1.TranscriptFinding
@@ -1077,7 +1516,7 @@ export type TranscriptFinding = Message<"leasehold.v1.TranscriptFinding"> & {
  * Use `create(TranscriptFindingSchema)` to create a new message.
  */
 export const TranscriptFindingSchema: GenMessage<TranscriptFinding> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 28);
+  messageDesc(file_leasehold_v1_leasehold, 37);
 
 /**
  * @generated from message leasehold.v1.TranscriptCheckResponse
@@ -1118,7 +1557,7 @@ export type TranscriptCheckResponse = Message<"leasehold.v1.TranscriptCheckRespo
  * Use `create(TranscriptCheckResponseSchema)` to create a new message.
  */
 export const TranscriptCheckResponseSchema: GenMessage<TranscriptCheckResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 29);
+  messageDesc(file_leasehold_v1_leasehold, 38);
 
 /**
  * @generated from message leasehold.v1.TranscriptRepairRequest
@@ -1147,7 +1586,7 @@ export type TranscriptRepairRequest = Message<"leasehold.v1.TranscriptRepairRequ
  * Use `create(TranscriptRepairRequestSchema)` to create a new message.
  */
 export const TranscriptRepairRequestSchema: GenMessage<TranscriptRepairRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 30);
+  messageDesc(file_leasehold_v1_leasehold, 39);
 
 /**
  * @generated from message leasehold.v1.TranscriptRepairResponse
@@ -1187,7 +1626,7 @@ export type TranscriptRepairResponse = Message<"leasehold.v1.TranscriptRepairRes
  * Use `create(TranscriptRepairResponseSchema)` to create a new message.
  */
 export const TranscriptRepairResponseSchema: GenMessage<TranscriptRepairResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 31);
+  messageDesc(file_leasehold_v1_leasehold, 40);
 
 /**
  * @generated from enum leasehold.v1.TermEnd
@@ -1251,6 +1690,11 @@ export enum ListFilter {
    * @generated from enum value: ALL = 3;
    */
   ALL = 3,
+
+  /**
+   * @generated from enum value: QUARANTINED = 4;
+   */
+  QUARANTINED = 4,
 }
 
 /**
@@ -1363,6 +1807,47 @@ export const Leasehold: GenService<{
     methodKind: "unary";
     input: typeof ListRequestSchema;
     output: typeof ListResponseSchema;
+  },
+  /**
+   * The key's last ended terms, newest first, paged (the server keeps the
+   * last 32 by default; forgotten with the key).
+   *
+   * @generated from rpc leasehold.v1.Leasehold.History
+   */
+  history: {
+    methodKind: "unary";
+    input: typeof HistoryRequestSchema;
+    output: typeof HistoryResponseSchema;
+  },
+  /**
+   * Lifts a key's quarantine (admin right): Acquires are served again.
+   *
+   * @generated from rpc leasehold.v1.Leasehold.Unquarantine
+   */
+  unquarantine: {
+    methodKind: "unary";
+    input: typeof UnquarantineRequestSchema;
+    output: typeof UnquarantineResponseSchema;
+  },
+  /**
+   * Streams every change of ownership of a key or a prefix (granted,
+   * released, suspended, expired, forgotten) as it becomes durable, each
+   * with a revision: a server-wide counter, stored, rising in commit order.
+   * Watching again from the last revision seen plus one, after a reconnect
+   * or a server restart, misses nothing and repeats nothing. The first
+   * response carries the current revision (and, from start_revision, the
+   * events the log still holds). A start_revision older than the log holds
+   * is OUT_OF_RANGE (metadata leasehold-oldest-revision): list the keys,
+   * then watch from the response's revision. A watcher that falls too far
+   * behind is ended with RESOURCE_EXHAUSTED (limit watch_buffer) naming the
+   * revision to resume from.
+   *
+   * @generated from rpc leasehold.v1.Leasehold.Watch
+   */
+  watch: {
+    methodKind: "server_streaming";
+    input: typeof WatchRequestSchema;
+    output: typeof WatchResponseSchema;
   },
   /**
    * Records a tool call as running under the live term, before its side
