@@ -37,6 +37,7 @@ mod driver;
 mod etcd;
 mod hot;
 mod lh;
+mod pgrow;
 mod scale;
 mod stats;
 mod table;
@@ -59,6 +60,9 @@ pub enum Target {
     Etcd,
     /// Needs the `peers` cargo feature.
     Zookeeper,
+    /// A hand-written PostgreSQL lease row (cycle and renew modes), the
+    /// baseline for the PostgreSQL backend; see `--pg`.
+    Pgrow,
 }
 
 /// Which operation mix the clients run.
@@ -92,6 +96,9 @@ pub struct BenchArgs {
     /// The ZooKeeper connect string (host:port), for `--target zookeeper`.
     #[arg(long, default_value = "127.0.0.1:2181")]
     pub zookeeper: String,
+    /// The PostgreSQL database, for `--target pgrow`.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    pub pg: String,
     /// The operation mix.
     #[arg(long, value_enum, default_value_t = Mode::Cycle)]
     pub mode: Mode,
@@ -279,6 +286,7 @@ pub async fn measure(args: &BenchArgs) -> Result<Report, String> {
         (Target::Leasehold, Mode::Scale) => scale::run(args).await,
         (_, Mode::Scale) => Err("scale mode drives leasehold only".to_owned()),
         (Target::Leasehold, _) => lh::run(args).await,
+        (Target::Pgrow, _) => pgrow::run(args).await,
         #[cfg(feature = "peers")]
         (Target::Etcd, _) => etcd::run(args).await,
         #[cfg(feature = "peers")]

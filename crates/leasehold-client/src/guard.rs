@@ -9,15 +9,14 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::endpoints::{Endpoints, Resend};
 use super::error::{ClientError, LossReason, ends_the_term};
-use super::session::SessionMux;
 use super::{Timing, jittered, millis};
 use leasehold_core::Error;
 use leasehold_core::lease::{Fence, Key, Lease, Owner};
 use leasehold_wire::convert;
 use leasehold_wire::pb;
 
-use crate::Rpc;
 use leasehold_wire::pb::session_request::Op;
 
 /// How many times a release is sent when the server is unreachable.
@@ -49,10 +48,9 @@ pub(crate) struct Shared {
     pub(crate) lease_id: String,
     /// Renewal and deadline settings.
     pub(crate) timing: Timing,
-    /// The gRPC client, cloned per call.
-    pub(crate) rpc: Rpc,
-    /// The client's shared Session stream: renewals, checks and the release.
-    session: Arc<SessionMux>,
+    /// The client's servers, each with its shared Session stream (renewals,
+    /// checks and the release), failing over from one to the next.
+    pub(crate) endpoints: Arc<Endpoints>,
     /// The current standing; a watch so `lost()` futures can wait on it.
     standing: watch::Sender<Standing>,
 }
@@ -119,9 +117,15 @@ impl Shared {
             lease_id: self.lease_id.clone(),
             ttl_ms: millis(self.timing.ttl),
         });
+        // Safe to resend on another server: a renewal applied twice extends
+        // the same term, and the caller measures the deadline from before
+        // the first attempt.
+        let timeout = self.timing.rpc_timeout;
         let reply = self
-            .session
-            .call("Renew", op, self.timing.rpc_timeout)
+            .endpoints
+            .run(Resend::Safe, |node| {
+                node.session.call("Renew", op.clone(), timeout)
+            })
             .await?;
         let lease = reply.lease.ok_or_else(|| missing("Renew"))?;
         Ok(convert::lease_from_pb(lease)?)
@@ -132,8 +136,11 @@ impl Shared {
             key: self.key.as_str().to_owned(),
             fence: self.fence.0,
         });
-        self.session
-            .call("Check", op, self.timing.rpc_timeout)
+        let timeout = self.timing.rpc_timeout;
+        self.endpoints
+            .run(Resend::Safe, |node| {
+                node.session.call("Check", op.clone(), timeout)
+            })
             .await?;
         Ok(())
     }
@@ -155,9 +162,14 @@ impl Shared {
             successor,
             handoff_ms,
         });
+        // Safe to resend: a retried release of the fence returns the term
+        // as it first ended.
+        let timeout = self.timing.rpc_timeout;
         let reply = self
-            .session
-            .call("Release", op, self.timing.rpc_timeout)
+            .endpoints
+            .run(Resend::Safe, |node| {
+                node.session.call("Release", op.clone(), timeout)
+            })
             .await?;
         let ended = reply.ended.ok_or_else(|| missing("Release"))?;
         Ok(convert::ended_from_pb(ended)?)
@@ -207,8 +219,7 @@ impl SessionGuard {
     ///
     /// `basis` is a time no later than the grant, if one is known.
     pub(crate) async fn start(
-        rpc: Rpc,
-        session: Arc<SessionMux>,
+        endpoints: Arc<Endpoints>,
         timing: Timing,
         reply: pb::AcquireResponse,
         basis: Option<Instant>,
@@ -227,8 +238,7 @@ impl SessionGuard {
             fence: lease.fence,
             lease_id,
             timing,
-            rpc,
-            session,
+            endpoints,
             standing: watch::Sender::new(Standing {
                 // Without a basis the guard trusts nothing until it renews.
                 deadline: basis.map_or(now, |sent| sent + timing.valid_for()),

@@ -90,12 +90,21 @@
 //! it. A process paused between the gate and its write still writes late.
 //! Storage that checks the fence itself closes it: see [`crate::fence`].
 //!
+//! # Several servers
+//! Servers on one PostgreSQL database share every term, so
+//! [`Client::connect_any`] takes a list and fails over from one to the next
+//! when a server is unavailable, resending only the calls that are safe to
+//! send twice (renew, check, release, an acquire with its request id). A
+//! guard keeps its lease across a failover; its deadline still rests on the
+//! first send of the renewal the next server acknowledged.
+//!
 //! # Errors
 //! Every call returns [`ClientError`]: what the server said, as the domain
 //! [`Error`] (busy with the holder named, stale fence, permission,
 //! invalid argument, unavailable), converted from the gRPC status in one
 //! place, or [`ClientError::Lost`] with the [`LossReason`].
 
+mod endpoints;
 mod error;
 #[cfg(feature = "sqlite-fence")]
 pub mod fence;
@@ -112,11 +121,11 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
+use endpoints::{Endpoints, Resend};
 use leasehold_wire::convert;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use leasehold_wire::pb::session_request::Op;
-use session::SessionMux;
 use tonic::service::interceptor::InterceptedService;
 
 pub use error::{ClientError, LossReason};
@@ -236,15 +245,15 @@ impl Tls {
     }
 }
 
-/// A connection to a leasehold server. Cheap to clone; clones share the
-/// connection.
+/// A connection to a leasehold server, or to several servers on one
+/// PostgreSQL database with failover between them
+/// ([`Client::connect_any`]). Cheap to clone; clones share the connections.
 #[derive(Debug, Clone)]
 pub struct Client {
-    /// The generated gRPC client; cloned per call, as tonic expects.
-    rpc: Rpc,
-    /// The Session stream that carries every guard's checks, renewals and
-    /// releases, opened on first use.
-    session: Arc<SessionMux>,
+    /// The servers, each with its generated gRPC client and the Session
+    /// stream that carries every guard's checks, renewals and releases
+    /// (opened on first use), and which one calls go to now.
+    pub(crate) endpoints: Arc<Endpoints>,
 }
 
 impl Client {
@@ -284,7 +293,93 @@ impl Client {
         tls: Tls,
         credentials: Credentials,
     ) -> Result<Client, ClientError> {
-        let mut url = endpoint.into();
+        Self::connect_any_with([endpoint], tls, credentials).await
+    }
+
+    /// Connects to several servers that share one PostgreSQL database
+    /// (`leasehold serve --store postgres://…`), with failover: calls go to
+    /// one server at a time (the first in `endpoints` that answers now)
+    /// and move on to the next in the list when it answers UNAVAILABLE (it
+    /// died, is stopping, lost its database, or did not answer in time).
+    /// Guards keep renewing through the next server with the same fence and
+    /// lease id; a call that is safe to send twice is resent there at once
+    /// (renew, check, release, an acquire with its request id), others fail
+    /// and the next call goes to the next server. Each endpoint is written
+    /// as for [`Client::connect`].
+    ///
+    /// Do not list servers on different stores (two SQLite servers): a
+    /// term granted by one is unknown to the other.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no endpoint or a malformed one;
+    /// [`Error::Unavailable`] when none of them answers now (servers that
+    /// do not answer yet are connected to when first needed).
+    pub async fn connect_any<I, S>(endpoints: I) -> Result<Client, ClientError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::connect_any_with(endpoints, Tls::default(), Credentials::default()).await
+    }
+
+    /// [`Client::connect_any`] with `tls` (empty for plaintext) and
+    /// `credentials`, the same for every endpoint.
+    ///
+    /// # Errors
+    /// As [`Client::connect_any`] and [`Client::connect_tls`].
+    pub async fn connect_any_with<I, S>(
+        endpoints: I,
+        tls: Tls,
+        credentials: Credentials,
+    ) -> Result<Client, ClientError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut built = Vec::new();
+        for endpoint in endpoints {
+            built.push(Self::endpoint(endpoint.into(), &tls)?);
+        }
+        if built.is_empty() {
+            return Err(Error::InvalidArgument("no endpoint given".into()).into());
+        }
+        // All at once: a server that is down costs its connect timeout once,
+        // not once per server behind it.
+        let connected =
+            futures_util::future::join_all(built.iter().map(|(_, e)| e.connect())).await;
+        let mut nodes = Vec::with_capacity(built.len());
+        let mut first = None;
+        let mut failures = Vec::new();
+        for (index, ((url, endpoint), outcome)) in built.into_iter().zip(connected).enumerate() {
+            let channel = match outcome {
+                Ok(channel) => {
+                    first.get_or_insert(index);
+                    channel
+                }
+                Err(e) => {
+                    failures.push(format!("cannot connect to {url}: {}", chain(&e)));
+                    // Connected to on first use, if it ever comes up.
+                    endpoint.connect_lazy()
+                }
+            };
+            nodes.push((
+                url,
+                LeaseholdClient::with_interceptor(channel, credentials.clone()),
+            ));
+        }
+        let Some(first) = first else {
+            return Err(Error::Unavailable(failures.join("; ")).into());
+        };
+        for failure in &failures {
+            tracing::warn!("{failure}; trying it again when another server fails");
+        }
+        Ok(Client {
+            endpoints: Arc::new(Endpoints::new(nodes, first)),
+        })
+    }
+
+    /// One endpoint's URL and its settings, checked.
+    fn endpoint(mut url: String, tls: &Tls) -> Result<(String, Endpoint), ClientError> {
         let wants_tls = !tls.is_empty();
         if !url.contains("://") {
             url = format!("{}://{url}", if wants_tls { "https" } else { "http" });
@@ -311,11 +406,7 @@ impl Client {
                 .tls_config(tls.client_config())
                 .map_err(|e| Error::InvalidArgument(format!("TLS: {}", chain(&e))))?;
         }
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| Error::Unavailable(format!("cannot connect to {url}: {}", chain(&e))))?;
-        Ok(Client::with_credentials(channel, credentials))
+        Ok((url, endpoint))
     }
 
     /// A client over a channel you configured yourself (TLS, interceptors...).
@@ -327,16 +418,26 @@ impl Client {
     pub fn with_credentials(channel: Channel, credentials: Credentials) -> Client {
         let rpc = LeaseholdClient::with_interceptor(channel, credentials);
         Client {
-            session: Arc::new(SessionMux::new(rpc.clone())),
-            rpc,
+            endpoints: Arc::new(Endpoints::new(vec![("channel".into(), rpc)], 0)),
         }
+    }
+
+    /// The endpoint calls go to now: the first that answered, then the
+    /// next in the list after each failover (`"channel"` for a client built
+    /// on a channel).
+    pub fn current_endpoint(&self) -> &str {
+        &self.endpoints.current().url
+    }
+
+    /// Every endpoint of this client, in the order given.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.endpoints.urls().map(str::to_owned).collect()
     }
 
     /// Starts an acquire of `key`; set options on the builder, then `.await` it.
     pub fn acquire(&self, key: impl Into<String>) -> AcquireBuilder {
         AcquireBuilder {
-            rpc: self.rpc.clone(),
-            session: self.session.clone(),
+            endpoints: self.endpoints.clone(),
             key: key.into(),
             owner: None,
             ttl: DEFAULT_TTL,
@@ -350,9 +451,10 @@ impl Client {
         }
     }
 
-    /// The generated gRPC client, for calls this API does not wrap (Get, List).
+    /// The generated gRPC client of the current server, for calls this API
+    /// does not wrap. Calls made through it do not fail over.
     pub fn rpc(&self) -> Rpc {
-        self.rpc.clone()
+        self.endpoints.current().rpc.clone()
     }
 
     /// Whether `fence` is the live term of `key` (Chubby's CheckSequencer),
@@ -374,7 +476,12 @@ impl Client {
             key: key.as_str().to_owned(),
             fence: fence.0,
         });
-        let reply = self.session.call("Check", op, timeout).await?;
+        let reply = self
+            .endpoints
+            .run(Resend::Safe, |node| {
+                node.session.call("Check", op.clone(), timeout)
+            })
+            .await?;
         let lease = reply.lease.ok_or_else(|| guard::missing("Check"))?;
         Ok(convert::lease_from_pb(lease)?)
     }
@@ -383,7 +490,10 @@ impl Client {
     /// waits up to `timeout` for its response; a refusal comes back as the
     /// [`ClientError`] the unary call would give. An escape hatch speaking
     /// the wire types, for tools (the load generator) that drive the
-    /// protocol directly; applications use the guard.
+    /// protocol directly; applications use the guard. With several
+    /// endpoints, an UNAVAILABLE answer moves on to the next server, and the
+    /// operation is resent there only when that is safe (everything but an
+    /// Acquire without a request id).
     ///
     /// # Errors
     /// The operation's refusal, or [`Error::Unavailable`].
@@ -392,7 +502,15 @@ impl Client {
         op: Op,
         timeout: Duration,
     ) -> Result<pb::SessionResponse, ClientError> {
-        self.session.call("Session", op, timeout).await
+        let resend = match &op {
+            Op::Acquire(acquire) if acquire.request_id.is_empty() => Resend::Unsafe,
+            _ => Resend::Safe,
+        };
+        self.endpoints
+            .run(resend, |node| {
+                node.session.call("Session", op.clone(), timeout)
+            })
+            .await
     }
 }
 
@@ -400,10 +518,8 @@ impl Client {
 #[must_use = "an acquire does nothing until it is awaited"]
 #[derive(Debug, Clone)]
 pub struct AcquireBuilder {
-    /// Where to send it.
-    rpc: Rpc,
-    /// The client's Session stream, for the guard.
-    session: Arc<SessionMux>,
+    /// Where to send it, and where the guard renews.
+    endpoints: Arc<Endpoints>,
     /// The key to hold, e.g. a session id.
     key: String,
     /// Who holds it, shown to others in busy errors; `HOSTNAME:pid` by default.
@@ -545,9 +661,14 @@ impl AcquireBuilder {
         let first_sent = tokio::time::Instant::now();
         let mut attempt = 1;
         let reply = loop {
-            let mut rpc = self.rpc.clone();
-            let sent = rpc.acquire(request(message.clone(), timeout));
-            match call("Acquire", timeout, sent).await {
+            // Safe to resend on another server: the request id makes the
+            // server replay a grant it made to an attempt whose reply was lost.
+            let sent = self.endpoints.run(Resend::Safe, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move { call("Acquire", timeout, rpc.acquire(request(message, timeout))).await }
+            });
+            match sent.await {
                 Ok(reply) => break reply,
                 Err(err) if err.is_transient() && attempt < self.attempts => {
                     tracing::debug!(key = %message.key, attempt, error = %err, "acquire failed; retrying");
@@ -561,7 +682,7 @@ impl AcquireBuilder {
         // safe basis for the local deadline. A replayed one happened at some
         // earlier attempt: ours if we made up the id, unknown otherwise.
         let basis = (!reply.replayed || generated_id).then_some(first_sent);
-        SessionGuard::start(self.rpc, self.session, timing, reply, basis).await
+        SessionGuard::start(self.endpoints, timing, reply, basis).await
     }
 }
 

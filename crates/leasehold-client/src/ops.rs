@@ -16,6 +16,7 @@ use leasehold_core::lease::{
 use leasehold_core::lessor::{Acquire, ListFilter};
 use leasehold_wire::{convert, pb};
 
+use crate::endpoints::Resend;
 use crate::error::ClientError;
 use crate::guard::missing;
 use crate::{Client, call, request};
@@ -62,12 +63,22 @@ impl Client {
     pub async fn grant(&self, acquire: &Acquire) -> Result<Granted, ClientError> {
         let timeout = Duration::from_millis(acquire.wait.as_millis()) + OP_TIMEOUT;
         let message = convert::acquire_to_pb(acquire);
-        let reply = call(
-            "Acquire",
-            timeout,
-            self.rpc().acquire(request(message, timeout)),
-        )
-        .await?;
+        // With a request id the server replays a grant whose reply was
+        // lost, so another server may be asked; without one, it might grant
+        // a second term.
+        let resend = if acquire.request_id.is_some() {
+            Resend::Safe
+        } else {
+            Resend::Unsafe
+        };
+        let reply = self
+            .endpoints
+            .run(resend, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move { call("Acquire", timeout, rpc.acquire(request(message, timeout))).await }
+            })
+            .await?;
         Ok(Granted {
             lease: convert::lease_from_pb(reply.lease.ok_or_else(|| missing("Acquire"))?)?,
             previous: reply.previous.map(convert::ended_from_pb).transpose()?,
@@ -93,12 +104,16 @@ impl Client {
             lease_id: lease_id.to_string(),
             ttl_ms: ttl.map_or(0, Ttl::as_millis),
         };
-        let reply = call(
-            "Renew",
-            OP_TIMEOUT,
-            self.rpc().renew(request(message, OP_TIMEOUT)),
-        )
-        .await?;
+        let reply =
+            self.endpoints
+                .run(Resend::Safe, |node| {
+                    let mut rpc = node.rpc.clone();
+                    let message = message.clone();
+                    async move {
+                        call("Renew", OP_TIMEOUT, rpc.renew(request(message, OP_TIMEOUT))).await
+                    }
+                })
+                .await?;
         Ok(convert::lease_from_pb(
             reply.lease.ok_or_else(|| missing("Renew"))?,
         )?)
@@ -142,12 +157,21 @@ impl Client {
                 .unwrap_or_default(),
             handoff_ms: handoff.map_or(0, |h| h.for_ms),
         };
-        let reply = call(
-            "Release",
-            OP_TIMEOUT,
-            self.rpc().release(request(message, OP_TIMEOUT)),
-        )
-        .await?;
+        let reply = self
+            .endpoints
+            .run(Resend::Safe, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move {
+                    call(
+                        "Release",
+                        OP_TIMEOUT,
+                        rpc.release(request(message, OP_TIMEOUT)),
+                    )
+                    .await
+                }
+            })
+            .await?;
         Ok(convert::ended_from_pb(
             reply.ended.ok_or_else(|| missing("Release"))?,
         )?)
@@ -162,12 +186,14 @@ impl Client {
         let message = pb::GetRequest {
             key: key.as_str().to_owned(),
         };
-        let reply = call(
-            "Get",
-            OP_TIMEOUT,
-            self.rpc().get(request(message, OP_TIMEOUT)),
-        )
-        .await?;
+        let reply = self
+            .endpoints
+            .run(Resend::Safe, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move { call("Get", OP_TIMEOUT, rpc.get(request(message, OP_TIMEOUT))).await }
+            })
+            .await?;
         Ok(convert::key_state_from_pb(pb::KeyState {
             key: key.as_str().to_owned(),
             lease: reply.lease,
@@ -244,12 +270,14 @@ impl Client {
             page_size,
             page_token: page_token.unwrap_or_default().to_owned(),
         };
-        let reply = call(
-            "List",
-            OP_TIMEOUT,
-            self.rpc().list(request(message, OP_TIMEOUT)),
-        )
-        .await?;
+        let reply = self
+            .endpoints
+            .run(Resend::Safe, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move { call("List", OP_TIMEOUT, rpc.list(request(message, OP_TIMEOUT))).await }
+            })
+            .await?;
         let keys = reply
             .keys
             .into_iter()

@@ -11,6 +11,7 @@ use std::future::Future;
 
 use futures_util::stream::{self, StreamExt};
 
+use super::endpoints::Resend;
 use super::error::ClientError;
 use super::guard::SessionGuard;
 use super::{call, request};
@@ -223,14 +224,24 @@ impl SessionGuard {
             turn: Default::default(),
         };
         let timeout = shared.timing.rpc_timeout;
-        let mut rpc = shared.rpc.clone();
-        call(
-            "BeginToolCalls",
-            timeout,
-            rpc.begin_tool_calls(request(message, timeout)),
-        )
-        .await
-        .map_err(|err| shared.judge(err))
+        // Not resent on another server: a registration applied twice looks
+        // like another holder of this term.
+        shared
+            .endpoints
+            .run(Resend::Unsafe, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move {
+                    call(
+                        "BeginToolCalls",
+                        timeout,
+                        rpc.begin_tool_calls(request(message, timeout)),
+                    )
+                    .await
+                }
+            })
+            .await
+            .map_err(|err| shared.judge(err))
     }
 
     /// Records a call's outcome under this guard's fence (the first terminal
@@ -269,14 +280,24 @@ impl SessionGuard {
             turn: Default::default(),
         };
         let timeout = shared.timing.rpc_timeout;
-        let mut rpc = shared.rpc.clone();
-        let reply = call(
-            "SettleToolCall",
-            timeout,
-            rpc.settle_tool_call(request(message, timeout)),
-        )
-        .await
-        .map_err(|err| shared.judge(err))?;
+        // Safe to resend: the first outcome wins, and a resend gets the
+        // stored record back.
+        let reply = shared
+            .endpoints
+            .run(Resend::Safe, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move {
+                    call(
+                        "SettleToolCall",
+                        timeout,
+                        rpc.settle_tool_call(request(message, timeout)),
+                    )
+                    .await
+                }
+            })
+            .await
+            .map_err(|err| shared.judge(err))?;
         let call = reply.call.ok_or_else(|| {
             ClientError::Server(Error::Storage(
                 "SettleToolCall reply carried no call".into(),
@@ -297,13 +318,21 @@ impl SessionGuard {
             filter: pb::list_tool_calls_request::Filter::Unsettled as i32,
         };
         let timeout = shared.timing.rpc_timeout;
-        let mut rpc = shared.rpc.clone();
-        let reply = call(
-            "ListToolCalls",
-            timeout,
-            rpc.list_tool_calls(request(message, timeout)),
-        )
-        .await?;
+        let reply = shared
+            .endpoints
+            .run(Resend::Safe, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move {
+                    call(
+                        "ListToolCalls",
+                        timeout,
+                        rpc.list_tool_calls(request(message, timeout)),
+                    )
+                    .await
+                }
+            })
+            .await?;
         let calls = reply
             .calls
             .into_iter()

@@ -19,6 +19,7 @@
 //! - dropping an `acquire` future that waits in line takes it out of line.
 
 use futures_util::future::BoxFuture;
+use tokio::sync::watch;
 
 use crate::engine::Watching;
 use crate::metrics::Exposition;
@@ -108,6 +109,19 @@ pub trait Backend: Send + Sync + 'static {
     /// and the process should exit so a supervisor restarts it; never on a
     /// clean stop.
     fn failed(&self) -> BoxFuture<'static, String>;
+
+    /// Whether the backend can serve requests now, as a watch the gRPC
+    /// health service follows: `SERVING` while it holds `true`,
+    /// `NOT_SERVING` while it holds `false` (and for good once the server
+    /// stops or [`Backend::failed`] resolves). A backend that depends on
+    /// another system it cannot restart (a database server) reports whether
+    /// that system answers, so a load balancer or an orchestrator stops
+    /// sending requests that could only be refused with UNAVAILABLE. The
+    /// default is always `true`: the SQLite engine's storage is in-process,
+    /// and its failure ends the server through [`Backend::failed`].
+    fn serving(&self) -> watch::Receiver<bool> {
+        watch::channel(true).1
+    }
 
     /// Writes what the backend itself knows (live terms, waiters, grants,
     /// expirations, commit latency...) to a metrics scrape. The services add

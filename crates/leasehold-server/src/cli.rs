@@ -59,6 +59,10 @@ enum Command {
         /// PostgreSQL only: connections in the pool.
         #[arg(long, default_value_t = 16)]
         pg_pool_size: usize,
+        /// PostgreSQL only: the most concurrent renewals one statement
+        /// applies; 1 sends each renewal alone.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
+        pg_renew_batch: u16,
         /// SQLite only. full: every acknowledged write survives power loss;
         /// normal: survives crashes only. (PostgreSQL commits as the
         /// database's synchronous_commit says.)
@@ -332,7 +336,8 @@ struct ServeSecurity {
 /// Where operator commands send their request, and how they print.
 #[derive(Debug, clap::Args)]
 struct Target {
-    /// The server's address.
+    /// The server's address; several, comma-separated, for servers on one
+    /// PostgreSQL database: when one is unavailable the next is tried.
     #[arg(
         long,
         default_value = "http://127.0.0.1:7420",
@@ -432,6 +437,7 @@ async fn run(command: Command) -> ExitCode {
             store,
             pg_schema,
             pg_pool_size,
+            pg_renew_batch,
             sync,
             drain_timeout_ms,
             retention_ms,
@@ -474,6 +480,7 @@ async fn run(command: Command) -> ExitCode {
                     let config = PgConfig {
                         schema: pg_schema,
                         pool_size: pg_pool_size,
+                        renew_batch: usize::from(pg_renew_batch),
                         retention_ms,
                         history_len,
                         default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
@@ -758,7 +765,12 @@ async fn connect(target: &Target) -> Result<Client, String> {
         Some(token) => leasehold_client::Credentials::bearer(token).map_err(refused)?,
         None => leasehold_client::Credentials::default(),
     };
-    Client::connect_with(target.server.clone(), tls, credentials)
+    let endpoints = target
+        .server
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty());
+    Client::connect_any_with(endpoints, tls, credentials)
         .await
         .map_err(|e| format!("cannot connect to {}: {e}", target.server))
 }

@@ -189,12 +189,6 @@ pub async fn serve_on(
     } = listeners;
     let drain_timeout = options.drain_timeout;
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
-        .await;
-    health_reporter
-        .set_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
-        .await;
     // Reflection in both versions over the same descriptors: v1 for current
     // tools, v1alpha for those that speak nothing else (Python's
     // grpcio-reflection, older grpcurl, several GUI clients).
@@ -206,6 +200,15 @@ pub async fn serve_on(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     let backend: Arc<dyn Backend> = Arc::new(backend);
+    // Health follows the backend (a database that stops answering turns it
+    // NOT_SERVING until it is back) until the server stops, when it turns
+    // NOT_SERVING for good. One task owns every change, so a late SERVING
+    // can never overwrite the final NOT_SERVING.
+    let mut serving = backend.serving();
+    let initially = *serving.borrow_and_update();
+    set_health(&health_reporter, initially).await;
+    let (stop_health, health_stop) = tokio::sync::oneshot::channel::<()>();
+    let health_task = tokio::spawn(follow_health(health_reporter, serving, health_stop));
     let service_metrics = Arc::new(ServiceMetrics::default());
     let mut lease_service =
         LeaseholdService::with_metrics(backend.clone(), service_metrics.clone())
@@ -252,12 +255,8 @@ pub async fn serve_on(
                     *storage_failure.lock().expect("failure slot") = Some(failure);
                 }
             }
-            health_reporter
-                .set_not_serving::<pb::leasehold_server::LeaseholdServer<LeaseholdService>>()
-                .await;
-            health_reporter
-                .set_not_serving::<pb::transcripts_server::TranscriptsServer<TranscriptsService>>()
-                .await;
+            let _ = stop_health.send(());
+            let _ = health_task.await;
             backend.begin_shutdown();
             signalled.notify_one();
         }
@@ -309,6 +308,45 @@ pub async fn serve_on(
         Some(failure) => Err(ServeError::StorageFailed(failure)),
         None => Ok(()),
     }
+}
+
+/// Sets the health of both services.
+async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+    type Leases = pb::leasehold_server::LeaseholdServer<LeaseholdService>;
+    type Transcripts = pb::transcripts_server::TranscriptsServer<TranscriptsService>;
+    if serving {
+        reporter.set_serving::<Leases>().await;
+        reporter.set_serving::<Transcripts>().await;
+    } else {
+        reporter.set_not_serving::<Leases>().await;
+        reporter.set_not_serving::<Transcripts>().await;
+    }
+}
+
+/// Reports the backend's [`Backend::serving`] as gRPC health until `stop`,
+/// then NOT_SERVING for good.
+async fn follow_health(
+    reporter: tonic_health::server::HealthReporter,
+    mut serving: tokio::sync::watch::Receiver<bool>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            changed = serving.changed(), if watching => {
+                if changed.is_err() {
+                    // The backend will never change its mind; wait for the stop.
+                    watching = false;
+                    continue;
+                }
+                let up = *serving.borrow_and_update();
+                set_health(&reporter, up).await;
+            }
+        }
+    }
+    set_health(&reporter, false).await;
 }
 
 /// The metrics page: the backend's numbers, then the services'.

@@ -376,3 +376,19 @@ fn serve_logs_plain_text_when_stderr_is_not_a_terminal() {
     assert!(stderr.contains("leasehold serving"), "{stderr}");
     assert!(!stderr.contains("\x1b["), "{stderr:?}");
 }
+
+/// `--server` takes a comma-separated list: a dead first server is skipped.
+#[tokio::test]
+async fn operator_commands_take_several_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("cli.db"));
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let servers = format!("http://{dead},{}", server.url());
+    let acquired = json(&run(&[
+        "acquire", "sess:any", "--owner", "ops", "--json", "--server", &servers,
+    ]));
+    assert_eq!(acquired["lease"]["owner"], "ops");
+}

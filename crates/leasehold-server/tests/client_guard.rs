@@ -512,3 +512,85 @@ async fn a_vanished_waiter_does_not_keep_its_place_in_line() {
     assert_eq!(got.owner(), "live");
     vanished.abort();
 }
+
+/// An address on loopback where nothing listens (connections are refused).
+async fn dead_endpoint() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+/// A client given several endpoints starts on the first that answers and
+/// guards work through it; the dead one is kept for later failovers.
+#[tokio::test]
+async fn connect_any_starts_on_the_first_endpoint_that_answers() {
+    let server = TestServer::start().await;
+    let dead = dead_endpoint().await;
+    let live = format!("http://{}", server.addr);
+    let client = Client::connect_any([dead.clone(), live.clone()])
+        .await
+        .expect("one endpoint answers");
+    assert_eq!(client.current_endpoint(), live);
+    assert_eq!(client.endpoints(), [dead, live]);
+    let guard = client
+        .acquire("any")
+        .ttl(Duration::from_secs(5))
+        .await
+        .expect("acquire");
+    guard.gate().await.expect("gate");
+    guard.release().await.expect("release");
+}
+
+/// When no endpoint answers, connecting fails UNAVAILABLE naming each; an
+/// empty list is a usage error.
+#[tokio::test]
+async fn connect_any_without_a_live_endpoint_fails() {
+    let (one, two) = (dead_endpoint().await, dead_endpoint().await);
+    let err = Client::connect_any([one.clone(), two.clone()])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Server(Error::Unavailable(_))),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains(&one) && text.contains(&two), "{text}");
+    let err = Client::connect_any(Vec::<String>::new()).await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Server(Error::InvalidArgument(_))),
+        "{err}"
+    );
+}
+
+/// A server that stops makes the client move to the next endpoint: the
+/// call that met the stopped server is resent there (a Get is safe to send
+/// twice), and later calls start there.
+#[tokio::test]
+async fn calls_fail_over_when_a_server_stops() {
+    let mut first = TestServer::start().await;
+    let second = TestServer::start().await;
+    // Only the second server knows the key, so the answer says who replied.
+    second
+        .client()
+        .await
+        .acquire(common::acquire("only-on-second", "b", 60_000))
+        .await
+        .unwrap();
+    let (one, two) = (first.url(), second.url());
+    let client = Client::connect_any([one.clone(), two.clone()])
+        .await
+        .unwrap();
+    let key = leasehold_client::Key::parse("only-on-second").unwrap();
+    let err = client.get(&key).await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Server(Error::NotFound(_))),
+        "a refusal is an answer, not a reason to fail over: {err}"
+    );
+    assert_eq!(client.current_endpoint(), one);
+
+    first.stop().await;
+    let state = client.get(&key).await.expect("answered by the second");
+    assert_eq!(state.lease.unwrap().owner.as_str(), "b");
+    assert_eq!(client.current_endpoint(), two);
+}

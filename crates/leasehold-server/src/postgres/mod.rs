@@ -46,6 +46,7 @@
 //! - [`sql`]: every statement; [`migrate`]: the versioned schema;
 //! - `terms`: renew, release, check, get, list and the sweeper;
 //! - `line`: Acquire and waiting in line; `listen`: the NOTIFY wake-ups;
+//! - `renewals`: concurrent renewals batched into one statement;
 //! - `ledger`: the tool-call ledger; `order`: per-key call order;
 //! - `row`: rows to domain values, and the refusals a row implies.
 //!
@@ -62,6 +63,7 @@ mod line;
 mod listen;
 pub mod migrate;
 mod order;
+mod renewals;
 mod row;
 pub mod sql;
 mod terms;
@@ -131,6 +133,13 @@ pub struct PgConfig {
     /// when it is granted, so servers with different defaults never
     /// disagree about a term.
     pub default_max_recoveries: Option<u32>,
+    /// How often this server asks the database whether it answers (within
+    /// [`PgConfig::connect_timeout`]), for gRPC health: NOT_SERVING while it
+    /// does not, SERVING again after it does.
+    pub health_interval: Duration,
+    /// The most renewals one statement applies (see `renewals`); 1 sends
+    /// each renewal alone.
+    pub renew_batch: usize,
 }
 
 impl PgConfig {
@@ -148,6 +157,8 @@ impl PgConfig {
             op_timeout: Duration::from_secs(10),
             history_len: DEFAULT_HISTORY_LEN,
             default_max_recoveries: None,
+            health_interval: Duration::from_millis(500),
+            renew_batch: 256,
         }
     }
 }
@@ -180,6 +191,15 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// Per-key call order (see the module docs).
     turns: Arc<Turns>,
+    /// Whether the database answered the last health probe (see
+    /// [`Backend::serving`]).
+    reachable: watch::Sender<bool>,
+    /// Where renewals queue to share a statement; `None` when batching is
+    /// off.
+    renewals: Option<renewals::Queue>,
+    /// Batch statements run, and the renewals they carried (metrics).
+    renew_batches: std::sync::atomic::AtomicU64,
+    renew_batched: std::sync::atomic::AtomicU64,
     config: PgConfig,
 }
 
@@ -257,20 +277,36 @@ impl PgBackend {
         drop(client);
         let channel = channel_of(&config.schema);
         let (wakes, _) = broadcast::channel(1024);
+        let batch = config.renew_batch;
+        let (renewals, renewal_queue) = if batch > 1 {
+            let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
+            (Some(queue), Some(queued))
+        } else {
+            (None, None)
+        };
         let inner = Arc::new(Inner {
             pool,
             channel: channel.clone(),
             wakes: wakes.clone(),
             closing: watch::Sender::new(false),
             turns: Arc::default(),
+            reachable: watch::Sender::new(true),
+            renewals,
+            renew_batches: Default::default(),
+            renew_batched: Default::default(),
             config,
         });
         let listener = tokio::spawn(listen::run(pg, channel, wakes)).abort_handle();
         let sweeper = tokio::spawn(inner.clone().sweep_loop()).abort_handle();
+        let prober = tokio::spawn(inner.clone().probe_loop()).abort_handle();
+        let mut tasks = vec![listener, sweeper, prober];
+        if let Some(queued) = renewal_queue {
+            tasks.push(tokio::spawn(inner.clone().batch_renewals(queued, batch)).abort_handle());
+        }
         tracing::info!(database = %origin, schema = %inner.config.schema, "PostgreSQL backend ready");
         Ok(PgBackend {
             inner,
-            _tasks: Arc::new(Tasks(vec![listener, sweeper])),
+            _tasks: Arc::new(Tasks(tasks)),
         })
     }
 
@@ -484,6 +520,49 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Whether the database answers a trivial statement now, within the
+    /// connection timeout (a fresh connection when the pooled ones broke).
+    async fn probe(&self) -> Result<()> {
+        in_time(self.config.connect_timeout, async {
+            let client = self.client().await?;
+            client.simple_query("SELECT 1").await.map_err(db_error)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Publishes the database's reachability every
+    /// [`PgConfig::health_interval`], logging each change once.
+    async fn probe_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.config.health_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if *self.closing.borrow() {
+                // Stopping: the pool closes, which says nothing of the database.
+                return;
+            }
+            let outcome = self.probe().await;
+            let up = outcome.is_ok();
+            let changed = self.reachable.send_if_modified(|was| {
+                let changed = *was != up;
+                *was = up;
+                changed
+            });
+            match outcome {
+                Err(e) if changed => {
+                    tracing::warn!(error = %e, "the database does not answer: health NOT_SERVING")
+                }
+                Ok(()) if changed => {
+                    tracing::info!("the database answers again: health SERVING")
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 impl PgBackend {
     /// Runs `op` on `key` in call order (see `order`): a write after
     /// everything called before it on the key, a read after the writes.
@@ -537,7 +616,7 @@ impl Backend for PgBackend {
     fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term> {
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
-            inner.renew(&k, fence, lease_id, ttl).await
+            inner.renew_batched(&k, fence, lease_id, ttl).await
         })
     }
 
@@ -659,6 +738,33 @@ impl Backend for PgBackend {
             // Later requests find the pool closed: UNAVAILABLE.
             inner.pool.close();
         })
+    }
+
+    fn serving(&self) -> watch::Receiver<bool> {
+        self.inner.reachable.subscribe()
+    }
+
+    fn write_metrics(&self, out: &mut crate::metrics::Exposition) {
+        use std::sync::atomic::Ordering::Relaxed;
+        out.gauge(
+            "leasehold_pg_database_up",
+            "Whether the database answered the last health probe (1) or not (0).",
+            if *self.inner.reachable.borrow() {
+                1.0
+            } else {
+                0.0
+            },
+        );
+        out.counter(
+            "leasehold_pg_renew_batches_total",
+            "Statements that renewed a batch of terms.",
+            self.inner.renew_batches.load(Relaxed),
+        );
+        out.counter(
+            "leasehold_pg_renew_batched_total",
+            "Renewals carried by those statements.",
+            self.inner.renew_batched.load(Relaxed),
+        );
     }
 
     fn failed(&self) -> BoxFuture<'static, String> {

@@ -320,6 +320,23 @@ pub const RENEW: &str = "WITH n AS (SELECT now_ms() AS ms)
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
      RETURNING k.*";
 
+/// [`RENEW`] for many terms at once: `$1` keys (distinct), `$2` fences, `$3`
+/// lease_ids, `$4` ttl_ms or NULL, as arrays of one length. Each row keeps
+/// its own condition; a row not returned was not renewed. The rows are
+/// locked in key order first, so concurrent batches cannot deadlock.
+pub const RENEW_MANY: &str = "WITH n AS (SELECT now_ms() AS ms),
+     r AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::bigint[])
+           AS r(key, fence, lease_id, ttl_ms)),
+     locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM r)
+                ORDER BY k.key FOR UPDATE)
+     UPDATE keys k SET
+         live_ttl_ms        = COALESCE(r.ttl_ms, k.live_ttl_ms),
+         live_expires_at_ms = GREATEST(k.live_expires_at_ms, n.ms + COALESCE(r.ttl_ms, k.live_ttl_ms))
+     FROM n, r, locked
+     WHERE k.key = r.key AND locked.key = r.key
+       AND k.live_fence = r.fence AND k.live_lease_id = r.lease_id AND k.live_expires_at_ms > n.ms
+     RETURNING k.*";
+
 /// Ends the live term: `$1` key, `$2` fence, `$3` lease_id, `$4` how (1
 /// released, 2 suspended), `$5` the successor to keep the key for (NULL:
 /// none), `$6` for how long, `$7` the history length. A clean release

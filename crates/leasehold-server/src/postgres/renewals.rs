@@ -1,0 +1,163 @@
+//! Renewal batching: concurrent renewals on this server share one
+//! statement.
+//!
+//! A holder renews every third of its TTL, so a server with many sessions
+//! spends most of its database round trips on renewals. Each is a
+//! conditional write on one row; many of them in one `UPDATE … FROM
+//! unnest(…)` ([`sql::RENEW_MANY`]) are still one conditional write per row,
+//! each with its own condition (fence, lease id, not expired) on the
+//! database clock, so batching changes no rule: it only shares the round
+//! trip and the commit.
+//!
+//! Like the SQLite engine's group commit: renewals queue while the batches
+//! already in flight run, and the next batch takes everything queued (up to
+//! [`PgConfig::renew_batch`]). At most half the pool runs batches at once,
+//! so acquires and releases always find connections.
+//!
+//! A renewal the batch did not apply (its row was not returned: a stale
+//! fence, a wrong lease id, a key that changed under it) is sent again on
+//! its own through the single-row path, which reads the row and explains
+//! the refusal exactly as before. Keys in one batch are distinct (the
+//! per-key order lets one renewal of a key run at a time on this server;
+//! a duplicate still goes alone), and rows are locked in key order, so two
+//! servers' batches cannot deadlock.
+
+use std::collections::HashMap;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::*;
+
+/// One renewal waiting for a batch.
+pub(super) struct Job {
+    key: Key,
+    fence: Fence,
+    lease_id: LeaseId,
+    ttl: Option<Ttl>,
+    /// The renewed term, `None` when the batch did not apply it, or the
+    /// batch's failure.
+    reply: oneshot::Sender<Result<Option<Term>>>,
+}
+
+/// Where renewals queue for the batcher.
+pub(super) type Queue = mpsc::UnboundedSender<Job>;
+
+impl Inner {
+    /// Renews through a batch, or alone when batching is off or the batch
+    /// did not apply it (then the single-row path explains the refusal).
+    pub(super) async fn renew_batched(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        ttl: Option<Ttl>,
+    ) -> Result<Term> {
+        if let Some(queue) = &self.renewals {
+            let (reply, replied) = oneshot::channel();
+            let job = Job {
+                key: key.clone(),
+                fence,
+                lease_id,
+                ttl,
+                reply,
+            };
+            if queue.send(job).is_ok() {
+                match replied.await {
+                    Ok(Ok(Some(term))) => return Ok(term),
+                    Ok(Err(e)) => return Err(e),
+                    // Not applied, or the batcher went away: alone.
+                    Ok(Ok(None)) | Err(_) => {}
+                }
+            }
+        }
+        self.renew(key, fence, lease_id, ttl).await
+    }
+
+    /// Takes queued renewals in batches until the queue closes.
+    pub(super) async fn batch_renewals(
+        self: Arc<Self>,
+        mut queue: mpsc::UnboundedReceiver<Job>,
+        max: usize,
+    ) {
+        let running = Arc::new(Semaphore::new((self.config.pool_size / 2).max(1)));
+        while let Some(first) = queue.recv().await {
+            // Wait for a free slot first: meanwhile the batch grows.
+            let Ok(slot) = running.clone().acquire_owned().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            while batch.len() < max {
+                match queue.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let inner = self.clone();
+            tokio::spawn(async move {
+                inner.run_batch(batch).await;
+                drop(slot);
+            });
+        }
+    }
+
+    /// Applies `batch` in one statement and answers each renewal.
+    async fn run_batch(&self, batch: Vec<Job>) {
+        // A key twice in one batch would be updated once: the later ones
+        // go alone.
+        let mut seen: HashMap<String, usize> = HashMap::with_capacity(batch.len());
+        let mut jobs = Vec::with_capacity(batch.len());
+        for job in batch {
+            if seen.contains_key(job.key.as_str()) {
+                let _ = job.reply.send(Ok(None));
+            } else {
+                seen.insert(job.key.as_str().to_owned(), jobs.len());
+                jobs.push(job);
+            }
+        }
+        let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+        let fences: Vec<i64> = jobs.iter().map(|j| j.fence.0 as i64).collect();
+        let lease_ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.lease_id.0).collect();
+        let ttls: Vec<Option<i64>> = jobs
+            .iter()
+            .map(|j| j.ttl.map(|t| t.as_millis() as i64))
+            .collect();
+        let applied = in_time(self.config.op_timeout, async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(sql::RENEW_MANY)
+                .await
+                .map_err(db_error)?;
+            client
+                .query(&stmt, &[&keys, &fences, &lease_ids, &ttls])
+                .await
+                .map_err(db_error)
+        })
+        .await;
+        let rows = match applied {
+            Ok(rows) => {
+                use std::sync::atomic::Ordering::Relaxed;
+                self.renew_batches.fetch_add(1, Relaxed);
+                self.renew_batched.fetch_add(jobs.len() as u64, Relaxed);
+                rows
+            }
+            Err(e) => {
+                for job in jobs {
+                    let _ = job.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let mut renewed: Vec<Option<Result<Term>>> = jobs.iter().map(|_| None).collect();
+        for row in &rows {
+            let key: String = row.get("key");
+            if let Some(&index) = seen.get(key.as_str()) {
+                renewed[index] = Some(KeyRow::from_row(row).and_then(|r| {
+                    r.live
+                        .ok_or_else(|| Error::Storage("a renewal returned no term".into()))
+                }));
+            }
+        }
+        for (job, outcome) in jobs.into_iter().zip(renewed) {
+            let _ = job.reply.send(outcome.transpose());
+        }
+    }
+}
