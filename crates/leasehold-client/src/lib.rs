@@ -105,6 +105,30 @@
 //! place, or [`ClientError::Lost`] with the [`LossReason`].
 
 mod endpoints;
+/// Sends one unary call through the client's endpoints, moving to the next
+/// on UNAVAILABLE when `resend` says the call is safe to send again; yields
+/// the reply: `unary!(endpoints, Resend::Safe, "Get", timeout, get, message)?`.
+macro_rules! unary {
+    ($endpoints:expr, $resend:expr, $name:literal, $timeout:expr, $method:ident, $message:expr) => {{
+        let message = &$message;
+        let timeout = $timeout;
+        $endpoints
+            .run($resend, |node| {
+                let mut rpc = node.rpc.clone();
+                let message = message.clone();
+                async move {
+                    $crate::call(
+                        $name,
+                        timeout,
+                        rpc.$method($crate::request(message, timeout)),
+                    )
+                    .await
+                }
+            })
+            .await
+    }};
+}
+
 mod error;
 #[cfg(feature = "sqlite-fence")]
 pub mod fence;
@@ -663,12 +687,15 @@ impl AcquireBuilder {
         let reply = loop {
             // Safe to resend on another server: the request id makes the
             // server replay a grant it made to an attempt whose reply was lost.
-            let sent = self.endpoints.run(Resend::Safe, |node| {
-                let mut rpc = node.rpc.clone();
-                let message = message.clone();
-                async move { call("Acquire", timeout, rpc.acquire(request(message, timeout))).await }
-            });
-            match sent.await {
+            let sent = unary!(
+                self.endpoints,
+                Resend::Safe,
+                "Acquire",
+                timeout,
+                acquire,
+                message
+            );
+            match sent {
                 Ok(reply) => break reply,
                 Err(err) if err.is_transient() && attempt < self.attempts => {
                     tracing::debug!(key = %message.key, attempt, error = %err, "acquire failed; retrying");

@@ -104,16 +104,14 @@ impl Client {
             lease_id: lease_id.to_string(),
             ttl_ms: ttl.map_or(0, Ttl::as_millis),
         };
-        let reply =
-            self.endpoints
-                .run(Resend::Safe, |node| {
-                    let mut rpc = node.rpc.clone();
-                    let message = message.clone();
-                    async move {
-                        call("Renew", OP_TIMEOUT, rpc.renew(request(message, OP_TIMEOUT))).await
-                    }
-                })
-                .await?;
+        let reply = unary!(
+            self.endpoints,
+            Resend::Safe,
+            "Renew",
+            OP_TIMEOUT,
+            renew,
+            message
+        )?;
         Ok(convert::lease_from_pb(
             reply.lease.ok_or_else(|| missing("Renew"))?,
         )?)
@@ -157,21 +155,14 @@ impl Client {
                 .unwrap_or_default(),
             handoff_ms: handoff.map_or(0, |h| h.for_ms),
         };
-        let reply = self
-            .endpoints
-            .run(Resend::Safe, |node| {
-                let mut rpc = node.rpc.clone();
-                let message = message.clone();
-                async move {
-                    call(
-                        "Release",
-                        OP_TIMEOUT,
-                        rpc.release(request(message, OP_TIMEOUT)),
-                    )
-                    .await
-                }
-            })
-            .await?;
+        let reply = unary!(
+            self.endpoints,
+            Resend::Safe,
+            "Release",
+            OP_TIMEOUT,
+            release,
+            message
+        )?;
         Ok(convert::ended_from_pb(
             reply.ended.ok_or_else(|| missing("Release"))?,
         )?)
@@ -186,14 +177,14 @@ impl Client {
         let message = pb::GetRequest {
             key: key.as_str().to_owned(),
         };
-        let reply = self
-            .endpoints
-            .run(Resend::Safe, |node| {
-                let mut rpc = node.rpc.clone();
-                let message = message.clone();
-                async move { call("Get", OP_TIMEOUT, rpc.get(request(message, OP_TIMEOUT))).await }
-            })
-            .await?;
+        let reply = unary!(
+            self.endpoints,
+            Resend::Safe,
+            "Get",
+            OP_TIMEOUT,
+            get,
+            message
+        )?;
         Ok(convert::key_state_from_pb(pb::KeyState {
             key: key.as_str().to_owned(),
             lease: reply.lease,
@@ -220,12 +211,14 @@ impl Client {
             page_size,
             page_token: before.map(|f| f.0.to_string()).unwrap_or_default(),
         };
-        let reply = call(
+        let reply = unary!(
+            self.endpoints,
+            Resend::Safe,
             "History",
             OP_TIMEOUT,
-            self.rpc().history(request(message, OP_TIMEOUT)),
-        )
-        .await?;
+            history,
+            message
+        )?;
         let (entries, next_before) = convert::history_from_pb(reply)?;
         Ok(HistoryPage {
             entries,
@@ -241,12 +234,15 @@ impl Client {
         let message = pb::UnquarantineRequest {
             key: key.as_str().to_owned(),
         };
-        let reply = call(
+        // Safe to resend: lifting a quarantine twice changes nothing more.
+        let reply = unary!(
+            self.endpoints,
+            Resend::Safe,
             "Unquarantine",
             OP_TIMEOUT,
-            self.rpc().unquarantine(request(message, OP_TIMEOUT)),
-        )
-        .await?;
+            unquarantine,
+            message
+        )?;
         let state = reply.key.ok_or_else(|| missing("Unquarantine"))?;
         Ok(convert::key_state_from_pb(state)?)
     }
@@ -270,14 +266,14 @@ impl Client {
             page_size,
             page_token: page_token.unwrap_or_default().to_owned(),
         };
-        let reply = self
-            .endpoints
-            .run(Resend::Safe, |node| {
-                let mut rpc = node.rpc.clone();
-                let message = message.clone();
-                async move { call("List", OP_TIMEOUT, rpc.list(request(message, OP_TIMEOUT))).await }
-            })
-            .await?;
+        let reply = unary!(
+            self.endpoints,
+            Resend::Safe,
+            "List",
+            OP_TIMEOUT,
+            list,
+            message
+        )?;
         let keys = reply
             .keys
             .into_iter()

@@ -14,7 +14,7 @@ use futures_util::stream::{self, StreamExt};
 use super::endpoints::Resend;
 use super::error::ClientError;
 use super::guard::SessionGuard;
-use super::{call, request};
+
 use leasehold_core::Error;
 use leasehold_core::lease::Fence;
 use leasehold_core::ledger::{ToolCall, idempotency_key};
@@ -226,22 +226,15 @@ impl SessionGuard {
         let timeout = shared.timing.rpc_timeout;
         // Not resent on another server: a registration applied twice looks
         // like another holder of this term.
-        shared
-            .endpoints
-            .run(Resend::Unsafe, |node| {
-                let mut rpc = node.rpc.clone();
-                let message = message.clone();
-                async move {
-                    call(
-                        "BeginToolCalls",
-                        timeout,
-                        rpc.begin_tool_calls(request(message, timeout)),
-                    )
-                    .await
-                }
-            })
-            .await
-            .map_err(|err| shared.judge(err))
+        unary!(
+            shared.endpoints,
+            Resend::Unsafe,
+            "BeginToolCalls",
+            timeout,
+            begin_tool_calls,
+            message
+        )
+        .map_err(|err| shared.judge(err))
     }
 
     /// Records a call's outcome under this guard's fence (the first terminal
@@ -282,22 +275,15 @@ impl SessionGuard {
         let timeout = shared.timing.rpc_timeout;
         // Safe to resend: the first outcome wins, and a resend gets the
         // stored record back.
-        let reply = shared
-            .endpoints
-            .run(Resend::Safe, |node| {
-                let mut rpc = node.rpc.clone();
-                let message = message.clone();
-                async move {
-                    call(
-                        "SettleToolCall",
-                        timeout,
-                        rpc.settle_tool_call(request(message, timeout)),
-                    )
-                    .await
-                }
-            })
-            .await
-            .map_err(|err| shared.judge(err))?;
+        let reply = unary!(
+            shared.endpoints,
+            Resend::Safe,
+            "SettleToolCall",
+            timeout,
+            settle_tool_call,
+            message
+        )
+        .map_err(|err| shared.judge(err))?;
         let call = reply.call.ok_or_else(|| {
             ClientError::Server(Error::Storage(
                 "SettleToolCall reply carried no call".into(),
@@ -318,21 +304,14 @@ impl SessionGuard {
             filter: pb::list_tool_calls_request::Filter::Unsettled as i32,
         };
         let timeout = shared.timing.rpc_timeout;
-        let reply = shared
-            .endpoints
-            .run(Resend::Safe, |node| {
-                let mut rpc = node.rpc.clone();
-                let message = message.clone();
-                async move {
-                    call(
-                        "ListToolCalls",
-                        timeout,
-                        rpc.list_tool_calls(request(message, timeout)),
-                    )
-                    .await
-                }
-            })
-            .await?;
+        let reply = unary!(
+            shared.endpoints,
+            Resend::Safe,
+            "ListToolCalls",
+            timeout,
+            list_tool_calls,
+            message
+        )?;
         let calls = reply
             .calls
             .into_iter()
