@@ -1,0 +1,35 @@
+//! loom models of the hand-written synchronisation inside the engine
+//! (`leasehold-server/src/engine`), checked over thread interleavings by
+//! `cargo test -p leasehold-sync-model` (issue #17, part 3).
+//!
+//! The engine mixes a std `Mutex` and `Condvar` with tokio's `watch` and
+//! `oneshot` and a tokio runtime, which loom cannot run. So each model here
+//! mirrors one protocol of the engine line by line, on loom's primitives,
+//! with tokio's channels replaced by small loom equivalents of the same
+//! semantics. Every step names the engine code it mirrors; a change to that
+//! code must change its model too (docs/reliability.md, "Concurrency inside
+//! the server").
+//!
+//! - [`writer`]: the writer's sleep and wake-up (`writer_idle` and the
+//!   condvar, with the lessor lock) and replies that wait for the durable
+//!   sequence they reveal;
+//! - [`handoff`]: a key handed to the next queued Acquire while waiters
+//!   leave the line (a dropped request, a wait that ran out).
+//!
+//! Each model takes a [`writer::Plant`] or [`handoff::Plant`]: `None` is the
+//! engine as it is; the others plant one known bug, and the tests show that
+//! loom finds each of them.
+
+pub mod handoff;
+pub mod oneshot;
+pub mod writer;
+
+/// Runs `f` under loom with a bound on preemptions, so the check stays within
+/// seconds in CI. `LOOM_MAX_PREEMPTIONS` overrides the bound (a deeper run).
+pub fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(preemptions);
+    }
+    builder.check(f);
+}
