@@ -24,12 +24,14 @@ pub mod handoff;
 pub mod oneshot;
 pub mod writer;
 
-/// Runs `f` under loom with a bound on preemptions, so the check stays within
-/// seconds in CI. `LOOM_MAX_PREEMPTIONS` overrides the bound (a deeper run).
-pub fn check(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+/// Runs `f` under loom, exploring every interleaving with at most
+/// `preemptions` preemptions per execution (`None`: exhaustively), so the
+/// check stays within seconds in CI. `LOOM_MAX_PREEMPTIONS` overrides the
+/// bound (a deeper run).
+pub fn check(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(preemptions);
+        builder.preemption_bound = preemptions;
     }
     builder.check(f);
 }
