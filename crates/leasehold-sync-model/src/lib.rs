@@ -33,5 +33,16 @@ pub fn check(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = preemptions;
     }
-    builder.check(f);
+    let bound = builder.preemption_bound;
+    // A std atomic, outside the model: it counts the executions loom runs.
+    let executions = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = executions.clone();
+    builder.check(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    eprintln!(
+        "loom: {} executions, preemption bound {bound:?}",
+        executions.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
