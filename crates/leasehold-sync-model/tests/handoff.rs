@@ -20,7 +20,9 @@ fn handoff_races_keep_the_key_receiver_dropped_first() {
 /// As above, with the place in line given up first.
 #[test]
 fn handoff_races_keep_the_key_place_dropped_first() {
-    check(BOUND, || release_cancel_timeout(Plant::None, CancelOrder::PlaceFirst));
+    check(BOUND, || {
+        release_cancel_timeout(Plant::None, CancelOrder::PlaceFirst)
+    });
 }
 
 /// Planted: the hand-off grants a waiter without asking whether it waits.
