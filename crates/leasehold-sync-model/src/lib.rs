@@ -14,14 +14,17 @@
 //!   condvar, with the lessor lock) and replies that wait for the durable
 //!   sequence they reveal;
 //! - [`handoff`]: a key handed to the next queued Acquire while waiters
-//!   leave the line (a dropped request, a wait that ran out).
+//!   leave the line (a dropped request, a wait that ran out);
+//! - [`session`]: the Session stream's window of operations in flight.
 //!
-//! Each model takes a [`writer::Plant`] or [`handoff::Plant`]: `None` is the
+//! Each model takes a `Plant` ([`writer::Plant`], [`handoff::Plant`],
+//! [`session::Plant`]): `None` is the
 //! engine as it is; the others plant one known bug, and the tests show that
 //! loom finds each of them.
 
 pub mod handoff;
 pub mod oneshot;
+pub mod session;
 pub mod writer;
 
 /// Runs `f` under loom, exploring every interleaving with at most

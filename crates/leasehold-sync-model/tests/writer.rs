@@ -1,6 +1,8 @@
 //! The writer's wake-up and durable replies, over every interleaving loom
 //! explores within the preemption bound; and each planted bug found.
 
+mod common;
+
 use leasehold_sync_model::check;
 use leasehold_sync_model::writer::{Plant, grant_and_read, two_grants};
 
@@ -29,19 +31,19 @@ fn reads_wait_for_what_they_reveal() {
 /// between does not wake the writer, and its reply waits forever.
 #[test]
 fn finds_idle_flag_set_after_unlock() {
-    expect_deadlock("planted_idle_set_after_unlock");
+    common::expect_deadlock("planted_idle_set_after_unlock");
 }
 
 /// Planted: `writer_idle` read before the change, outside the lock.
 #[test]
 fn finds_idle_flag_read_before_the_change() {
-    expect_deadlock("planted_idle_read_before_the_change");
+    common::expect_deadlock("planted_idle_read_before_the_change");
 }
 
 /// The child run of [`finds_idle_flag_set_after_unlock`] (a no-op otherwise).
 #[test]
 fn planted_idle_set_after_unlock() {
-    if std::env::var_os(CHILD).is_some() {
+    if common::is_child() {
         check(BOUND, || two_grants(Plant::IdleSetAfterUnlock));
     }
 }
@@ -49,31 +51,9 @@ fn planted_idle_set_after_unlock() {
 /// The child run of [`finds_idle_flag_read_before_the_change`].
 #[test]
 fn planted_idle_read_before_the_change() {
-    if std::env::var_os(CHILD).is_some() {
+    if common::is_child() {
         check(BOUND, || two_grants(Plant::IdleReadBeforeChange));
     }
-}
-
-/// Set in the child process that runs one planted check.
-const CHILD: &str = "LEASEHOLD_SYNC_MODEL_PLANTED";
-
-/// Runs the test `name` of this binary in a child process and expects loom
-/// to report a deadlock there. loom reports one by panicking, and the panic
-/// then aborts the process while it unwinds its model threads, so
-/// `#[should_panic]` cannot catch it in-process.
-fn expect_deadlock(name: &str) {
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "the planted bug went unnoticed");
-    assert!(
-        stderr.contains("deadlock; threads ="),
-        "expected loom to report a deadlock, got:\n{stderr}"
-    );
 }
 
 /// Planted: the durable sequence published before the commit.
