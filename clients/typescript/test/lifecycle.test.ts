@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import {
   BusyError,
@@ -14,6 +15,7 @@ import {
   LeaseLostError,
   QuarantinedError,
   ReservedError,
+  UnavailableError,
   type WatchEvent,
 } from "../src/index.js";
 import { startServer, type TestServer } from "./server.js";
@@ -288,3 +290,47 @@ for (const transport of TRANSPORTS) {
     it.skip("a compacted revision throws CompactedError (`leasehold serve` has no flag to shorten the event log; the mapping is tested in convert.test.ts)", () => {});
   });
 }
+
+describe("a watch across a server restart", () => {
+  for (const transport of TRANSPORTS) {
+    it(`resumes exactly from nextRevision over ${transport}`, async () => {
+      let server = await startServer();
+      const dir = join(server.dbPath, "..");
+      const addr = server.baseUrl.replace("http://", "");
+      const lh = createClient({ baseUrl: server.baseUrl, transport });
+      try {
+        const watch = lh.watch({ prefix: "r:" });
+        await watch.ready;
+        await (await lh.acquire("r:1", { ttlMs: 5000 })).release();
+        const events = watch[Symbol.asyncIterator]();
+        const first = await take(events, 2);
+        await server.stop();
+        // The old stream ends, or fails as unavailable; either way it
+        // yields nothing more.
+        const end = await events.next().then(
+          (r) => r,
+          (e: unknown) => e,
+        );
+        if (!(end instanceof UnavailableError)) assert.deepEqual(end, { done: true, value: undefined });
+        const resume = watch.nextRevision;
+        assert.equal(resume, first[1]!.revision + 1n);
+        server = await startServer(dir, addr);
+        await (await lh.acquire("r:2", { ttlMs: 5000, waitMs: 5000 })).release();
+        const again = lh.watch({ prefix: "r:", startRevision: resume });
+        const rest = await take(again[Symbol.asyncIterator](), 2);
+        again.close();
+        assert.deepEqual(
+          rest.map((e) => [e.key, e.kind]),
+          [
+            ["r:2", "granted"],
+            ["r:2", "released"],
+          ],
+        );
+        assert.equal(rest[0]!.revision, resume);
+      } finally {
+        lh.close();
+        await server.close();
+      }
+    });
+  }
+});
