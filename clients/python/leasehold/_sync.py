@@ -210,6 +210,8 @@ class _Connection:
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
         self.mux = _Mux(self.rpc, metadata)
+        #: Open watches, ended before a fork() (each is a call in progress).
+        self.watches: weakref.WeakSet[Watch] = weakref.WeakSet()
 
     def close(self) -> None:
         self.mux.close()
@@ -318,6 +320,8 @@ class Client:
     def _quiesce_for_fork(self) -> None:
         conn = self._conn
         if conn is not None and conn.pid == os.getpid():
+            for watch in list(conn.watches):
+                watch._end_for_fork()
             conn.mux.quiesce(_FORK_QUIESCE_SECONDS)
 
     def _forget_after_fork(self) -> None:
@@ -482,7 +486,9 @@ class Client:
         ``Unsupported`` on a backend without watch."""
         request = _core.watch_request(key, prefix, start_revision)
         conn = self._connection()
-        return Watch(conn.rpc.Watch(request, metadata=conn.metadata), start_revision)
+        watch = Watch(conn.rpc.Watch(request, metadata=conn.metadata), start_revision)
+        conn.watches.add(watch)
+        return watch
 
     def check_transcript(
         self, messages: str | bytes | list[Any], *, format: str = ""
@@ -839,12 +845,16 @@ class Watch:
     rising. Iteration blocks until the next event; it ends (or raises
     ``Unavailable``, ``ResourceExhausted`` for a watcher too slow, ...) when
     the stream does. ``close()`` (or leaving a ``with`` block) cancels it.
+    A ``fork()`` ends it in the parent (gRPC forks safely only with no call
+    in progress): iteration then raises ``Unavailable``; watch again from
+    ``next_revision``.
     """
 
     def __init__(self, call: Any, start_revision: int) -> None:
         self._call = call
         self._cursor = _core.WatchCursor(start_revision)
         self._done = False
+        self._forked = False
         # The first response says where the watch starts: read it now, so a
         # refusal (Compacted, Unsupported, ...) is raised by watch() itself
         # and nothing after the call can be missed.
@@ -867,6 +877,11 @@ class Watch:
             self._done = True
             return None
         except grpc.RpcError as err:
+            if self._forked:
+                self._done = True
+                raise Unavailable(
+                    "the watch was ended before fork(): watch again from next_revision"
+                ) from None
             if self._done:  # closed by close(), perhaps from another thread
                 return None
             self._done = True
@@ -891,6 +906,11 @@ class Watch:
         """Cancels the watch; iteration then ends."""
         self._done = True
         self._call.cancel()
+
+    def _end_for_fork(self) -> None:
+        if not self._done:
+            self._forked = True
+            self._call.cancel()
 
     def __enter__(self) -> Watch:
         return self

@@ -4,6 +4,8 @@ handoff, quarantine, history and watch, sync and asyncio."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -217,6 +219,41 @@ def test_watch_resumes_exactly_across_a_server_restart(server: Server) -> None:
         after = [next(again), next(again)]
     assert [(e.key, e.kind) for e in after] == [("r:2", "granted"), ("r:2", "released")]
     assert after[0].revision == resume
+
+
+def test_a_fork_ends_an_open_watch_which_resumes_after(server: Server) -> None:
+    """fork() ends the parent's open watch (no gRPC call may be in progress
+    across fork): it raises Unavailable, and resuming from next_revision
+    misses nothing; the child can watch on its own channel."""
+    client = leasehold.Client(server.address)
+    watch = client.watch(prefix="f:")
+    client.acquire("f:1", ttl=5.0).release()
+    first = next(watch)
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            signal.alarm(20)
+            with client.watch(prefix="f:", start_revision=first.revision) as mine:
+                code = 0 if next(mine) == first else 3
+        except BaseException:
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    # The buffered event (released) may still come; then the watch is over.
+    with pytest.raises(leasehold.Unavailable):
+        for event in watch:
+            assert (event.key, event.kind) == ("f:1", "released")
+    expected = [("f:2", "granted"), ("f:2", "released")]
+    if watch.next_revision == first.revision + 1:  # the release was not yielded
+        expected.insert(0, ("f:1", "released"))
+    with client.watch(prefix="f:", start_revision=watch.next_revision) as again:
+        client.acquire("f:2", ttl=5.0).release()
+        got = [next(again) for _ in expected]
+    assert [(e.key, e.kind) for e in got] == expected
+    assert got[0].revision == watch.next_revision
 
 
 def test_watch_of_one_key_reports_an_expiry(server: Server) -> None:
