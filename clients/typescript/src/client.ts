@@ -227,8 +227,9 @@ export class LeaseholdClient implements AsyncDisposable {
   }
 
   /**
-   * Runs `fn` while holding `key`: released when `fn` returns, suspended
-   * (released as unfinished, so recoverable) when it throws.
+   * Runs `fn` while holding `key`: released when `fn` returns (unless `fn`
+   * ended the term itself, e.g. with `lease.handOff`), suspended (released
+   * as unfinished, so recoverable) when it throws.
    * @throws what acquire throws; what `fn` throws; LeaseLostError when the
    *   release after a successful `fn` is refused (the lease was lost meanwhile:
    *   do not trust writes that were not fenced).
@@ -247,7 +248,8 @@ export class LeaseholdClient implements AsyncDisposable {
       }
       throw err;
     }
-    await lease.release();
+    // fn may have ended the term itself (handOff, release, suspend).
+    if (lease.lossReason !== "ended") await lease.release();
     return result;
   }
 

@@ -142,6 +142,15 @@ for (const transport of TRANSPORTS) {
       await ui.release();
     });
 
+    it("lets withLease's fn hand the key off (no release after it)", async () => {
+      const k = fresh("handoff-with");
+      const ended = await lh.withLease(k, { ttlMs: 5000 }, (lease) => lease.handOff("ui", { withinMs: 5000 }));
+      assert.equal(ended.end, "released");
+      const ui = await lh.acquire(k, { ttlMs: 5000, owner: "ui" });
+      assert.equal(ui.previous?.handedOff, true);
+      await ui.release();
+    });
+
     it("quarantines a key after K failed terms: typed, listed, forced, lifted", async () => {
       const k = fresh("q");
       const prefix = k.slice(0, k.lastIndexOf(":") + 1);
