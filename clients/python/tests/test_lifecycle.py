@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 from conftest import Server, wait_until
@@ -264,6 +266,37 @@ def test_watch_of_one_key_reports_an_expiry(server: Server) -> None:
         fence = crash_holding(server, "s:one", ttl=0.3)
         events = [next(watch), next(watch)]
     assert [(e.kind, e.fence) for e in events] == [("granted", fence), ("expired", fence)]
+
+
+PG_URL = os.environ.get("LEASEHOLD_TEST_PG_URL")
+
+
+@pytest.mark.skipif(not PG_URL, reason="LEASEHOLD_TEST_PG_URL is not set")
+def test_the_postgres_backend_refuses_the_lifecycle_as_unsupported(tmp_path: Path) -> None:
+    """A backend without the lifecycle answers UNIMPLEMENTED, which is
+    Unsupported (never a silently ignored option); plain leases still work."""
+    import psycopg
+
+    assert PG_URL is not None
+    schema = f"leasehold_lc_{uuid.uuid4().hex[:12]}"
+    url = PG_URL.replace("postgresql://", "postgres://", 1)
+    srv = Server(tmp_path / "unused.db", store=("--store", url, "--pg-schema", schema))
+    try:
+        client = leasehold.Client(srv.address)
+        with pytest.raises(leasehold.Unsupported) as caught:
+            client.acquire("pg:1", ttl=5.0, lock_delay=1.0)
+        assert "lock_delay" in caught.value.message
+        with pytest.raises(leasehold.Unsupported):
+            client.acquire("pg:1", ttl=5.0, max_recoveries=2)
+        with pytest.raises(leasehold.Unsupported):
+            client.watch(prefix="pg:")
+        with pytest.raises(leasehold.Unsupported):
+            client.history("pg:1")
+        client.acquire("pg:1", ttl=5.0).release()
+    finally:
+        srv.stop()
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.mark.skip(
