@@ -141,8 +141,8 @@ class Compacted(Error):
 
 class Unsupported(Error):
     """The server's storage backend does not have this feature
-    (``UNIMPLEMENTED``): today the PostgreSQL backend for watch, lock-delay,
-    handoff, history, quarantine. Never silently ignored by the server."""
+    (``UNIMPLEMENTED``): today ``watch`` on the PostgreSQL backend. Never
+    silently ignored by the server."""
 
 
 class LeaseLost(Error):

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -272,9 +273,12 @@ PG_URL = os.environ.get("LEASEHOLD_TEST_PG_URL")
 
 
 @pytest.mark.skipif(not PG_URL, reason="LEASEHOLD_TEST_PG_URL is not set")
-def test_the_postgres_backend_refuses_the_lifecycle_as_unsupported(tmp_path: Path) -> None:
-    """A backend without the lifecycle answers UNIMPLEMENTED, which is
-    Unsupported (never a silently ignored option); plain leases still work."""
+def test_the_postgres_backend_refuses_watch_as_unsupported_and_has_the_lifecycle(
+    tmp_path: Path,
+) -> None:
+    """A backend without watch answers UNIMPLEMENTED, which is Unsupported
+    (never a silently ignored request); the PostgreSQL backend has the rest
+    of the lifecycle (a handoff, typed the same)."""
     import psycopg
 
     assert PG_URL is not None
@@ -284,28 +288,51 @@ def test_the_postgres_backend_refuses_the_lifecycle_as_unsupported(tmp_path: Pat
     try:
         client = leasehold.Client(srv.address)
         with pytest.raises(leasehold.Unsupported) as caught:
-            client.acquire("pg:1", ttl=5.0, lock_delay=1.0)
-        assert "lock_delay" in caught.value.message
-        with pytest.raises(leasehold.Unsupported):
-            client.acquire("pg:1", ttl=5.0, max_recoveries=2)
-        with pytest.raises(leasehold.Unsupported):
             client.watch(prefix="pg:")
-        with pytest.raises(leasehold.Unsupported):
-            client.history("pg:1")
-        client.acquire("pg:1", ttl=5.0).release()
+        assert caught.value.code == "UNIMPLEMENTED"
+        client.acquire("pg:1", ttl=5.0, lock_delay=1.0).hand_off("ui", within=5.0)
+        with pytest.raises(leasehold.Reserved) as reserved:
+            client.acquire("pg:1", ttl=5.0, owner="other")
+        assert reserved.value.successor == "ui"
+        with client.acquire("pg:1", ttl=5.0, owner="ui") as lease:
+            assert lease.previous is not None and lease.previous.handed_off
+        assert [e.handed_off for e in client.history("pg:1").entries] == [True, False]
     finally:
         srv.stop()
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-@pytest.mark.skip(
-    reason="`leasehold serve` has no flag for the event log's length (default 100,000), "
-    "so a compacted revision cannot be produced quickly; the OUT_OF_RANGE mapping to "
-    "Compacted is tested in test_errors.py"
-)
-def test_a_compacted_revision_raises_compacted(server: Server) -> None:
-    """A revision older than the event log holds raises Compacted."""
+@pytest.fixture
+def short_log_server(tmp_path: Path) -> Iterator[Server]:
+    """A server whose event log keeps only the last 4 events."""
+    srv = Server(tmp_path / "leasehold.db", extra=("--event-log-len", "4"))
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_compacted_revision_raises_compacted(short_log_server: Server) -> None:
+    """A watch from a revision older than the event log holds raises
+    Compacted with the oldest revision held; watching from that one works."""
+    client = leasehold.Client(short_log_server.address)
+    for i in range(5):
+        client.acquire(f"c:{i}", ttl=5.0).release()  # ten events
+    with pytest.raises(leasehold.Compacted) as caught:
+        client.watch(start_revision=2)
+    oldest = caught.value.oldest_revision
+    assert 2 < oldest <= 10 and caught.value.code == "OUT_OF_RANGE"
+    with client.watch(start_revision=oldest) as watch:
+        first = next(watch)
+    assert first.revision == oldest
+
+    async def via_asyncio() -> None:
+        async with leasehold.AsyncClient(short_log_server.address) as aclient:
+            with pytest.raises(leasehold.Compacted):
+                await aclient.watch(start_revision=2)
+
+    asyncio.run(via_asyncio())
 
 
 def test_async_watch_iterates_and_resumes(server: Server) -> None:

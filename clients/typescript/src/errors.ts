@@ -107,8 +107,7 @@ export class CompactedError extends LeaseholdError {
 
 /**
  * The server's storage backend lacks this feature (gRPC `UNIMPLEMENTED`):
- * today the PostgreSQL backend for watch, lock-delay, handoff, history and
- * quarantine; or the transport cannot carry it. Never silently ignored.
+ * today `watch` on the PostgreSQL backend. Never silently ignored.
  */
 export class UnsupportedError extends LeaseholdError {
   constructor(message: string) {
