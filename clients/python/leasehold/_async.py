@@ -402,7 +402,7 @@ class AsyncClient:
         ``start_revision=0`` only what happens after that is reported); a
         watch iterated without being awaited starts at its first step."""
         request = _core.watch_request(key, prefix, start_revision)
-        return AsyncWatch(self._connection(), request)
+        return AsyncWatch(self._connection(), request, self.timeout)
 
     async def check_transcript(
         self, messages: str | bytes | list[Any], *, format: str = ""
@@ -788,8 +788,9 @@ class AsyncWatch:
     rising, with ``next_revision`` to resume from. Await it to start it
     eagerly; ``await watch.aclose()`` (or ``async with``) cancels it."""
 
-    def __init__(self, conn: _Connection, request: pb.WatchRequest) -> None:
+    def __init__(self, conn: _Connection, request: pb.WatchRequest, timeout: float) -> None:
         self._conn = conn
+        self._timeout = timeout
         self._request = request
         self._cursor = _core.WatchCursor(request.start_revision)
         self._call: Any = None
@@ -804,7 +805,15 @@ class AsyncWatch:
         if self._call is not None:
             return
         self._call = self._conn.rpc.Watch(self._request, metadata=self._conn.metadata)
-        first = await self._receive()
+        try:
+            # A server that does not answer in time must not hang the caller.
+            first = await asyncio.wait_for(self._receive(), self._timeout)
+        except asyncio.TimeoutError:
+            self._done = True
+            self._call.cancel()
+            raise Unavailable(
+                f"Watch got no first reply within {millis(self._timeout)} ms"
+            ) from None
         if first is None:
             raise Unavailable("the Watch stream ended before it started")
         self._cursor.first(first)

@@ -486,7 +486,9 @@ class Client:
         ``Unsupported`` on a backend without watch."""
         request = _core.watch_request(key, prefix, start_revision)
         conn = self._connection()
-        watch = Watch(conn.rpc.Watch(request, metadata=conn.metadata), start_revision)
+        watch = Watch(
+            conn.rpc.Watch(request, metadata=conn.metadata), start_revision, self.timeout
+        )
         conn.watches.add(watch)
         return watch
 
@@ -850,15 +852,28 @@ class Watch:
     ``next_revision``.
     """
 
-    def __init__(self, call: Any, start_revision: int) -> None:
+    def __init__(self, call: Any, start_revision: int, timeout: float) -> None:
         self._call = call
         self._cursor = _core.WatchCursor(start_revision)
         self._done = False
         self._forked = False
         # The first response says where the watch starts: read it now, so a
         # refusal (Compacted, Unsupported, ...) is raised by watch() itself
-        # and nothing after the call can be missed.
-        first = self._receive()
+        # and nothing after the call can be missed. A server that does not
+        # answer in time (frozen, partitioned) must not hang the caller.
+        timer = threading.Timer(timeout, call.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            first = self._receive()
+        except Unavailable:
+            if not timer.is_alive():
+                raise Unavailable(
+                    f"Watch got no first reply within {millis(timeout)} ms"
+                ) from None
+            raise
+        finally:
+            timer.cancel()
         if first is None:
             raise Unavailable("the Watch stream ended before it started")
         self._cursor.first(first)

@@ -259,6 +259,35 @@ def test_a_fork_ends_an_open_watch_which_resumes_after(server: Server) -> None:
     assert got[0].revision == watch.next_revision
 
 
+def test_watch_of_a_frozen_server_fails_in_time_instead_of_hanging(server: Server) -> None:
+    """watch() waits for the server's first reply at most the client's
+    timeout (sync and asyncio), rather than hanging on a frozen server."""
+    client = leasehold.Client(server.address, timeout=0.5)
+    client.acquire("z:1", ttl=5.0).release()  # the channel is connected
+    server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(leasehold.Unavailable, match="no first reply"):
+            client.watch(prefix="z:")
+        assert time.monotonic() - started < 3.0
+    finally:
+        server.resume()
+
+    async def via_asyncio() -> None:
+        async with leasehold.AsyncClient(server.address, timeout=0.5) as aclient:
+            await (await aclient.acquire("z:2", ttl=5.0)).release()
+            server.pause()
+            try:
+                started = time.monotonic()
+                with pytest.raises(leasehold.Unavailable, match="no first reply"):
+                    await aclient.watch(prefix="z:")
+                assert time.monotonic() - started < 3.0
+            finally:
+                server.resume()
+
+    asyncio.run(via_asyncio())
+
+
 def test_watch_of_one_key_reports_an_expiry(server: Server) -> None:
     """watch(key=...) reports only that key, and a crashed holder's expiry."""
     client = leasehold.Client(server.address)
