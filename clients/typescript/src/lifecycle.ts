@@ -229,6 +229,11 @@ export interface WatchOptions {
   startRevision?: bigint | number;
   /** Aborting it ends the watch (iteration then ends). */
   signal?: AbortSignal;
+  /**
+   * How long to wait for the server to accept the watch (its first reply)
+   * before `ready` (and iteration) fail with UnavailableError. Default 5 s.
+   */
+  startTimeoutMs?: number;
 }
 
 /**
@@ -252,6 +257,7 @@ export class Watch implements AsyncIterable<WatchEvent>, AsyncDisposable {
   #next: bigint;
   #done = false;
   #closed = false;
+  #startTimedOut = false;
 
   /** @internal Made by {@link LeaseholdClient.watch}. */
   constructor(rpc: LeaseholdRpc, options: WatchOptions) {
@@ -267,9 +273,13 @@ export class Watch implements AsyncIterable<WatchEvent>, AsyncDisposable {
       if (signal.aborted) this.close();
       else signal.addEventListener("abort", () => this.close(), { once: true });
     }
+    const startTimeoutMs = options.startTimeoutMs ?? 5_000;
+    if (!Number.isSafeInteger(startTimeoutMs) || startTimeoutMs <= 0) {
+      throw new InvalidArgumentError(`startTimeoutMs must be a positive integer, not ${startTimeoutMs}`);
+    }
     const stream = rpc.watch({ key, prefix, startRevision: start }, { signal: this.#abort.signal });
     this.#responses = stream[Symbol.asyncIterator]();
-    this.ready = this.#first();
+    this.ready = this.#first(startTimeoutMs);
     // A refusal is also thrown by iteration; do not report it as unhandled.
     this.ready.catch(() => undefined);
   }
@@ -282,9 +292,25 @@ export class Watch implements AsyncIterable<WatchEvent>, AsyncDisposable {
     return this.#next;
   }
 
-  async #first(): Promise<void> {
-    const first = await this.#read();
+  async #first(timeoutMs: number): Promise<void> {
+    // A server that does not answer in time (frozen, partitioned) must not
+    // leave the caller waiting forever.
+    const timer = setTimeout(() => {
+      this.#startTimedOut = true;
+      this.#abort.abort();
+    }, timeoutMs);
+    timer.unref();
+    let first: WatchResponse | undefined;
+    try {
+      first = await this.#read();
+    } catch (err) {
+      if (this.#startTimedOut) throw new UnavailableError(`Watch got no first reply within ${timeoutMs} ms`, { cause: err });
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
     if (first === undefined) {
+      if (this.#startTimedOut) throw new UnavailableError(`Watch got no first reply within ${timeoutMs} ms`);
       if (this.#closed) return;
       throw new UnavailableError("the Watch stream ended before it started");
     }

@@ -372,3 +372,24 @@ describe("a compacted revision", () => {
     });
   }
 });
+
+describe("a watch of a frozen server", () => {
+  for (const transport of TRANSPORTS) {
+    it(`fails in time instead of hanging over ${transport}`, async () => {
+      const server = await startServer();
+      const lh = createClient({ baseUrl: server.baseUrl, transport });
+      try {
+        await (await lh.acquire("z:1", { ttlMs: 5000 })).release(); // connected
+        server.freeze();
+        const started = Date.now();
+        const watch = lh.watch({ prefix: "z:", startTimeoutMs: 500 });
+        await assert.rejects(watch.ready, (e: unknown) => e instanceof UnavailableError && /no first reply/.test(e.message));
+        assert.ok(Date.now() - started < 3000);
+      } finally {
+        server.thaw();
+        lh.close();
+        await server.close();
+      }
+    });
+  }
+});
