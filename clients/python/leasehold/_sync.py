@@ -321,7 +321,7 @@ class Client:
         conn = self._conn
         if conn is not None and conn.pid == os.getpid():
             for watch in list(conn.watches):
-                watch._end_for_fork()
+                watch._end_for_fork(_FORK_QUIESCE_SECONDS)
             conn.mux.quiesce(_FORK_QUIESCE_SECONDS)
 
     def _forget_after_fork(self) -> None:
@@ -922,10 +922,17 @@ class Watch:
         self._done = True
         self._call.cancel()
 
-    def _end_for_fork(self) -> None:
-        if not self._done:
-            self._forked = True
-            self._call.cancel()
+    def _end_for_fork(self, timeout: float) -> None:
+        if self._done:
+            return
+        self._forked = True
+        self._call.cancel()
+        # gRPC may still be finishing the call on its own threads; a fork in
+        # the middle leaves the child's new channel broken ("Wrong file
+        # descriptor generation"), so wait (bounded) until it has.
+        deadline = time.monotonic() + timeout
+        while not self._call.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def __enter__(self) -> Watch:
         return self

@@ -239,8 +239,10 @@ def test_a_fork_ends_an_open_watch_which_resumes_after(server: Server) -> None:
             signal.alarm(20)
             with client.watch(prefix="f:", start_revision=first.revision) as mine:
                 code = 0 if next(mine) == first else 3
-        except BaseException:
+        except BaseException as err:
             code = 2
+            with open(os.environ.get("LH_CHILD_ERR", os.devnull), "w") as out:
+                out.write(repr(err))
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -259,12 +261,24 @@ def test_a_fork_ends_an_open_watch_which_resumes_after(server: Server) -> None:
     assert got[0].revision == watch.next_revision
 
 
+def freeze(server: Server) -> None:
+    """SIGSTOPs the server and waits until every thread of it has stopped
+    (kill() returns before a thread running on another core is stopped)."""
+    server.pause()
+
+    def stopped() -> bool:
+        with open(f"/proc/{server.process.pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    assert wait_until(stopped, 5.0)
+
+
 def test_watch_of_a_frozen_server_fails_in_time_instead_of_hanging(server: Server) -> None:
     """watch() waits for the server's first reply at most the client's
     timeout (sync and asyncio), rather than hanging on a frozen server."""
     client = leasehold.Client(server.address, timeout=0.5)
     client.acquire("z:1", ttl=5.0).release()  # the channel is connected
-    server.pause()
+    freeze(server)
     try:
         started = time.monotonic()
         with pytest.raises(leasehold.Unavailable, match="no first reply"):
@@ -276,7 +290,7 @@ def test_watch_of_a_frozen_server_fails_in_time_instead_of_hanging(server: Serve
     async def via_asyncio() -> None:
         async with leasehold.AsyncClient(server.address, timeout=0.5) as aclient:
             await (await aclient.acquire("z:2", ttl=5.0)).release()
-            server.pause()
+            freeze(server)
             try:
                 started = time.monotonic()
                 with pytest.raises(leasehold.Unavailable, match="no first reply"):
