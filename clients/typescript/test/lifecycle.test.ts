@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import {
@@ -19,7 +20,7 @@ import {
   UnavailableError,
   type WatchEvent,
 } from "../src/index.js";
-import { startServer, type TestServer } from "./server.js";
+import { startServer, type TestServer, waitFor } from "./server.js";
 
 const TRANSPORTS = ["grpc", "grpc-web"] as const;
 
@@ -46,6 +47,19 @@ async function crashHolding(baseUrl: string, key: string, options: Record<string
   const code = await new Promise<number | null>((resolve) => child.once("exit", resolve));
   assert.equal(code, 0, out);
   return BigInt(out.trim());
+}
+
+/**
+ * SIGSTOPs the server and waits until it has really stopped (kill() returns
+ * before a thread running on another core is stopped).
+ */
+async function freeze(server: TestServer): Promise<void> {
+  server.freeze();
+  const stopped = (): boolean => {
+    const stat = readFileSync(`/proc/${server.pid}/stat`, "utf8");
+    return stat.slice(stat.lastIndexOf(")") + 1).trim().split(" ")[0] === "T";
+  };
+  await waitFor(stopped, 5000, "the server to stop");
 }
 
 /** Takes the next `n` events of a watch's iterator. */
@@ -380,7 +394,7 @@ describe("a watch of a frozen server", () => {
       const lh = createClient({ baseUrl: server.baseUrl, transport });
       try {
         await (await lh.acquire("z:1", { ttlMs: 5000 })).release(); // connected
-        server.freeze();
+        await freeze(server);
         const started = Date.now();
         const watch = lh.watch({ prefix: "z:", startTimeoutMs: 500 });
         await assert.rejects(watch.ready, (e: unknown) => e instanceof UnavailableError && /no first reply/.test(e.message));
