@@ -13,22 +13,32 @@
 ``leasehold.fence.sqlite`` and ``leasehold.fence.postgres``.
 """
 
-from ._async import AsyncClient, AsyncLease
+from ._async import AsyncClient, AsyncLease, AsyncWatch
 from ._errors import (
     Busy,
+    Compacted,
     Error,
     InvalidArgument,
     LeaseLost,
     NotFound,
     PermissionDenied,
+    Quarantined,
+    Reserved,
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
+    Unsupported,
 )
-from ._sync import Client, Lease
+from ._sync import Client, Lease, Watch
 from ._types import (
     BeginResult,
     EndedTerm,
+    HistoryEntry,
+    HistoryPage,
+    KeyPage,
+    KeyState,
+    LiveTerm,
+    Reservation,
     ToolCallRecord,
     ToolCallRequest,
     ToolInvocation,
@@ -37,21 +47,32 @@ from ._types import (
     TranscriptFinding,
     TranscriptRepair,
     TranscriptReport,
+    WatchEvent,
 )
 
 __all__ = [
     "AsyncClient",
     "AsyncLease",
+    "AsyncWatch",
     "BeginResult",
     "Busy",
     "Client",
+    "Compacted",
     "EndedTerm",
     "Error",
+    "HistoryEntry",
+    "HistoryPage",
     "InvalidArgument",
+    "KeyPage",
+    "KeyState",
     "Lease",
     "LeaseLost",
+    "LiveTerm",
     "NotFound",
     "PermissionDenied",
+    "Quarantined",
+    "Reservation",
+    "Reserved",
     "ResourceExhausted",
     "ToolCallRecord",
     "ToolCallRequest",
@@ -63,4 +84,7 @@ __all__ = [
     "TranscriptReport",
     "Unauthenticated",
     "Unavailable",
+    "Unsupported",
+    "Watch",
+    "WatchEvent",
 ]

@@ -35,6 +35,9 @@ from ._tls import Pem
 from ._types import (
     BeginResult,
     EndedTerm,
+    HistoryPage,
+    KeyPage,
+    KeyState,
     ToolCallRecord,
     ToolCallRequest,
     ToolInvocation,
@@ -42,6 +45,7 @@ from ._types import (
     ToolResult,
     TranscriptRepair,
     TranscriptReport,
+    WatchEvent,
     transcript_text,
 )
 
@@ -269,6 +273,9 @@ class AsyncClient:
         renew_every: float | None = None,
         safety_margin: float | None = None,
         rpc_timeout: float | None = None,
+        lock_delay: float = 0.0,
+        max_recoveries: int = 0,
+        force: bool = False,
     ) -> _Acquire:
         """As :meth:`leasehold.Client.acquire`. Await it for an
         :class:`AsyncLease`, or use it directly with ``async with``."""
@@ -282,6 +289,9 @@ class AsyncClient:
                 renew_every=renew_every,
                 safety_margin=safety_margin,
                 rpc_timeout=rpc_timeout,
+                lock_delay=lock_delay,
+                max_recoveries=max_recoveries,
+                force=force,
             )
         )
 
@@ -296,15 +306,21 @@ class AsyncClient:
         renew_every: float | None,
         safety_margin: float | None,
         rpc_timeout: float | None,
+        lock_delay: float,
+        max_recoveries: int,
+        force: bool,
     ) -> AsyncLease:
         timing = Timing.resolve(ttl, renew_every, safety_margin, rpc_timeout)
         generated = request_id is None
-        request = pb.AcquireRequest(
+        request = _core.acquire_request(
             key=key,
             owner=owner or self.owner or _core.default_owner(),
-            ttl_ms=millis(ttl),
-            wait_ms=millis(wait),
+            ttl=ttl,
+            wait=wait,
             request_id=request_id or str(uuid.uuid4()),
+            lock_delay=lock_delay,
+            max_recoveries=max_recoveries,
+            force=force,
         )
         timeout = wait + max(timing.rpc_timeout, _core.ACQUIRE_GRACE)
         conn = self._connection()
@@ -331,6 +347,62 @@ class AsyncClient:
         request = pb.SessionRequest(check=pb.CheckRequest(key=key, fence=fence))
         reply = await self._connection().mux.call("Check", request, timeout or self.timeout)
         return int(reply.lease.fence)
+
+    async def _call(self, name: str, request: Any, timeout: float | None = None) -> Any:
+        conn = self._connection()
+        method = getattr(conn.rpc, name)
+        return await _unary(method, request, timeout or self.timeout, name, conn.metadata)
+
+    async def get(self, key: str) -> KeyState:
+        """As :meth:`leasehold.Client.get`."""
+        reply = await self._call("Get", pb.GetRequest(key=key))
+        return KeyState.from_pb(
+            key,
+            reply.lease if reply.HasField("lease") else None,
+            reply.last_ended if reply.HasField("last_ended") else None,
+            reply.recoverable,
+            reply.quarantined,
+            reply.reservation if reply.HasField("reservation") else None,
+        )
+
+    async def list_keys(
+        self,
+        prefix: str = "",
+        *,
+        filter: str = "all",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> KeyPage:
+        """As :meth:`leasehold.Client.list_keys`."""
+        request = _core.list_request(prefix, filter, page_size, page_token)
+        reply = await self._call("List", request)
+        return KeyPage(
+            keys=[KeyState.from_key_state(k) for k in reply.keys],
+            next_page_token=reply.next_page_token,
+        )
+
+    async def history(
+        self, key: str, *, page_size: int = 0, before: int | None = None
+    ) -> HistoryPage:
+        """As :meth:`leasehold.Client.history`."""
+        request = pb.HistoryRequest(
+            key=key, page_size=page_size, page_token="" if before is None else str(before)
+        )
+        return HistoryPage.from_pb(await self._call("History", request))
+
+    async def unquarantine(self, key: str) -> KeyState:
+        """As :meth:`leasehold.Client.unquarantine`."""
+        reply = await self._call("Unquarantine", pb.UnquarantineRequest(key=key))
+        return KeyState.from_key_state(reply.key)
+
+    def watch(self, *, key: str = "", prefix: str = "", start_revision: int = 0) -> AsyncWatch:
+        """As :meth:`leasehold.Client.watch`: ``async for event in
+        client.watch(...)``. Await it first (``w = await client.watch(...)``)
+        to be sure the server has accepted the watch before going on (with
+        ``start_revision=0`` only what happens after that is reported); a
+        watch iterated without being awaited starts at its first step."""
+        request = _core.watch_request(key, prefix, start_revision)
+        return AsyncWatch(self._connection(), request, self.timeout)
 
     async def check_transcript(
         self, messages: str | bytes | list[Any], *, format: str = ""
@@ -556,7 +628,14 @@ class AsyncLease:
         """As :meth:`leasehold.Lease.suspend`."""
         return await self._finish(True)
 
-    async def _finish(self, suspend: bool) -> EndedTerm:
+    async def hand_off(
+        self, successor: str, *, within: float = 30.0, suspend: bool = False
+    ) -> EndedTerm:
+        """As :meth:`leasehold.Lease.hand_off`."""
+        _core.handoff_checked(successor, within)
+        return await self._finish(suspend, successor, within)
+
+    async def _finish(self, suspend: bool, successor: str = "", within: float = 0.0) -> EndedTerm:
         self._finished = True
         if hasattr(self, "_finalizer"):
             self._finalizer.detach()
@@ -571,7 +650,9 @@ class AsyncLease:
         while True:
             try:
                 reply = await self._conn.mux.call(
-                    "Release", core.release_request(suspend), core.timing.rpc_timeout
+                    "Release",
+                    core.release_request(suspend, successor, within),
+                    core.timing.rpc_timeout,
                 )
                 return EndedTerm.from_pb(reply.ended)
             except Unavailable:
@@ -700,6 +781,96 @@ class AsyncLease:
             if again.duplicate:
                 raise _core.concurrent_registration(again.duplicate_call_ids)
         return known
+
+
+class AsyncWatch:
+    """A running watch (asyncio): ``async for event in watch``, revisions
+    rising, with ``next_revision`` to resume from. Await it to start it
+    eagerly; ``await watch.aclose()`` (or ``async with``) cancels it."""
+
+    def __init__(self, conn: _Connection, request: pb.WatchRequest, timeout: float) -> None:
+        self._conn = conn
+        self._timeout = timeout
+        self._request = request
+        self._cursor = _core.WatchCursor(request.start_revision)
+        self._call: Any = None
+        self._done = False
+
+    @property
+    def next_revision(self) -> int:
+        """As :attr:`leasehold.Watch.next_revision`."""
+        return self._cursor.next_revision
+
+    async def _start(self) -> None:
+        if self._call is not None:
+            return
+        self._call = self._conn.rpc.Watch(self._request, metadata=self._conn.metadata)
+        try:
+            # A server that does not answer in time must not hang the caller.
+            first = await asyncio.wait_for(self._receive(), self._timeout)
+        except asyncio.TimeoutError:
+            self._done = True
+            self._call.cancel()
+            raise Unavailable(
+                f"Watch got no first reply within {millis(self._timeout)} ms"
+            ) from None
+        if first is None:
+            raise Unavailable("the Watch stream ended before it started")
+        self._cursor.first(first)
+
+    async def _receive(self) -> pb.WatchResponse | None:
+        try:
+            response = await self._call.read()
+        except grpc.aio.AioRpcError as err:
+            if self._done:
+                return None
+            self._done = True
+            raise from_aio_error(err) from None
+        except asyncio.CancelledError:
+            if self._done:  # aclose() cancelled the call under us
+                return None
+            raise
+        if response is _EOF:
+            self._done = True
+            return None
+        result: pb.WatchResponse = response
+        return result
+
+    def __await__(self) -> Generator[Any, None, AsyncWatch]:
+        return self._started().__await__()
+
+    async def _started(self) -> AsyncWatch:
+        await self._start()
+        return self
+
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        await self._start()
+        while True:
+            event = self._cursor.pop()
+            if event is not None:
+                return event
+            if self._done:
+                raise StopAsyncIteration
+            response = await self._receive()
+            if response is None:
+                raise StopAsyncIteration
+            self._cursor.take(response)
+
+    async def aclose(self) -> None:
+        """Cancels the watch; iteration then ends."""
+        self._done = True
+        if self._call is not None:
+            self._call.cancel()
+
+    async def __aenter__(self) -> AsyncWatch:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 async def _keep_alive(core: Standing, conn: _Connection, first: float) -> None:

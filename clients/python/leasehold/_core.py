@@ -10,18 +10,21 @@ import random
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ._errors import Error, InvalidArgument, LeaseLost, NotFound, PermissionDenied
 from ._proto import leasehold_pb2 as pb
 from ._types import (
+    LIST_FILTERS,
     OUTCOMES,
     EndedTerm,
     ToolCallRecord,
     ToolCallRequest,
     ToolOutcome,
     ToolResult,
+    WatchEvent,
 )
 
 #: The longest the default safety margin gets, whatever the TTL (seconds).
@@ -181,10 +184,17 @@ class Standing:
     def check_request(self) -> pb.SessionRequest:
         return pb.SessionRequest(check=pb.CheckRequest(key=self.key, fence=self.fence))
 
-    def release_request(self, suspend: bool) -> pb.SessionRequest:
+    def release_request(
+        self, suspend: bool, successor: str = "", within: float = 0.0
+    ) -> pb.SessionRequest:
         return pb.SessionRequest(
             release=pb.ReleaseRequest(
-                key=self.key, fence=self.fence, lease_id=self.lease_id, suspend=suspend
+                key=self.key,
+                fence=self.fence,
+                lease_id=self.lease_id,
+                suspend=suspend,
+                successor=successor,
+                handoff_ms=millis(within),
             )
         )
 
@@ -304,6 +314,95 @@ class Standing:
 
     def unsettled_request(self) -> pb.ListToolCallsRequest:
         return pb.ListToolCallsRequest(key=self.key, filter=pb.ListToolCallsRequest.UNSETTLED)
+
+
+def acquire_request(
+    *,
+    key: str,
+    owner: str,
+    ttl: float,
+    wait: float,
+    request_id: str,
+    lock_delay: float,
+    max_recoveries: int,
+    force: bool,
+) -> pb.AcquireRequest:
+    """An Acquire with the lifecycle options checked (the server checks the
+    limits: a lock-delay of at most 60 s)."""
+    if lock_delay < 0:
+        raise InvalidArgument(f"lock_delay {lock_delay} s must not be negative")
+    if max_recoveries < 0:
+        raise InvalidArgument(f"max_recoveries {max_recoveries} must not be negative")
+    return pb.AcquireRequest(
+        key=key,
+        owner=owner,
+        ttl_ms=millis(ttl),
+        wait_ms=millis(wait),
+        request_id=request_id,
+        lock_delay_ms=millis(lock_delay),
+        max_recoveries=max_recoveries,
+        force=force,
+    )
+
+
+def handoff_checked(successor: str, within: float) -> None:
+    """Refuses a handoff that cannot be what the caller meant, before the
+    term is ended (the server checks the owner's form and the 10 min limit)."""
+    if not successor:
+        raise InvalidArgument("hand_off needs a successor owner name")
+    if within < 0:
+        raise InvalidArgument(f"hand_off within {within} s must not be negative")
+
+
+def list_request(prefix: str, filter: str, page_size: int, page_token: str) -> pb.ListRequest:
+    state = LIST_FILTERS.get(filter)
+    if state is None:
+        raise InvalidArgument(
+            f"filter {filter!r} must be one of all, live, recoverable or quarantined"
+        )
+    return pb.ListRequest(
+        prefix=prefix,
+        filter=state,  # type: ignore[arg-type]
+        page_size=page_size,
+        page_token=page_token,
+    )
+
+
+def watch_request(key: str, prefix: str, start_revision: int) -> pb.WatchRequest:
+    if key and prefix:
+        raise InvalidArgument("watch takes a key or a prefix, not both")
+    if start_revision < 0:
+        raise InvalidArgument(f"start_revision {start_revision} must not be negative")
+    return pb.WatchRequest(key=key, prefix=prefix, start_revision=start_revision)
+
+
+class WatchCursor:
+    """A watch's position: the events received but not yet handed out, and
+    the revision to resume from after those handed out."""
+
+    def __init__(self, start_revision: int) -> None:
+        self._start = start_revision
+        self._ready: deque[WatchEvent] = deque()
+        #: Where to watch from to continue exactly after the last event
+        #: handed out (or after the revision the watch started at).
+        self.next_revision = start_revision
+
+    def first(self, response: pb.WatchResponse) -> None:
+        """The watch's first response: where it starts, and the events the
+        log still held from the start revision."""
+        if self._start == 0:
+            self.next_revision = response.revision + 1
+        self.take(response)
+
+    def take(self, response: pb.WatchResponse) -> None:
+        self._ready.extend(WatchEvent.from_pb(e) for e in response.events)
+
+    def pop(self) -> WatchEvent | None:
+        if not self._ready:
+            return None
+        event = self._ready.popleft()
+        self.next_revision = event.revision + 1
+        return event
 
 
 def unique_calls(calls: Sequence[ToolCallRequest]) -> list[ToolCallRequest]:

@@ -22,6 +22,9 @@ REASON = "leasehold-reason"
 AT = "leasehold-at-ms"
 BY = "leasehold-superseded-by"
 LIMIT = "leasehold-limit"
+SUCCESSOR = "leasehold-successor-bin"
+FAILURES = "leasehold-failures"
+OLDEST = "leasehold-oldest-revision"
 
 
 class Error(Exception):
@@ -68,6 +71,78 @@ class Busy(Error):
         self.holder = holder
         self.fence = fence
         self.remaining = remaining
+
+
+class Reserved(Busy):
+    """The key is free but reserved (``ABORTED`` with a reason), so only
+    someone else may take it for now. A subclass of :class:`Busy`, so code
+    that waits out a busy key waits this out too.
+
+    ``reason`` is ``"lock_delay"`` (the last term expired and asked for a
+    lock-delay: nobody may acquire the key yet; ``fence`` is that expired
+    term's) or ``"handoff"`` (the last holder handed the key to
+    ``successor``: only an acquire by that owner gets it). ``remaining`` is
+    the seconds left of the reservation when the server answered; ``holder``
+    is empty.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        successor: str = "",
+        fence: int = 0,
+        remaining: float = 0.0,
+        key: str = "",
+        details: Mapping[str, str | bytes] | None = None,
+    ) -> None:
+        super().__init__(message, fence=fence, remaining=remaining, key=key, details=details)
+        self.reason = reason
+        self.successor = successor
+
+
+class Quarantined(Error):
+    """An acquire of a quarantined key (``FAILED_PRECONDITION``, reason
+    ``quarantined``): ``failures`` terms in a row ended by expiry or
+    suspension, so the server stopped handing the key out until an admin
+    calls ``unquarantine(key)`` (or acquires with ``force=True``). The
+    message lists the failed terms; ``history(key)`` has them in full."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failures: int = 0,
+        key: str = "",
+        details: Mapping[str, str | bytes] | None = None,
+    ) -> None:
+        super().__init__(message, code="FAILED_PRECONDITION", key=key, details=details)
+        self.failures = failures
+
+
+class Compacted(Error):
+    """A watch asked for a revision the server's event log no longer holds
+    (``OUT_OF_RANGE``). List the keys again, then watch from the
+    ``next_revision`` of a watch started at 0. ``oldest_revision`` is the
+    oldest revision still held (watching from it works, but the events
+    before it are gone)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        oldest_revision: int,
+        details: Mapping[str, str | bytes] | None = None,
+    ) -> None:
+        super().__init__(message, code="OUT_OF_RANGE", details=details)
+        self.oldest_revision = oldest_revision
+
+
+class Unsupported(Error):
+    """The server's storage backend does not have this feature
+    (``UNIMPLEMENTED``): today ``watch`` on the PostgreSQL backend. Never
+    silently ignored by the server."""
 
 
 class LeaseLost(Error):
@@ -186,6 +261,23 @@ def from_code(code: str, message: str, details: Mapping[str, str | bytes]) -> Er
         return InvalidArgument(
             _strip(message, "invalid argument: "), code=code, key=key, details=details
         )
+    reason = _text(details, REASON)
+    if code == "ABORTED" and reason in ("lock_delay", "handoff"):
+        return Reserved(
+            message,
+            reason=reason,
+            successor=_text(details, SUCCESSOR),
+            fence=fence,
+            remaining=_int(details, REMAINING) / 1000.0,
+            key=key,
+            details=details,
+        )
+    if code == "FAILED_PRECONDITION" and reason == "quarantined":
+        return Quarantined(message, failures=_int(details, FAILURES), key=key, details=details)
+    if code == "OUT_OF_RANGE" and OLDEST in details:
+        return Compacted(message, oldest_revision=_int(details, OLDEST), details=details)
+    if code == "UNIMPLEMENTED":
+        return Unsupported(_strip(message, "unsupported: "), code=code, key=key, details=details)
     if code == "ABORTED":
         return Busy(
             message,
@@ -196,12 +288,11 @@ def from_code(code: str, message: str, details: Mapping[str, str | bytes]) -> Er
             details=details,
         )
     if code == "FAILED_PRECONDITION":
-        reason = _text(details, REASON) or "unknown"
         return LeaseLost(
             message,
             key=key,
             fence=fence,
-            reason=reason,
+            reason=reason or "unknown",
             superseded_by=_int(details, BY),
             at_ms=_int(details, AT),
             details=details,

@@ -33,6 +33,9 @@ from ._tls import Pem
 from ._types import (
     BeginResult,
     EndedTerm,
+    HistoryPage,
+    KeyPage,
+    KeyState,
     ToolCallRecord,
     ToolCallRequest,
     ToolInvocation,
@@ -40,6 +43,7 @@ from ._types import (
     ToolResult,
     TranscriptRepair,
     TranscriptReport,
+    WatchEvent,
     transcript_text,
 )
 
@@ -206,6 +210,8 @@ class _Connection:
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
         self.mux = _Mux(self.rpc, metadata)
+        #: Open watches, ended before a fork() (each is a call in progress).
+        self.watches: weakref.WeakSet[Watch] = weakref.WeakSet()
 
     def close(self) -> None:
         self.mux.close()
@@ -314,6 +320,8 @@ class Client:
     def _quiesce_for_fork(self) -> None:
         conn = self._conn
         if conn is not None and conn.pid == os.getpid():
+            for watch in list(conn.watches):
+                watch._end_for_fork(_FORK_QUIESCE_SECONDS)
             conn.mux.quiesce(_FORK_QUIESCE_SECONDS)
 
     def _forget_after_fork(self) -> None:
@@ -348,6 +356,9 @@ class Client:
         renew_every: float | None = None,
         safety_margin: float | None = None,
         rpc_timeout: float | None = None,
+        lock_delay: float = 0.0,
+        max_recoveries: int = 0,
+        force: bool = False,
     ) -> Lease:
         """Acquires ``key`` for ``ttl`` seconds, queueing (FIFO) up to ``wait``
         seconds for a held key, and starts renewing it in the background.
@@ -355,8 +366,17 @@ class Client:
         Use the lease as a context manager (normal exit releases, an exception
         suspends) or call ``release()``/``suspend()`` yourself.
 
+        ``lock_delay`` (seconds, at most 60): if this term ends by expiry,
+        nobody may acquire the key for that long, so writes this holder sent
+        before it was lost drain first (a release or suspend skips it).
+        ``max_recoveries``: quarantine the key once that many terms in a row
+        end by expiry or suspension (0: the server's default). ``force``:
+        acquire a quarantined key anyway (admin right).
+
         Raises ``Busy`` (holder, fence, remaining) when the key is still held
-        after the wait, ``InvalidArgument`` for a malformed key/owner/ttl,
+        after the wait, ``Reserved`` (a ``Busy``) when it is free but in a
+        lock-delay or kept for another owner's handoff, ``Quarantined`` for a
+        quarantined key, ``InvalidArgument`` for a malformed key/owner/ttl,
         ``Unavailable`` when the server cannot be reached (after a few
         attempts, all with the same request id, so a lost reply cannot leave
         a second term behind), ``LeaseLost`` when a replayed grant turns out
@@ -364,12 +384,15 @@ class Client:
         """
         timing = Timing.resolve(ttl, renew_every, safety_margin, rpc_timeout)
         generated = request_id is None
-        request = pb.AcquireRequest(
+        request = _core.acquire_request(
             key=key,
             owner=owner or self.owner or _core.default_owner(),
-            ttl_ms=millis(ttl),
-            wait_ms=millis(wait),
+            ttl=ttl,
+            wait=wait,
             request_id=request_id or str(uuid.uuid4()),
+            lock_delay=lock_delay,
+            max_recoveries=max_recoveries,
+            force=force,
         )
         timeout = wait + max(timing.rpc_timeout, _core.ACQUIRE_GRACE)
         conn = self._connection()
@@ -400,6 +423,74 @@ class Client:
         request = pb.SessionRequest(check=pb.CheckRequest(key=key, fence=fence))
         reply = self._connection().mux.call("Check", request, timeout or self.timeout)
         return int(reply.lease.fence)
+
+    def _call(self, name: str, request: Any, timeout: float | None = None) -> Any:
+        conn = self._connection()
+        method = getattr(conn.rpc, name)
+        return _unary(method, request, timeout or self.timeout, name, conn.metadata)
+
+    def get(self, key: str) -> KeyState:
+        """The key's live term (without its lease id), last ended term,
+        whether it is recoverable or quarantined, and its reservation.
+        Raises ``NotFound`` for a key the server does not hold."""
+        reply = self._call("Get", pb.GetRequest(key=key))
+        return KeyState.from_pb(
+            key,
+            reply.lease if reply.HasField("lease") else None,
+            reply.last_ended if reply.HasField("last_ended") else None,
+            reply.recoverable,
+            reply.quarantined,
+            reply.reservation if reply.HasField("reservation") else None,
+        )
+
+    def list_keys(
+        self,
+        prefix: str = "",
+        *,
+        filter: str = "all",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> KeyPage:
+        """One page of keys in order: ``filter`` is ``"all"``, ``"live"``,
+        ``"recoverable"`` or ``"quarantined"``; ``page_size`` 0 means 100."""
+        reply = self._call("List", _core.list_request(prefix, filter, page_size, page_token))
+        return KeyPage(
+            keys=[KeyState.from_key_state(k) for k in reply.keys],
+            next_page_token=reply.next_page_token,
+        )
+
+    def history(self, key: str, *, page_size: int = 0, before: int | None = None) -> HistoryPage:
+        """One page of ``key``'s ended terms, newest first: ``before`` is None
+        for the newest, then the previous page's ``next_before``. Raises
+        ``NotFound`` for a key the server does not hold."""
+        request = pb.HistoryRequest(
+            key=key, page_size=page_size, page_token="" if before is None else str(before)
+        )
+        return HistoryPage.from_pb(self._call("History", request))
+
+    def unquarantine(self, key: str) -> KeyState:
+        """Lifts ``key``'s quarantine (admin right) and returns its state."""
+        reply = self._call("Unquarantine", pb.UnquarantineRequest(key=key))
+        return KeyState.from_key_state(reply.key)
+
+    def watch(self, *, key: str = "", prefix: str = "", start_revision: int = 0) -> Watch:
+        """Watches ownership changes of ``key``, or of every key under
+        ``prefix`` (neither: every key), from ``start_revision`` (0: only what
+        happens from now on). Returns once the server has accepted the watch,
+        so nothing that happens after this call is missed.
+
+        Iterate the returned :class:`Watch` for :class:`WatchEvent` values;
+        after it ends or fails, watch again from its ``next_revision`` to
+        continue with nothing missed and nothing repeated. Raises
+        ``Compacted`` when the server no longer holds ``start_revision``,
+        ``Unsupported`` on a backend without watch."""
+        request = _core.watch_request(key, prefix, start_revision)
+        conn = self._connection()
+        watch = Watch(
+            conn.rpc.Watch(request, metadata=conn.metadata), start_revision, self.timeout
+        )
+        conn.watches.add(watch)
+        return watch
 
     def check_transcript(
         self, messages: str | bytes | list[Any], *, format: str = ""
@@ -600,7 +691,17 @@ class Lease:
         next holder sees ``recovered``. Raises as ``release()``."""
         return self._finish(True)
 
-    def _finish(self, suspend: bool) -> EndedTerm:
+    def hand_off(self, successor: str, *, within: float = 30.0, suspend: bool = False) -> EndedTerm:
+        """Ends the term (as unfinished with ``suspend``) and keeps the key
+        for the owner ``successor`` for ``within`` seconds (at most 600):
+        only that owner's acquire gets it, ahead of every waiter; others get
+        ``Reserved``. The successor's lease shows ``previous.handed_off``.
+        Once ``within`` runs out, anyone may take the key. Raises as
+        ``release()``."""
+        _core.handoff_checked(successor, within)
+        return self._finish(suspend, successor, within)
+
+    def _finish(self, suspend: bool, successor: str = "", within: float = 0.0) -> EndedTerm:
         self._same_process()
         self._finished = True
         self._finalizer.detach()
@@ -614,7 +715,9 @@ class Lease:
         while True:
             try:
                 reply = self._conn.mux.call(
-                    "Release", core.release_request(suspend), core.timing.rpc_timeout
+                    "Release",
+                    core.release_request(suspend, successor, within),
+                    core.timing.rpc_timeout,
                 )
                 return EndedTerm.from_pb(reply.ended)
             except Unavailable:
@@ -737,6 +840,105 @@ class Lease:
                 outcome = _core.failure_of(err)
             ran[call.call_id] = self.settle_tool_call(call.call_id, outcome.outcome, outcome.result)
         return _core.assemble(calls, known, ran)
+
+
+class Watch:
+    """A running watch: iterate it for :class:`WatchEvent` values, revisions
+    rising. Iteration blocks until the next event; it ends (or raises
+    ``Unavailable``, ``ResourceExhausted`` for a watcher too slow, ...) when
+    the stream does. ``close()`` (or leaving a ``with`` block) cancels it.
+    A ``fork()`` ends it in the parent (gRPC forks safely only with no call
+    in progress): iteration then raises ``Unavailable``; watch again from
+    ``next_revision``.
+    """
+
+    def __init__(self, call: Any, start_revision: int, timeout: float) -> None:
+        self._call = call
+        self._cursor = _core.WatchCursor(start_revision)
+        self._done = False
+        self._forked = False
+        # The first response says where the watch starts: read it now, so a
+        # refusal (Compacted, Unsupported, ...) is raised by watch() itself
+        # and nothing after the call can be missed. A server that does not
+        # answer in time (frozen, partitioned) must not hang the caller.
+        timer = threading.Timer(timeout, call.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            first = self._receive()
+        except Unavailable:
+            if not timer.is_alive():
+                raise Unavailable(
+                    f"Watch got no first reply within {millis(timeout)} ms"
+                ) from None
+            raise
+        finally:
+            timer.cancel()
+        if first is None:
+            raise Unavailable("the Watch stream ended before it started")
+        self._cursor.first(first)
+
+    @property
+    def next_revision(self) -> int:
+        """The ``start_revision`` that continues exactly after the last event
+        this watch yielded (or after where it started, if none)."""
+        return self._cursor.next_revision
+
+    def _receive(self) -> pb.WatchResponse | None:
+        try:
+            response: pb.WatchResponse = next(self._call)
+            return response
+        except StopIteration:
+            self._done = True
+            return None
+        except grpc.RpcError as err:
+            if self._forked:
+                self._done = True
+                raise Unavailable(
+                    "the watch was ended before fork(): watch again from next_revision"
+                ) from None
+            if self._done:  # closed by close(), perhaps from another thread
+                return None
+            self._done = True
+            raise from_rpc_error(err) from None
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        while True:
+            event = self._cursor.pop()
+            if event is not None:
+                return event
+            if self._done:
+                raise StopIteration
+            response = self._receive()
+            if response is None:
+                raise StopIteration
+            self._cursor.take(response)
+
+    def close(self) -> None:
+        """Cancels the watch; iteration then ends."""
+        self._done = True
+        self._call.cancel()
+
+    def _end_for_fork(self, timeout: float) -> None:
+        if self._done:
+            return
+        self._forked = True
+        self._call.cancel()
+        # gRPC may still be finishing the call on its own threads; a fork in
+        # the middle leaves the child's new channel broken ("Wrong file
+        # descriptor generation"), so wait (bounded) until it has.
+        deadline = time.monotonic() + timeout
+        while not self._call.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _idempotency_key(key: str, call_id: str) -> str:

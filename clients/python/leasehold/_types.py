@@ -41,6 +41,9 @@ class EndedTerm:
     end: TermEndName
     #: Server wall-clock milliseconds since the Unix epoch.
     ended_at: int
+    #: In a lease's ``previous``: that term's holder handed the key to this
+    #: lease's owner (``hand_off``), rather than it being taken in a race.
+    handed_off: bool = False
 
     @staticmethod
     def from_pb(ended: pb.EndedTerm) -> EndedTerm:
@@ -51,6 +54,192 @@ class EndedTerm:
             owner=ended.owner,
             end=_TERM_ENDS.get(ended.end, "expired"),
             ended_at=ended.ended_at_ms,
+            handed_off=ended.handed_off,
+        )
+
+
+ReservationKind = Literal["lock_delay", "handoff"]
+ListFilterName = Literal["all", "live", "recoverable", "quarantined"]
+EventKind = Literal["granted", "released", "suspended", "expired", "forgotten"]
+
+LIST_FILTERS: dict[str, int] = {
+    "all": pb.ALL,
+    "live": pb.LIVE,
+    "recoverable": pb.RECOVERABLE,
+    "quarantined": pb.QUARANTINED,
+}
+_EVENT_KINDS: dict[int, EventKind] = {
+    pb.Event.GRANTED: "granted",
+    pb.Event.RELEASED: "released",
+    pb.Event.SUSPENDED: "suspended",
+    pb.Event.EXPIRED: "expired",
+    pb.Event.FORGOTTEN: "forgotten",
+}
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Who alone may take a free key, and until when."""
+
+    #: ``"lock_delay"`` (after an expiry: nobody) or ``"handoff"`` (only
+    #: ``successor``).
+    kind: ReservationKind
+    #: The term whose end made the reservation.
+    after_fence: int
+    #: For a handoff: the owner the key is kept for.
+    successor: str
+    #: Server wall-clock milliseconds since the Unix epoch.
+    until_ms: int
+
+    @staticmethod
+    def from_pb(r: pb.Reservation) -> Reservation:
+        kind: ReservationKind = "handoff" if r.kind == pb.Reservation.HANDOFF else "lock_delay"
+        return Reservation(
+            kind=kind, after_fence=r.after_fence, successor=r.successor, until_ms=r.until_ms
+        )
+
+
+@dataclass(frozen=True)
+class LiveTerm:
+    """A key's live term as ``get``/``list_keys`` show it (never its lease id)."""
+
+    fence: int
+    owner: str
+    ttl_ms: int
+    acquired_at_ms: int
+    expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """What the server knows about a key (``get``, ``list_keys``, ``unquarantine``)."""
+
+    key: str
+    #: The live term, if the key is held.
+    lease: LiveTerm | None
+    #: The last ended term, if any.
+    last_ended: EndedTerm | None
+    #: No live term, the last one expired or was suspended, not quarantined.
+    recoverable: bool
+    #: Acquires are refused (``Quarantined``) until ``unquarantine``.
+    quarantined: bool
+    #: Set while the key is free but reserved (lock-delay or handoff).
+    reservation: Reservation | None
+
+    @staticmethod
+    def from_pb(
+        key: str,
+        lease: pb.Lease | None,
+        last_ended: pb.EndedTerm | None,
+        recoverable: bool,
+        quarantined: bool,
+        reservation: pb.Reservation | None,
+    ) -> KeyState:
+        return KeyState(
+            key=key,
+            lease=None
+            if lease is None
+            else LiveTerm(
+                fence=lease.fence,
+                owner=lease.owner,
+                ttl_ms=lease.ttl_ms,
+                acquired_at_ms=lease.acquired_at_ms,
+                expires_at_ms=lease.expires_at_ms,
+            ),
+            last_ended=None if last_ended is None else EndedTerm.from_pb(last_ended),
+            recoverable=recoverable,
+            quarantined=quarantined,
+            reservation=None if reservation is None else Reservation.from_pb(reservation),
+        )
+
+    @staticmethod
+    def from_key_state(s: pb.KeyState) -> KeyState:
+        return KeyState.from_pb(
+            s.key,
+            s.lease if s.HasField("lease") else None,
+            s.last_ended if s.HasField("last_ended") else None,
+            s.recoverable,
+            s.quarantined,
+            s.reservation if s.HasField("reservation") else None,
+        )
+
+
+@dataclass(frozen=True)
+class KeyPage:
+    """One page of ``list_keys``."""
+
+    keys: list[KeyState]
+    #: Pass as ``page_token`` for the next page; empty at the end.
+    next_page_token: str
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One ended term of a key."""
+
+    fence: int
+    owner: str
+    acquired_at_ms: int
+    ended_at_ms: int
+    end: TermEndName
+    #: Tool calls still running when the term ended.
+    unsettled_tool_calls: int
+    #: The term was granted to the successor its predecessor named.
+    handed_off: bool
+
+    @staticmethod
+    def from_pb(h: pb.HistoryEntry) -> HistoryEntry:
+        return HistoryEntry(
+            fence=h.fence,
+            owner=h.owner,
+            acquired_at_ms=h.acquired_at_ms,
+            ended_at_ms=h.ended_at_ms,
+            end=_TERM_ENDS.get(h.end, "expired"),
+            unsettled_tool_calls=h.unsettled_tool_calls,
+            handed_off=h.handed_off,
+        )
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """One page of ``history``, newest first."""
+
+    entries: list[HistoryEntry]
+    #: Pass as ``before`` for older entries; None at the end.
+    next_before: int | None
+
+    @staticmethod
+    def from_pb(reply: pb.HistoryResponse) -> HistoryPage:
+        token = reply.next_page_token
+        return HistoryPage(
+            entries=[HistoryEntry.from_pb(e) for e in reply.entries],
+            next_before=int(token) if token.isdigit() else None,
+        )
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change of a key's ownership, as a watch reports it."""
+
+    #: Server-wide, rising in commit order; resume from ``revision + 1``.
+    revision: int
+    key: str
+    kind: EventKind
+    #: The new holder's fence (granted), or the ended term's.
+    fence: int
+    owner: str
+    #: Server wall-clock milliseconds (for expired: when the TTL ran out).
+    at_ms: int
+
+    @staticmethod
+    def from_pb(e: pb.Event) -> WatchEvent:
+        return WatchEvent(
+            revision=e.revision,
+            key=e.key,
+            kind=_EVENT_KINDS.get(e.kind, "expired"),
+            fence=e.fence,
+            owner=e.owner,
+            at_ms=e.at_ms,
         )
 
 

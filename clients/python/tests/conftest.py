@@ -30,7 +30,11 @@ class Server:
     paused (SIGSTOP) and resumed (SIGCONT) by the test."""
 
     def __init__(
-        self, db: Path, listen: str = "127.0.0.1:0", extra: tuple[str, ...] = ()
+        self,
+        db: Path,
+        listen: str = "127.0.0.1:0",
+        extra: tuple[str, ...] = (),
+        store: tuple[str, ...] = (),
     ) -> None:
         self.db = db
         self.process = subprocess.Popen(
@@ -39,8 +43,8 @@ class Server:
                 "serve",
                 "--listen",
                 listen,
-                "--db",
-                str(db),
+                # ``store`` replaces the SQLite file (e.g. --store postgres://...).
+                *(store or ("--db", str(db))),
                 "--drain-timeout-ms",
                 "200",
                 *extra,

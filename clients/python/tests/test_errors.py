@@ -92,3 +92,71 @@ def test_errors_survive_pickling_between_processes() -> None:
     assert (stale.key, stale.fence, stale.highest) == ("k", 1, 2)
     lost = pickle.loads(pickle.dumps(leasehold.LeaseLost("gone", reason="expired", fence=4)))
     assert (lost.reason, lost.fence, lost.final) == ("expired", 4, True)
+
+
+def test_a_lock_delay_refusal_is_reserved_not_a_holderless_busy() -> None:
+    """ABORTED reason lock_delay becomes Reserved (still a Busy) with the
+    expired term's fence and the time left."""
+    err = from_refusal(
+        10,
+        'key "s" is in its lock-delay',
+        {
+            "leasehold-key-bin": b"s",
+            "leasehold-reason": b"lock_delay",
+            "leasehold-fence": b"4",
+            "leasehold-remaining-ms": b"250",
+        },
+    )
+    assert isinstance(err, leasehold.Reserved) and isinstance(err, leasehold.Busy)
+    assert (err.reason, err.fence, err.remaining, err.successor, err.key) == (
+        "lock_delay",
+        4,
+        0.25,
+        "",
+        "s",
+    )
+
+
+def test_a_handoff_refusal_is_reserved_for_the_successor() -> None:
+    """ABORTED reason handoff names the successor (a -bin value)."""
+    err = from_refusal(
+        10,
+        'key "s" is kept for "ui-ü"',
+        {
+            "leasehold-key-bin": b"s",
+            "leasehold-reason": b"handoff",
+            "leasehold-successor-bin": "ui-ü".encode(),
+            "leasehold-remaining-ms": b"9",
+        },
+    )
+    assert isinstance(err, leasehold.Reserved)
+    assert (err.reason, err.successor, err.remaining) == ("handoff", "ui-ü", 0.009)
+
+
+def test_a_quarantined_acquire_is_quarantined_not_lease_lost() -> None:
+    """FAILED_PRECONDITION reason quarantined becomes Quarantined with the count."""
+    err = from_refusal(
+        9,
+        "quarantined",
+        {"leasehold-key-bin": b"q", "leasehold-reason": b"quarantined", "leasehold-failures": b"3"},
+    )
+    assert isinstance(err, leasehold.Quarantined)
+    assert not isinstance(err, leasehold.LeaseLost)
+    assert (err.key, err.failures, err.code) == ("q", 3, "FAILED_PRECONDITION")
+
+
+def test_a_compacted_revision_is_compacted_and_an_oversized_message_is_not() -> None:
+    """OUT_OF_RANGE with leasehold-oldest-revision is Compacted; without it
+    (gRPC's own message-size refusal) it stays a plain Error."""
+    err = from_refusal(11, "revision 3 is compacted", {"leasehold-oldest-revision": b"40"})
+    assert isinstance(err, leasehold.Compacted)
+    assert err.oldest_revision == 40
+    other = from_refusal(11, "message too large", {})
+    assert type(other) is leasehold.Error
+
+
+def test_unimplemented_is_unsupported() -> None:
+    """UNIMPLEMENTED (a backend without the feature) is Unsupported."""
+    err = from_refusal(12, "unsupported: handoff on the postgres backend", {})
+    assert isinstance(err, leasehold.Unsupported)
+    assert err.message == "handoff on the postgres backend"

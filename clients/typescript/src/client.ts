@@ -9,6 +9,17 @@ import { createGrpcWebTransport } from "@connectrpc/connect-web";
 import { Leasehold, Transcripts } from "./gen/leasehold/v1/leasehold_pb.js";
 import { fromCallError, InvalidArgumentError, LeaseholdError, UnavailableError } from "./errors.js";
 import { Lease } from "./lease.js";
+import {
+  type HistoryPage,
+  type KeyPage,
+  type KeyState,
+  type ListFilterName,
+  listFilter,
+  toHistoryPage,
+  toKeyState,
+  Watch,
+  type WatchOptions,
+} from "./lifecycle.js";
 import { type LeaseholdRpc, type LeaseOps, StreamOps, UnaryOps } from "./ops.js";
 import { now, retryPause, sleep, timing } from "./timing.js";
 import {
@@ -84,6 +95,20 @@ export interface AcquireOptions {
   safetyMarginMs?: number;
   /** How long one renew, check or release may take; default the renewal interval, at most 5 s. */
   rpcTimeoutMs?: number;
+  /**
+   * If this term ends by expiry, nobody may acquire the key for this long
+   * (ReservedError, reason "lock_delay"), so writes this holder sent before
+   * it was lost drain first. A release or suspend skips it. At most 60 s; default 0.
+   */
+  lockDelayMs?: number;
+  /**
+   * Quarantine the key once this many terms in a row (this one included) end
+   * by expiry or suspension (QuarantinedError until `unquarantine`). Default 0:
+   * the server's default (off unless the server sets one).
+   */
+  maxRecoveries?: number;
+  /** Acquire the key even if it is quarantined (needs the admin right). */
+  force?: boolean;
 }
 
 /** How many times an acquire is sent, at most, when the server is unreachable. */
@@ -152,6 +177,8 @@ export class LeaseholdClient implements AsyncDisposable {
    * Transient failures are retried with the same request id, so a lost reply
    * cannot leave an orphaned second term.
    * @throws BusyError when the key is held (after waiting `waitMs`);
+   *   ReservedError (a BusyError) when it is free but in a lock-delay or kept
+   *   for another owner's handoff; QuarantinedError for a quarantined key;
    *   InvalidArgumentError; UnavailableError.
    */
   async acquire(key: string, options: AcquireOptions = {}): Promise<Lease> {
@@ -165,12 +192,23 @@ export class LeaseholdClient implements AsyncDisposable {
     if (!Number.isSafeInteger(waitMs) || waitMs < 0) {
       throw new InvalidArgumentError(`waitMs must be a non-negative integer, not ${waitMs}`);
     }
+    const lockDelayMs = options.lockDelayMs ?? 0;
+    if (!Number.isSafeInteger(lockDelayMs) || lockDelayMs < 0) {
+      throw new InvalidArgumentError(`lockDelayMs must be a non-negative integer, not ${lockDelayMs}`);
+    }
+    const maxRecoveries = options.maxRecoveries ?? 0;
+    if (!Number.isInteger(maxRecoveries) || maxRecoveries < 0 || maxRecoveries > 0xffff_ffff) {
+      throw new InvalidArgumentError(`maxRecoveries must be a non-negative integer, not ${maxRecoveries}`);
+    }
     const request = {
       key,
       owner: options.owner ?? this.owner,
       ttlMs: BigInt(t.ttlMs),
       waitMs: BigInt(waitMs),
       requestId: options.requestId ?? randomUUID(),
+      lockDelayMs: BigInt(lockDelayMs),
+      maxRecoveries,
+      force: options.force ?? false,
     };
     for (let attempt = 1; ; attempt++) {
       const sentAt = now();
@@ -189,8 +227,9 @@ export class LeaseholdClient implements AsyncDisposable {
   }
 
   /**
-   * Runs `fn` while holding `key`: released when `fn` returns, suspended
-   * (released as unfinished, so recoverable) when it throws.
+   * Runs `fn` while holding `key`: released when `fn` returns (unless `fn`
+   * ended the term itself, e.g. with `lease.handOff`), suspended (released
+   * as unfinished, so recoverable) when it throws.
    * @throws what acquire throws; what `fn` throws; LeaseLostError when the
    *   release after a successful `fn` is refused (the lease was lost meanwhile:
    *   do not trust writes that were not fenced).
@@ -209,8 +248,83 @@ export class LeaseholdClient implements AsyncDisposable {
       }
       throw err;
     }
-    await lease.release();
+    // fn may have ended the term itself (handOff, release, suspend).
+    if (lease.lossReason !== "ended") await lease.release();
     return result;
+  }
+
+  /**
+   * The key's live term (without its lease id), last ended term, whether it
+   * is recoverable or quarantined, and its reservation.
+   * @throws LeaseholdError with code "not_found" for a key the server does not hold.
+   */
+  async get(key: string): Promise<KeyState> {
+    try {
+      return toKeyState(key, await this.#rpc.get({ key }));
+    } catch (err) {
+      throw fromCallError(err, "Get");
+    }
+  }
+
+  /** One page of keys in order (`filter` default "all"; `pageSize` 0 means 100). */
+  async list(
+    options: { prefix?: string; filter?: ListFilterName; pageSize?: number; pageToken?: string } = {},
+  ): Promise<KeyPage> {
+    const filter = listFilter(options.filter ?? "all");
+    try {
+      const reply = await this.#rpc.list({
+        prefix: options.prefix ?? "",
+        filter,
+        pageSize: options.pageSize ?? 0,
+        pageToken: options.pageToken ?? "",
+      });
+      return { keys: reply.keys.map((k) => toKeyState(k.key, k)), nextPageToken: reply.nextPageToken };
+    } catch (err) {
+      throw fromCallError(err, "List");
+    }
+  }
+
+  /**
+   * One page of `key`'s ended terms, newest first: `before` undefined for the
+   * newest, then the previous page's `nextBefore`.
+   * @throws LeaseholdError with code "not_found" for a key the server does not hold.
+   */
+  async history(key: string, options: { pageSize?: number; before?: bigint } = {}): Promise<HistoryPage> {
+    try {
+      const reply = await this.#rpc.history({
+        key,
+        pageSize: options.pageSize ?? 0,
+        pageToken: options.before === undefined ? "" : options.before.toString(),
+      });
+      return toHistoryPage(reply);
+    } catch (err) {
+      throw fromCallError(err, "History");
+    }
+  }
+
+  /** Lifts `key`'s quarantine (admin right) and returns its state. */
+  async unquarantine(key: string): Promise<KeyState> {
+    let reply;
+    try {
+      reply = await this.#rpc.unquarantine({ key });
+    } catch (err) {
+      throw fromCallError(err, "Unquarantine");
+    }
+    if (reply.key === undefined) throw new LeaseholdError("internal", "the server's Unquarantine reply carried no key");
+    return toKeyState(reply.key.key, reply.key);
+  }
+
+  /**
+   * Watches ownership changes of `key`, or of every key under `prefix`
+   * (neither: every key), from `startRevision` (0: only what happens from now
+   * on): `for await (const e of lh.watch({ prefix }))`. Works on both
+   * transports (gRPC-Web carries server streams). See {@link Watch} for
+   * `ready`, `nextRevision` and resuming.
+   * @throws (from `ready` or the iteration) CompactedError for a revision the
+   *   server no longer holds; UnsupportedError on a backend without watch.
+   */
+  watch(options: WatchOptions = {}): Watch {
+    return new Watch(this.#rpc, options);
   }
 
   /** Checks that every tool call in `messages` is paired the way the provider requires. */

@@ -49,6 +49,74 @@ export class BusyError extends LeaseholdError {
 }
 
 /**
+ * The key is free but reserved (gRPC `ABORTED` with a reason), so nobody
+ * else may take it for now. A {@link BusyError} (its `code` is "busy" too),
+ * so code that waits out a busy key waits this out as well; `holder` is
+ * empty.
+ * - `reason: "lock_delay"`: the last term (`fence`) expired with a
+ *   lock-delay; nobody may acquire the key until it runs out.
+ * - `reason: "handoff"`: the last holder handed the key to `successor`; only
+ *   an acquire by that owner gets it until the handoff times out.
+ */
+export class ReservedError extends BusyError {
+  readonly reason: "lock_delay" | "handoff";
+  /** For a handoff: the owner the key is kept for. */
+  readonly successor: string;
+  constructor(
+    message: string,
+    f: { key: string; reason: "lock_delay" | "handoff"; successor: string; fence: bigint; remainingMs: number },
+  ) {
+    super(message, { key: f.key, holder: "", fence: f.fence, remainingMs: f.remainingMs });
+    this.name = "ReservedError";
+    this.reason = f.reason;
+    this.successor = f.successor;
+  }
+}
+
+/**
+ * An acquire of a quarantined key (gRPC `FAILED_PRECONDITION`, reason
+ * `quarantined`): `failures` terms in a row ended by expiry or suspension, so
+ * the server stopped handing the key out until an admin calls
+ * `unquarantine(key)` (or acquires with `force`). The message lists the
+ * failed terms; `history(key)` has them in full.
+ */
+export class QuarantinedError extends LeaseholdError {
+  readonly key: string;
+  readonly failures: number;
+  constructor(message: string, f: { key: string; failures: number }) {
+    super("quarantined", message);
+    this.name = "QuarantinedError";
+    this.key = f.key;
+    this.failures = f.failures;
+  }
+}
+
+/**
+ * A watch asked for a revision the server's event log no longer holds (gRPC
+ * `OUT_OF_RANGE`): list the keys again, then watch from the `nextRevision`
+ * of a watch started at 0. `oldestRevision` is the oldest still held.
+ */
+export class CompactedError extends LeaseholdError {
+  readonly oldestRevision: bigint;
+  constructor(message: string, oldestRevision: bigint) {
+    super("compacted", message);
+    this.name = "CompactedError";
+    this.oldestRevision = oldestRevision;
+  }
+}
+
+/**
+ * The server's storage backend lacks this feature (gRPC `UNIMPLEMENTED`):
+ * today `watch` on the PostgreSQL backend. Never silently ignored.
+ */
+export class UnsupportedError extends LeaseholdError {
+  constructor(message: string) {
+    super("unsupported", message);
+    this.name = "UnsupportedError";
+  }
+}
+
+/**
  * The lease is lost, or a fence is not the key's live term (gRPC
  * `FAILED_PRECONDITION`). Stop acting: acquire again if the work must go on.
  */
@@ -183,6 +251,20 @@ function binText(details: RefusalDetails, name: string): string {
 export function fromRefusal(code: number, message: string, details: RefusalDetails): LeaseholdError {
   const key = binText(details, "leasehold-key-bin");
   const fence = parseU64(details.text("leasehold-fence")) ?? 0n;
+  const reason = details.text("leasehold-reason");
+  const remainingMs = msToNumber(parseU64(details.text("leasehold-remaining-ms")) ?? 0n);
+  if (code === Code.Aborted && (reason === "lock_delay" || reason === "handoff")) {
+    const successor = binText(details, "leasehold-successor-bin");
+    return new ReservedError(message, { key, reason, successor, fence, remainingMs });
+  }
+  if (code === Code.FailedPrecondition && reason === "quarantined") {
+    const failures = msToNumber(parseU64(details.text("leasehold-failures")) ?? 0n);
+    return new QuarantinedError(message, { key, failures });
+  }
+  const oldest = parseU64(details.text("leasehold-oldest-revision"));
+  if (code === Code.OutOfRange && oldest !== undefined) {
+    return new CompactedError(message, oldest);
+  }
   switch (code) {
     case Code.InvalidArgument:
       return new InvalidArgumentError(message);
@@ -191,18 +273,21 @@ export function fromRefusal(code: number, message: string, details: RefusalDetai
         key,
         holder: binText(details, "leasehold-holder-bin"),
         fence,
-        remainingMs: msToNumber(parseU64(details.text("leasehold-remaining-ms")) ?? 0n),
+        remainingMs,
       });
     case Code.FailedPrecondition: {
-      const raw = details.text("leasehold-reason");
-      const reason: StaleReason =
-        raw === "expired" || raw === "released" || raw === "suspended" || raw === "superseded" ? raw : "unknown";
-      return new LeaseLostError(message, { key, fence, reason });
+      const stale: StaleReason =
+        reason === "expired" || reason === "released" || reason === "suspended" || reason === "superseded"
+          ? reason
+          : "unknown";
+      return new LeaseLostError(message, { key, fence, reason: stale });
     }
     case Code.PermissionDenied:
       return new PermissionDeniedError(message, { key, fence });
     case Code.NotFound:
       return new LeaseholdError("not_found", message);
+    case Code.Unimplemented:
+      return new UnsupportedError(message.replace(/^unsupported: /, ""));
     case Code.Unauthenticated:
       return new UnauthenticatedError(message);
     case Code.ResourceExhausted:

@@ -8,16 +8,33 @@ export { createClient, LeaseholdClient, type AcquireOptions, type ClientOptions,
 export { Lease, type Ended } from "./lease.js";
 export {
   BusyError,
+  CompactedError,
   InvalidArgumentError,
   LeaseholdError,
   LeaseLostError,
   PermissionDeniedError,
+  QuarantinedError,
+  ReservedError,
   ResourceExhaustedError,
   UnauthenticatedError,
   UnavailableError,
+  UnsupportedError,
   type LossReason,
   type StaleReason,
 } from "./errors.js";
+export {
+  Watch,
+  type HistoryEntry,
+  type HistoryPage,
+  type KeyPage,
+  type KeyState,
+  type ListFilterName,
+  type LiveTerm,
+  type Reservation,
+  type WatchEvent,
+  type WatchEventKind,
+  type WatchOptions,
+} from "./lifecycle.js";
 export type {
   ToolCallRecord,
   ToolCallRequest,

@@ -3,15 +3,14 @@
 
 import {
   type AcquireResponse,
-  type EndedTerm,
   ListToolCallsRequest_Filter,
   type Lease as PbLease,
-  TermEnd,
   type ToolCall as PbToolCall,
 } from "./gen/leasehold/v1/leasehold_pb.js";
 import {
   endsTheTerm,
   fromCallError,
+  InvalidArgumentError,
   LeaseholdError,
   LeaseLostError,
   type LossReason,
@@ -19,7 +18,8 @@ import {
   PermissionDeniedError,
   UnavailableError,
 } from "./errors.js";
-import type { LeaseholdRpc, LeaseOps, Term } from "./ops.js";
+import { type Ended, toEnded } from "./lifecycle.js";
+import type { Handoff, LeaseholdRpc, LeaseOps, Term } from "./ops.js";
 import { jitterRenewal, now, retryPause, sleep, type Timing, validFor } from "./timing.js";
 import {
   outcomeToWire,
@@ -35,21 +35,7 @@ import {
 /** How many times a release is sent when the server is unreachable. */
 const RELEASE_ATTEMPTS = 3;
 
-/** How a term of a key ended. */
-export interface Ended {
-  readonly fence: bigint;
-  readonly owner: string;
-  readonly end: "released" | "suspended" | "expired";
-  /** Server wall-clock milliseconds since the Unix epoch. */
-  readonly endedAtMs: number;
-}
-
-export function toEnded(e: EndedTerm): Ended {
-  // The server sends nothing else; reading an unknown end as "expired" errs
-  // towards treating the key as recoverable (as the Rust client does).
-  const end = e.end === TermEnd.RELEASED ? "released" : e.end === TermEnd.SUSPENDED ? "suspended" : "expired";
-  return { fence: e.fence, owner: e.owner, end, endedAtMs: msToNumber(e.endedAtMs) };
-}
+export { type Ended, toEnded } from "./lifecycle.js";
 
 /** What the client hands a new lease. */
 export interface LeaseInit {
@@ -224,6 +210,23 @@ export class Lease implements AsyncDisposable {
   /** Ends the term as unfinished, so the key is listed as recoverable. Throws as {@link release}. */
   suspend(): Promise<Ended> {
     return this.#finish(true);
+  }
+
+  /**
+   * Ends the term (as unfinished with `suspend`) and keeps the key for the
+   * owner `successor` for `withinMs` (default 30 s, at most 10 min): only
+   * that owner's acquire gets it, ahead of every waiter; others get
+   * {@link ReservedError}. The successor's lease shows `previous.handedOff`.
+   * Once `withinMs` runs out, anyone may take the key.
+   * @throws as {@link release}; InvalidArgumentError for an empty successor.
+   */
+  handOff(successor: string, options: { withinMs?: number; suspend?: boolean } = {}): Promise<Ended> {
+    const withinMs = options.withinMs ?? 30_000;
+    if (successor === "") return Promise.reject(new InvalidArgumentError("handOff needs a successor owner name"));
+    if (!Number.isSafeInteger(withinMs) || withinMs < 0) {
+      return Promise.reject(new InvalidArgumentError(`withinMs must be a non-negative integer, not ${withinMs}`));
+    }
+    return this.#finish(options.suspend ?? false, { successor, withinMs });
   }
 
   /**
@@ -463,7 +466,7 @@ export class Lease implements AsyncDisposable {
     }
   }
 
-  async #finish(suspend: boolean): Promise<Ended> {
+  async #finish(suspend: boolean, handoff?: Handoff): Promise<Ended> {
     if (this.#finished) {
       throw new LeaseLostError(
         `the lease on key ${JSON.stringify(this.key)} (fence ${this.fence}) was already released or suspended`,
@@ -484,7 +487,7 @@ export class Lease implements AsyncDisposable {
       // releasing it (with fence and lease id) is safe and frees the key.
       for (let attempt = 1; ; attempt++) {
         try {
-          return toEnded(await this.#ops.release(this.#term(), suspend, this.#timing.rpcTimeoutMs));
+          return toEnded(await this.#ops.release(this.#term(), suspend, this.#timing.rpcTimeoutMs, handoff));
         } catch (err) {
           const mapped = fromCallError(err, "Release");
           if (mapped instanceof UnavailableError && attempt < RELEASE_ATTEMPTS) {

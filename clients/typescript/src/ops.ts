@@ -26,11 +26,28 @@ export interface Term {
   readonly leaseId: string;
 }
 
+/** A release that keeps the key for a named owner for a while. */
+export interface Handoff {
+  readonly successor: string;
+  readonly withinMs: number;
+}
+
+function releaseFields(term: Term, suspend: boolean, handoff: Handoff | undefined) {
+  return {
+    key: term.key,
+    fence: term.fence,
+    leaseId: term.leaseId,
+    suspend,
+    successor: handoff?.successor ?? "",
+    handoffMs: BigInt(handoff?.withinMs ?? 0),
+  };
+}
+
 /** The three operations a held lease needs. */
 export interface LeaseOps {
   renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease>;
   check(key: string, fence: bigint, timeoutMs: number): Promise<PbLease | undefined>;
-  release(term: Term, suspend: boolean, timeoutMs: number): Promise<EndedTerm>;
+  release(term: Term, suspend: boolean, timeoutMs: number, handoff?: Handoff): Promise<EndedTerm>;
   /** A lease starts using these ops (keeps a stream open while any does). */
   hold(): void;
   /** A lease stopped using them. */
@@ -68,12 +85,9 @@ export class UnaryOps implements LeaseOps {
     }
   }
 
-  async release(term: Term, suspend: boolean, timeoutMs: number): Promise<EndedTerm> {
+  async release(term: Term, suspend: boolean, timeoutMs: number, handoff?: Handoff): Promise<EndedTerm> {
     try {
-      const reply = await this.rpc.release(
-        { key: term.key, fence: term.fence, leaseId: term.leaseId, suspend },
-        { timeoutMs },
-      );
+      const reply = await this.rpc.release(releaseFields(term, suspend, handoff), { timeoutMs });
       if (reply.ended === undefined) throw missing("Release");
       return reply.ended;
     } catch (err) {
@@ -257,10 +271,10 @@ export class StreamOps implements LeaseOps {
     return (await this.call("Check", { case: "check", value: { key, fence } }, timeoutMs)).lease;
   }
 
-  async release(term: Term, suspend: boolean, timeoutMs: number): Promise<EndedTerm> {
+  async release(term: Term, suspend: boolean, timeoutMs: number, handoff?: Handoff): Promise<EndedTerm> {
     const reply = await this.call(
       "Release",
-      { case: "release", value: { key: term.key, fence: term.fence, leaseId: term.leaseId, suspend } },
+      { case: "release", value: releaseFields(term, suspend, handoff) },
       timeoutMs,
     );
     if (reply.ended === undefined) throw missing("Release");

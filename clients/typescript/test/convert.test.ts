@@ -19,12 +19,16 @@ import {
 } from "../src/errors.js";
 import {
   BusyError,
+  CompactedError,
   InvalidArgumentError,
   LeaseholdError,
   LeaseLostError,
   PermissionDeniedError,
+  QuarantinedError,
+  ReservedError,
   ResourceExhaustedError,
   UnavailableError,
+  UnsupportedError,
 } from "../src/index.js";
 import { toEnded } from "../src/lease.js";
 
@@ -139,5 +143,86 @@ describe("refusals become the package's errors", () => {
     const internal = fromRefusal(Code.Internal, "disk", none);
     assert.equal(internal.code, "internal");
     assert.ok(!(internal instanceof UnavailableError));
+  });
+});
+
+describe("lifecycle refusals (#15)", () => {
+  const map = (entries: Record<string, string>) =>
+    detailsFromMap(Object.fromEntries(Object.entries(entries).map(([k, v]) => [k, enc.encode(v)])));
+
+  it("ABORTED with reason lock_delay is a ReservedError (a BusyError), not a holderless BusyError", () => {
+    const err = fromRefusal(
+      Code.Aborted,
+      "in its lock-delay",
+      map({
+        "leasehold-key-bin": "s",
+        "leasehold-reason": "lock_delay",
+        "leasehold-fence": "9007199254740993",
+        "leasehold-remaining-ms": "250",
+      }),
+    );
+    assert.ok(err instanceof ReservedError && err instanceof BusyError);
+    assert.equal(err.code, "busy");
+    assert.equal(err.reason, "lock_delay");
+    assert.equal(err.fence, ABOVE_2_53);
+    assert.equal(err.remainingMs, 250);
+    assert.equal(err.successor, "");
+    assert.equal(err.key, "s");
+  });
+
+  it("ABORTED with reason handoff names the successor", () => {
+    const err = fromRefusal(
+      Code.Aborted,
+      "kept for ui",
+      map({ "leasehold-reason": "handoff", "leasehold-successor-bin": "ui-ü", "leasehold-remaining-ms": "9" }),
+    );
+    assert.ok(err instanceof ReservedError);
+    assert.equal(err.reason, "handoff");
+    assert.equal(err.successor, "ui-ü");
+    assert.equal(err.remainingMs, 9);
+  });
+
+  it("FAILED_PRECONDITION with reason quarantined is a QuarantinedError, not a LeaseLostError", () => {
+    const err = fromRefusal(
+      Code.FailedPrecondition,
+      "quarantined",
+      map({ "leasehold-key-bin": "q", "leasehold-reason": "quarantined", "leasehold-failures": "3" }),
+    );
+    assert.ok(err instanceof QuarantinedError && !(err instanceof LeaseLostError));
+    assert.equal(err.failures, 3);
+    assert.equal(err.key, "q");
+  });
+
+  it("OUT_OF_RANGE with the oldest revision is a CompactedError; without it, not", () => {
+    const err = fromRefusal(Code.OutOfRange, "revision 3 is compacted", map({ "leasehold-oldest-revision": "40" }));
+    assert.ok(err instanceof CompactedError);
+    assert.equal(err.oldestRevision, 40n);
+    assert.ok(!(fromRefusal(Code.OutOfRange, "message too large", map({})) instanceof CompactedError));
+  });
+
+  it("UNIMPLEMENTED is an UnsupportedError, also through a unary call's metadata", () => {
+    const err = fromCallError(new ConnectError("unsupported: watch on the postgres backend", Code.Unimplemented), "Watch");
+    assert.ok(err instanceof UnsupportedError);
+    assert.equal(err.code, "unsupported");
+    assert.equal(err.message, "watch on the postgres backend");
+  });
+
+  it("a Session stream refusal maps through the same table", () => {
+    const response = create(SessionResponseSchema, {
+      id: 1n,
+      code: Code.Aborted,
+      message: "kept",
+      details: { "leasehold-reason": enc.encode("handoff"), "leasehold-successor-bin": enc.encode("ui") },
+    });
+    const err = fromRefusal(response.code, response.message, detailsFromMap(response.details));
+    assert.ok(err instanceof ReservedError);
+    assert.equal(err.successor, "ui");
+  });
+
+  it("toEnded carries handedOff", () => {
+    const ended = toEnded(create(AcquireResponseSchema, {
+      previous: { fence: 1n, owner: "o", end: TermEnd.RELEASED, endedAtMs: 1n, handedOff: true },
+    }).previous!);
+    assert.equal(ended.handedOff, true);
   });
 });
