@@ -536,20 +536,6 @@ impl<W: WaiterHandle> Lessor<W> {
         let mut last = None;
         let range = self.keys.range::<str, _>((start, Bound::Unbounded));
         for (scanned, (key, state)) in range.enumerate() {
-            // The filter by quarantine needs no view (the common case of a
-            // recoverer scanning many keys).
-            if filter == ListFilter::Quarantined && !state.quarantined {
-                if !key.as_str().starts_with(prefix) {
-                    return page;
-                }
-                if page.keys.len() == limit || scanned == scan_budget {
-                    page.next_after = last;
-                    return page;
-                }
-                last = Some(key.clone());
-                page.visible_seq = page.visible_seq.max(state.visible_seq);
-                continue;
-            }
             if !key.as_str().starts_with(prefix) {
                 return page;
             }
@@ -559,6 +545,10 @@ impl<W: WaiterHandle> Lessor<W> {
             }
             last = Some(key.clone());
             page.visible_seq = page.visible_seq.max(state.visible_seq);
+            // Quarantine needs no view: most keys are skipped without one.
+            if filter == ListFilter::Quarantined && !state.quarantined {
+                continue;
+            }
             let view = state.view(key, now);
             let wanted = match filter {
                 ListFilter::Live => view.live.is_some(),
