@@ -8,6 +8,8 @@
 //! tests use TTLs of a few hundred milliseconds and bounded waits.
 
 mod common;
+#[macro_use]
+mod pg_harness;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -18,194 +20,13 @@ use std::time::{Duration, Instant};
 use common::{acquire, lease_of};
 use leasehold_core::error::{Error, StaleReason};
 use leasehold_server::postgres::{PgBackend, PgConfig};
-use leasehold_server::server;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use leasehold_wire::status::from_status;
-use tokio::sync::oneshot;
+use pg_harness::{PgServer, Schema, database};
 use tokio::task::JoinHandle;
 use tonic::Code;
 use tonic::transport::Channel;
-
-/// The database URL, or `None` (and a note on stderr) to skip.
-fn database() -> Option<String> {
-    match std::env::var("LEASEHOLD_TEST_POSTGRES") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            // Once per run, and past the test harness's output capture, so a
-            // plain `cargo test` shows it.
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                let _ = std::io::Write::write_all(
-                    &mut std::io::stderr(),
-                    b"PostgreSQL suite skipped: LEASEHOLD_TEST_POSTGRES is not set \
-                      (e.g. postgres://postgres@127.0.0.1:5432/test)\n",
-                );
-            });
-            None
-        }
-    }
-}
-
-/// Skips the test (it passes) when no database is configured.
-macro_rules! schema_or_skip {
-    () => {
-        match database() {
-            Some(url) => Schema::fresh(url),
-            None => return,
-        }
-    };
-}
-
-/// A schema of its own for one test, dropped when the test ends (passed or not).
-struct Schema {
-    url: String,
-    name: String,
-}
-
-impl Schema {
-    fn fresh(url: String) -> Schema {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let name = format!(
-            "lh_test_{}_{}_{nanos}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        Schema { url, name }
-    }
-
-    fn config(&self) -> PgConfig {
-        PgConfig {
-            schema: self.name.clone(),
-            pool_size: 4,
-            sweep_interval: Duration::from_millis(100),
-            poll: Duration::from_millis(200),
-            ..PgConfig::new(self.url.clone())
-        }
-    }
-}
-
-impl Schema {
-    /// Waits until `n` Acquires are in line for `key` (alive, not granted),
-    /// so a test can queue waiters in a known order.
-    async fn in_line(&self, key: &str, n: usize) {
-        let (db, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        tokio::spawn(connection);
-        let count = format!(
-            "SELECT count(*) FROM {0}.waiters
-             WHERE key = $1 AND granted_fence IS NULL AND alive_until_ms > {0}.now_ms()",
-            self.name
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let queued: i64 = db.query_one(&count, &[&key]).await.unwrap().get(0);
-            if queued as usize >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{queued} of {n} in line for {key}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let (url, name) = (self.url.clone(), self.name.clone());
-        // Its own thread and runtime: this may run while a test panics.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .expect("connect to drop the test schema");
-                tokio::spawn(connection);
-                client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
-                    .await
-                    .expect("drop the test schema");
-            });
-        })
-        .join();
-        if dropped.is_err() && !std::thread::panicking() {
-            panic!("could not drop schema {}", self.name);
-        }
-    }
-}
-
-/// An in-process leasehold server on the PostgreSQL backend.
-struct PgServer {
-    addr: SocketAddr,
-    backend: PgBackend,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl PgServer {
-    async fn start(schema: &Schema) -> PgServer {
-        Self::start_with(schema.config()).await
-    }
-
-    async fn start_with(config: PgConfig) -> PgServer {
-        let backend = PgBackend::connect(config).await.expect("connect backend");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (stop, stopped) = oneshot::channel::<()>();
-        let options = server::ServeOptions {
-            drain_timeout: Duration::from_millis(300),
-            ..server::ServeOptions::default()
-        };
-        let task = tokio::spawn({
-            let backend = backend.clone();
-            async move {
-                server::serve_with(
-                    listener,
-                    backend,
-                    async {
-                        let _ = stopped.await;
-                    },
-                    options,
-                )
-                .await
-                .expect("serve");
-            }
-        });
-        PgServer {
-            addr,
-            backend,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    async fn client(&self) -> LeaseholdClient<Channel> {
-        LeaseholdClient::connect(format!("http://{}", self.addr))
-            .await
-            .expect("connect")
-    }
-
-    async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.expect("server task");
-        }
-    }
-}
 
 fn renew(lease: &pb::Lease, ttl_ms: u64) -> pb::RenewRequest {
     pb::RenewRequest {

@@ -1,6 +1,5 @@
 //! In-process leasehold servers on the PostgreSQL backend over a fresh
-//! schema each, for the PostgreSQL suites that came after `postgres.rs`
-//! (whose own copy of these helpers predates this module). The database is
+//! schema each, for every PostgreSQL suite. The database is
 //! named by `LEASEHOLD_TEST_POSTGRES` (e.g.
 //! `postgres://postgres@127.0.0.1:5432/test`); without it every test says
 //! once that it was skipped, and passes.
@@ -26,7 +25,7 @@ pub fn database() -> Option<String> {
             SAID.call_once(|| {
                 let _ = std::io::Write::write_all(
                     &mut std::io::stderr(),
-                    b"PostgreSQL lifecycle suite skipped: LEASEHOLD_TEST_POSTGRES is not set \
+                    b"PostgreSQL suite skipped: LEASEHOLD_TEST_POSTGRES is not set \
                       (e.g. postgres://postgres@127.0.0.1:5432/test)\n",
                 );
             });
@@ -60,7 +59,7 @@ impl Schema {
             .unwrap()
             .subsec_nanos();
         let name = format!(
-            "lh_life_{}_{}_{nanos}",
+            "lh_test_{}_{}_{nanos}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
