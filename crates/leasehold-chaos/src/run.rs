@@ -23,6 +23,18 @@ use crate::server::{Server, Store};
 use crate::store::FencedStore;
 use crate::workload::{self, Rng, Worker, Workload};
 
+/// The worker id of the Python worker process (`python/worker.py`).
+pub const PYTHON_WORKER: u32 = 200;
+/// The worker ids of the TypeScript worker processes
+/// (`typescript/worker.mjs`): this one on gRPC, the next on gRPC-Web.
+pub const TYPESCRIPT_WORKERS: u32 = 300;
+
+/// The TypeScript client's built module (`clients/typescript/dist/index.js`,
+/// from `npm run build` there), which the TypeScript workers import.
+pub fn typescript_client() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/typescript/dist/index.js")
+}
+
 /// Which store the servers use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -120,6 +132,10 @@ pub struct RunConfig {
     /// A Python interpreter that can `import leasehold` (`clients/python`):
     /// then one worker process runs `python/worker.py` on the Python client.
     pub python: Option<PathBuf>,
+    /// Node.js (20 or later), with the TypeScript client built
+    /// (`clients/typescript/dist`): then two worker processes run
+    /// `typescript/worker.mjs`, one on each transport (gRPC, gRPC-Web).
+    pub node: Option<PathBuf>,
     pub workload: Workload,
     /// The pause between two faults is uniform in this range.
     pub fault_gap: (Duration, Duration),
@@ -144,6 +160,7 @@ impl RunConfig {
             worker_bin: None,
             process_workers: 2,
             python: None,
+            node: None,
             workload: Workload::new(3, ttl),
             fault_gap: (Duration::from_millis(200), Duration::from_millis(1500)),
             seed: 17,
@@ -436,7 +453,7 @@ async fn drive(
         }
     }
     if let Some(python) = &config.python {
-        let id = 200;
+        let id = PYTHON_WORKER;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/worker.py");
         let mut command = std::process::Command::new(python);
         command.arg(script).args([
@@ -449,6 +466,26 @@ async fn drive(
             config.seed.to_string(),
         ]);
         processes.push(WorkerProcess::spawn(command, id, config, recorder, store)?);
+    }
+    if let Some(node) = &config.node {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let script = here.join("typescript/worker.mjs");
+        let client = typescript_client();
+        for (n, transport) in ["grpc", "grpc-web"].into_iter().enumerate() {
+            let id = TYPESCRIPT_WORKERS + n as u32;
+            let mut command = std::process::Command::new(node);
+            command.arg(&script).arg(&client).args([
+                urls[n % urls.len()].clone(),
+                id.to_string(),
+                recorder.origin().to_string(),
+                config.duration.as_secs_f64().to_string(),
+                config.workload.ttl.as_millis().to_string(),
+                config.workload.keys.len().to_string(),
+                config.seed.to_string(),
+                transport.to_owned(),
+            ]);
+            processes.push(WorkerProcess::spawn(command, id, config, recorder, store)?);
+        }
     }
     let mut workers = Vec::new();
     for id in 0..config.workers {

@@ -78,6 +78,11 @@ struct Args {
     /// adds a worker process on the Python client.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Node.js, with the TypeScript client built (`npm run build` in
+    /// clients/typescript): adds two worker processes on the TypeScript
+    /// client, one per transport.
+    #[arg(long)]
+    node: Option<PathBuf>,
     /// Worker mode (used by the harness itself): run one worker against
     /// this URL and write its operations to stdout.
     #[arg(long, hide = true)]
@@ -189,6 +194,7 @@ async fn main() -> ExitCode {
     config.worker_bin = std::env::current_exe().ok();
     config.process_workers = args.process_workers;
     config.python = args.python.clone();
+    config.node = args.node.clone();
     config.workload =
         leasehold_chaos::workload::Workload::new(args.keys, Duration::from_millis(args.ttl_ms));
     println!(

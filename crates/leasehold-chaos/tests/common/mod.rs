@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use leasehold_chaos::check::{Config, Kind, check};
 use leasehold_chaos::history::MS;
-use leasehold_chaos::run::{Backend, RunConfig, RunResult, run};
+use leasehold_chaos::history::{Call, Outcome, Reply};
+use leasehold_chaos::run::{
+    Backend, PYTHON_WORKER, RunConfig, RunResult, TYPESCRIPT_WORKERS, run, typescript_client,
+};
 use leasehold_chaos::server::find_binary;
 
 /// How long the workers of a short run start new terms.
@@ -34,6 +37,27 @@ pub async fn short_run(backend: Backend) -> RunResult {
     config.worker_bin = Some(PathBuf::from(env!("CARGO_BIN_EXE_leasehold-chaos")));
     // A Python worker too, when an interpreter with the client is named.
     config.python = std::env::var_os("LEASEHOLD_CHAOS_PYTHON").map(PathBuf::from);
+    // And two on the TypeScript client (one per transport) when Node is
+    // named; the client must be built (`npm run build` in
+    // clients/typescript; ./test.sh does it before cargo test).
+    config.node = std::env::var_os("LEASEHOLD_CHAOS_NODE").map(PathBuf::from);
+    if config.node.is_some() {
+        let client = typescript_client();
+        assert!(
+            client.exists(),
+            "LEASEHOLD_CHAOS_NODE is set but {} is missing: run `npm ci && npm run build` in \
+             clients/typescript",
+            client.display()
+        );
+    }
+    let mut languages = Vec::new();
+    if config.python.is_some() {
+        languages.push(("Python", PYTHON_WORKER));
+    }
+    if config.node.is_some() {
+        languages.push(("TypeScript (gRPC)", TYPESCRIPT_WORKERS));
+        languages.push(("TypeScript (gRPC-Web)", TYPESCRIPT_WORKERS + 1));
+    }
     let mut kinds = config.faults.len();
     let result = run(config).await.expect("the run could be set up");
     let stats = &result.report.stats;
@@ -61,6 +85,25 @@ pub async fn short_run(backend: Backend) -> RunResult {
         result.faults
     );
     assert!(stats.terms >= 10, "only {} terms", stats.terms);
+    // Every worker of another language took part: it was granted terms and
+    // its writes reached the store.
+    for (language, worker) in languages {
+        let ops = result.history.ops.iter().filter(|op| op.worker == worker);
+        let (mut granted, mut checked) = (0, 0);
+        for op in ops {
+            match (&op.call, &op.outcome) {
+                (Call::Acquire { .. }, Outcome::Ok(Reply::Granted { .. })) => granted += 1,
+                (Call::Write { .. }, Outcome::Ok(_)) => checked += 1,
+                _ => {}
+            }
+        }
+        eprintln!("chaos: the {language} worker: {granted} terms, {checked} writes");
+        assert!(
+            granted > 0 && checked > 0,
+            "the {language} worker (id {worker}) took no part: {granted} terms, {checked} \
+             writes; see its log in the run's directory"
+        );
+    }
     assert!(stats.renewals_ok > 0 && stats.releases_ok > 0 && stats.gets_ok > 0);
     assert!(stats.writes_accepted > 0);
     assert!(stats.unknown > 0, "no fault made any outcome unknown");
