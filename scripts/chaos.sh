@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long chaos run (issue 17, part 2): the real server under kill -9,
-# SIGSTOP, a delaying/partitioning/cutting proxy (and, on PostgreSQL, two
+# SIGSTOP, wall-clock jumps, a delaying/partitioning/cutting proxy (and, on PostgreSQL, two
 # servers on one database with a proxy to the database), then the history
 # check. Prints the fault counts and the verdict; exit 0 when clean.
 #
@@ -10,6 +10,9 @@
 #   scripts/chaos.sh --backend private-postgres    # a cluster of its own, crashed and restarted too
 #   scripts/chaos.sh --python clients/python/.venv/bin/python   # plus a worker on the Python client
 #                                                  # (the venv clients/python/test.sh creates)
+#   scripts/chaos.sh --node "$(command -v node)"   # plus two workers on the TypeScript client
+#                                                  # (after `npm ci && npm run build` in clients/typescript)
+#   scripts/chaos.sh --minutes 2 --fault wall      # only the faults whose name starts with "wall"
 #   target/release/leasehold-chaos --check /tmp/chaos-run/history.json     # re-check a kept history
 #
 # PostgreSQL: --pg-url, else LEASEHOLD_TEST_PG_URL, else

@@ -20,6 +20,7 @@
 //! `docs/reliability.md`.
 
 pub mod check;
+pub mod clock;
 pub mod history;
 pub mod pg;
 pub mod proxy;

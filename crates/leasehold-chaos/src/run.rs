@@ -78,6 +78,11 @@ pub enum Fault {
     /// small tmpfs, filled by a filler file and then emptied. Needs the
     /// right to mount (root); skipped otherwise.
     DiskFull,
+    /// A server's wall clock jumps (forward 1 min–1 h, or back 1–3 TTLs;
+    /// the monotonic clock is untouched), it runs on for up to a TTL, then
+    /// `kill -9` and a restart on the jumped clock. Needs a C compiler for
+    /// the `LD_PRELOAD` shim (see [`crate::clock`]); skipped otherwise.
+    ClockJump,
 }
 
 impl Fault {
@@ -93,6 +98,7 @@ impl Fault {
             Fault::DiskFull => "disk full (ENOSPC)",
             Fault::DbRestart => "database crash + restart",
             Fault::WorkerStop => "worker SIGSTOP + SIGCONT",
+            Fault::ClockJump => "wall-clock jump + kill -9 + restart",
         }
     }
 
@@ -105,6 +111,7 @@ impl Fault {
             Fault::ClientPartition,
             Fault::ClientCut,
             Fault::WorkerStop,
+            Fault::ClockJump,
         ];
         match backend {
             Backend::Postgres { .. } => faults.extend([Fault::DbCut, Fault::DbPartition]),
@@ -257,6 +264,10 @@ struct Node {
     server: Server,
     front: Proxy,
     back: Option<Proxy>,
+    /// The offset file of its wall clock, when clock jumps are on.
+    clock: Option<PathBuf>,
+    /// Its wall clock's offset from the real one, in nanoseconds.
+    offset_ns: i64,
 }
 
 impl Node {
@@ -359,6 +370,8 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
                 server,
                 front,
                 back: None,
+                clock: None,
+                offset_ns: 0,
             });
         }
         Backend::Postgres { url } => {
@@ -385,10 +398,28 @@ pub async fn run(config: RunConfig) -> Result<RunResult, String> {
                     server,
                     front,
                     back: Some(back),
+                    clock: None,
+                    offset_ns: 0,
                 });
             }
         }
         Backend::PrivatePostgres => unreachable!("replaced by its cluster's URL above"),
+    }
+    if config.faults.contains(&Fault::ClockJump) {
+        match crate::clock::ClockShim::build(&config.dir) {
+            Ok(shim) => {
+                for (n, node) in nodes.iter_mut().enumerate() {
+                    let file = config.dir.join(format!("clock-offset-{}", n + 1));
+                    crate::clock::set_offset(&file, 0)?;
+                    node.server.set_clock(shim.clone(), file.clone());
+                    node.clock = Some(file);
+                }
+            }
+            Err(e) => {
+                config.faults.retain(|f| *f != Fault::ClockJump);
+                skipped.push(format!("{}: {e}", Fault::ClockJump.name()));
+            }
+        }
     }
     for (n, node) in nodes.iter_mut().enumerate() {
         node.start(&recorder, &format!("server {}", n + 1))?;
@@ -615,6 +646,32 @@ async fn drive(
                 self_exits += supervise(nodes, recorder, pause).await?;
                 signal("-CONT", process.child.id());
                 recorder.event(format!("SIGCONT worker {}", process.id));
+            }
+            Fault::ClockJump => {
+                let Some(file) = nodes[n].clock.clone() else {
+                    continue;
+                };
+                // Forward far (stored expiries look long past), or back a
+                // little (they look far ahead: the restarted server keeps
+                // those terms that much longer, which stalls their keys).
+                let jump = if rng.range(0, 2) == 0 {
+                    rng.between(Duration::from_secs(60), Duration::from_secs(3600))
+                        .as_nanos() as i64
+                } else {
+                    -(rng.between(ttl, ttl * 3).as_nanos() as i64)
+                };
+                nodes[n].offset_ns += jump;
+                crate::clock::set_offset(&file, nodes[n].offset_ns)?;
+                recorder.event(format!(
+                    "{name}'s wall clock jumps {:+} ms ({:+} ms off the real one)",
+                    jump / 1_000_000,
+                    nodes[n].offset_ns / 1_000_000
+                ));
+                let run_on = rng.between(Duration::ZERO, ttl);
+                self_exits += supervise(nodes, recorder, run_on).await?;
+                recorder.event(format!("kill -9 {name} (restarted on the jumped clock)"));
+                nodes[n].server.kill9();
+                nodes[n].start(recorder, &name)?;
             }
             Fault::DiskFull => {
                 let Some(disk) = disk else { continue };

@@ -9,6 +9,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::clock::ClockShim;
+
 /// How long a server may take to print `listening on ADDR`.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -35,6 +37,8 @@ pub struct Server {
     addr: Option<SocketAddr>,
     /// Whether the child is stopped (SIGSTOP).
     stopped: bool,
+    /// A wall-clock shim and the offset file it reads (see [`crate::clock`]).
+    clock: Option<(ClockShim, PathBuf)>,
 }
 
 impl Server {
@@ -46,7 +50,14 @@ impl Server {
             child: None,
             addr: None,
             stopped: false,
+            clock: None,
         }
+    }
+
+    /// Runs the server (from its next start on) with its wall clock offset
+    /// by the nanoseconds in `offset_file`.
+    pub fn set_clock(&mut self, shim: ClockShim, offset_file: PathBuf) {
+        self.clock = Some((shim, offset_file));
     }
 
     /// Where the server listens, while it runs.
@@ -86,6 +97,9 @@ impl Server {
             Store::Postgres { url, schema } => {
                 command.args(["--store", url, "--pg-schema", schema, "--pg-pool-size", "4"]);
             }
+        }
+        if let Some((shim, offset_file)) = &self.clock {
+            shim.apply(&mut command, offset_file);
         }
         let mut child = command
             .env("RUST_LOG", "warn")

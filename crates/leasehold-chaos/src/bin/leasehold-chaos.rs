@@ -78,6 +78,10 @@ struct Args {
     /// adds a worker process on the Python client.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Only the faults whose name starts with one of these (repeatable; e.g.
+    /// `--fault wall` for the wall-clock jumps alone). Default: every fault.
+    #[arg(long = "fault", value_name = "NAME")]
+    only: Vec<String>,
     /// Node.js, with the TypeScript client built (`npm run build` in
     /// clients/typescript): adds two worker processes on the TypeScript
     /// client, one per transport.
@@ -195,6 +199,17 @@ async fn main() -> ExitCode {
     config.process_workers = args.process_workers;
     config.python = args.python.clone();
     config.node = args.node.clone();
+    if !args.only.is_empty() {
+        config.faults.retain(|f| {
+            args.only
+                .iter()
+                .any(|name| f.name().starts_with(name.as_str()))
+        });
+        if config.faults.is_empty() {
+            eprintln!("leasehold-chaos: no fault matches {:?}", args.only);
+            return ExitCode::from(2);
+        }
+    }
     config.workload =
         leasehold_chaos::workload::Workload::new(args.keys, Duration::from_millis(args.ttl_ms));
     println!(
