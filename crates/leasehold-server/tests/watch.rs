@@ -1,7 +1,8 @@
 //! Watch over real gRPC on a real SQLite file: events in revision order,
 //! exact resumption after a reconnect, a clean restart and `kill -9`, a
-//! compacted revision refused as OUT_OF_RANGE, a slow watcher cut off, and
-//! the recoverer recipe of docs/lifecycle.md.
+//! compacted revision refused as OUT_OF_RANGE, a slow watcher cut off (in
+//! the engine, and over gRPC with a client that stops reading), and the
+//! recoverer recipe of docs/lifecycle.md.
 
 mod common;
 
@@ -307,6 +308,90 @@ async fn a_slow_watcher_is_cut_off_with_the_revision_to_resume_from() {
         .await
         .unwrap();
     assert_eq!(next_events(&mut watch, 6).await.len(), 6);
+}
+
+/// The same over real gRPC: a client that stops reading fills its HTTP/2
+/// window (a tiny one here), the server stops polling the watch, falls
+/// behind by more commits than `watch_buffer`, and cuts the stream with
+/// RESOURCE_EXHAUSTED naming the revision to resume from. The client then
+/// reads what was in flight, the status, and resumes exactly there: every
+/// event once, none missing.
+#[tokio::test]
+async fn a_grpc_watcher_that_stops_reading_is_cut_off_and_resumes_exactly() {
+    const CHANGES: usize = 60;
+    let server = TestServer::builder()
+        .config(EngineConfig {
+            watch_buffer: 2,
+            ..EngineConfig::default()
+        })
+        .start()
+        .await;
+    let channel = tonic::transport::Endpoint::from_shared(server.url())
+        .unwrap()
+        .initial_stream_window_size(Some(1024))
+        .connect()
+        .await
+        .unwrap();
+    let mut slow = pb::leasehold_client::LeaseholdClient::new(channel);
+    let mut stream = slow
+        .watch(pb::WatchRequest {
+            prefix: "slow/".into(),
+            start_revision: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Nothing is read while the changes happen, each its own commit.
+    let mut raw = server.client().await;
+    for i in 0..CHANGES {
+        raw.acquire(acquire(&format!("slow/{i}"), "w", 60_000))
+            .await
+            .unwrap();
+    }
+    let mut revisions = Vec::new();
+    let status = loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("the stream answers within 10 s");
+        match next {
+            Some(Ok(reply)) => revisions.extend(reply.events.iter().map(|e| e.revision)),
+            Some(Err(status)) => break status,
+            None => panic!("the stream ended without a status after {revisions:?}"),
+        }
+    };
+    assert!(
+        revisions.len() < CHANGES,
+        "a cut-off came only after every event ({} of {CHANGES})",
+        revisions.len()
+    );
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let resume = revisions.last().map_or(1, |r| r + 1);
+    match leasehold_wire::status::from_status(&status) {
+        Error::ResourceExhausted { limit, detail } => {
+            assert_eq!(limit, "watch_buffer");
+            assert!(
+                detail.contains(&format!("from revision {resume}")),
+                "{detail} (last received {revisions:?})"
+            );
+        }
+        other => panic!("expected the watch_buffer limit, got {other:?}"),
+    }
+    assert!(
+        stream.next().await.is_none(),
+        "the stream ends after the cut"
+    );
+    // Resuming where the status says gives the rest, exactly once each.
+    let client = Client::connect(server.url()).await.unwrap();
+    let mut watch = client
+        .watch(Selector::Prefix("slow/".into()), resume)
+        .await
+        .unwrap();
+    let rest = next_events(&mut watch, CHANGES - revisions.len()).await;
+    revisions.extend(rest.iter().map(|e| e.revision));
+    let expected: Vec<u64> = (1..=CHANGES as u64).collect();
+    assert_eq!(revisions, expected, "every revision once, in order");
+    quiet(&mut watch).await;
 }
 
 /// The recoverer recipe: watch RECOVERABLE-making events instead of
