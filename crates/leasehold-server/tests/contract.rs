@@ -1,0 +1,735 @@
+//! The lease contract, one suite for both backends (#12): every test below
+//! runs twice over real gRPC, once against a server on a real SQLite file
+//! (`sqlite::…`, with a manual clock) and once against a server on a fresh
+//! PostgreSQL schema (`postgres::…`, on the database's clock; skipped with a
+//! note when `LEASEHOLD_TEST_POSTGRES` is unset).
+//!
+//! A test is written once against [`Backend`]: it lets time pass with
+//! [`Backend::pass`] (a clock step on SQLite, real time on PostgreSQL, so
+//! TTLs that expire are a few hundred milliseconds), waits for waiters with
+//! [`Backend::in_line`], and asserts times relative to what the server
+//! returned, never against a fixed origin. What only one backend has stays
+//! in its own suite: restarts, commit counting and the Session stream's
+//! internals in `lease_api.rs`; several servers on one schema, outages and
+//! the sweeper in `postgres.rs`.
+
+mod common;
+#[macro_use]
+mod pg_harness;
+
+use std::time::{Duration, Instant};
+
+use common::{TestServer, acquire, lease_of};
+use leasehold_client::{Error, StaleReason};
+use leasehold_core::Clock;
+use leasehold_wire::pb;
+use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use leasehold_wire::status::from_status;
+use pg_harness::{PgServer, Schema};
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// A server of either backend, and how a test drives its clock.
+enum Backend {
+    Sqlite(TestServer),
+    // The server goes before its schema (fields drop in order).
+    Postgres { server: PgServer, schema: Schema },
+}
+
+impl Backend {
+    async fn sqlite() -> Backend {
+        Backend::Sqlite(TestServer::start().await)
+    }
+
+    /// `None` (the test passes, with a note) when no database is configured.
+    async fn postgres() -> Option<Backend> {
+        let schema = Schema::fresh(pg_harness::database()?);
+        let server = PgServer::start(&schema).await;
+        Some(Backend::Postgres { server, schema })
+    }
+
+    async fn client(&self) -> LeaseholdClient<Channel> {
+        match self {
+            Backend::Sqlite(server) => server.client().await,
+            Backend::Postgres { server, .. } => server.client().await,
+        }
+    }
+
+    /// The lease clock's time (ms since the epoch).
+    async fn now_ms(&self) -> u64 {
+        match self {
+            Backend::Sqlite(server) => server.clock.now(),
+            Backend::Postgres { schema, .. } => schema.now_ms().await,
+        }
+    }
+
+    /// Lets `ms` pass on the lease clock: one step of the manual clock, or
+    /// real time until the database's clock has moved that far.
+    async fn pass(&self, ms: u64) {
+        match self {
+            Backend::Sqlite(server) => {
+                server.clock.advance(ms);
+                // The engine's timer runs on the runtime: let it act.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Backend::Postgres { schema, .. } => {
+                let until = schema.now_ms().await + ms;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let now = schema.now_ms().await;
+                    if now >= until {
+                        return;
+                    }
+                    assert!(Instant::now() < deadline, "the database clock stands still");
+                    tokio::time::sleep(Duration::from_millis((until - now).min(100))).await;
+                }
+            }
+        }
+    }
+
+    /// Waits until `n` Acquires wait in line for `key` (SQLite: `n` in all).
+    async fn in_line(&self, key: &str, n: usize) {
+        match self {
+            Backend::Sqlite(server) => {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while server.engine.waiter_count() < n {
+                    assert!(Instant::now() < deadline, "fewer than {n} in line");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            Backend::Postgres { schema, .. } => schema.in_line(key, n).await,
+        }
+    }
+}
+
+/// Declares each contract test once per backend.
+macro_rules! contract {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::sqlite().await).await;
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(backend) = super::Backend::postgres().await {
+                        super::$name(backend).await;
+                    }
+                }
+            )+
+        }
+    };
+}
+
+contract!(
+    a_term_is_granted_checked_renewed_and_released,
+    fences_strictly_increase_across_keys,
+    a_held_key_is_busy_with_holder_fence_and_time_left,
+    malformed_input_is_invalid_argument,
+    every_stale_reason_and_permission_denied,
+    an_expired_fence_is_refused_everywhere,
+    get_hides_the_lease_id_and_unknown_keys_are_not_found,
+    retried_acquires_and_releases_replay,
+    an_expired_key_is_free_and_previous_says_expired,
+    waiters_are_served_in_arrival_order,
+    waiters_get_expired_keys_and_give_up_in_time,
+    recoverable_keys_are_listed_until_someone_acquires_them,
+    list_pages_in_key_order,
+);
+
+fn renew(lease: &pb::Lease, ttl_ms: u64) -> pb::RenewRequest {
+    pb::RenewRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        ttl_ms,
+    }
+}
+
+fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        suspend,
+        ..Default::default()
+    }
+}
+
+fn check(key: &str, fence: u64) -> pb::CheckRequest {
+    pb::CheckRequest {
+        key: key.into(),
+        fence,
+    }
+}
+
+fn get(key: &str) -> pb::GetRequest {
+    pb::GetRequest { key: key.into() }
+}
+
+fn waiting(key: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        wait_ms,
+        ..acquire(key, owner, ttl_ms)
+    }
+}
+
+/// The stale reason of a FAILED_PRECONDITION status.
+fn stale_reason(status: &tonic::Status) -> StaleReason {
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    match from_status(status) {
+        Error::StaleFence { reason, .. } => reason,
+        other => panic!("not a stale fence: {other:?}"),
+    }
+}
+
+/// A term's life: the grant (key, fence, owner, a UUID lease id, server
+/// times), Check (never showing the lease id), renew (longer; a shorter TTL
+/// is stored but never moves the deadline earlier), release, and what
+/// Check and Get say afterwards.
+async fn a_term_is_granted_checked_renewed_and_released(h: Backend) {
+    let mut c = h.client().await;
+    let before = h.now_ms().await;
+    let granted = c
+        .acquire(acquire("session:1", "graph-a", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let lease = granted.lease.unwrap();
+    assert_eq!(lease.key, "session:1");
+    assert!(lease.fence >= 1);
+    assert_eq!(lease.owner, "graph-a");
+    assert_eq!(lease.ttl_ms, 5_000);
+    assert!(
+        lease.acquired_at_ms >= before,
+        "granted on the server's clock"
+    );
+    assert_eq!(lease.expires_at_ms - lease.acquired_at_ms, 5_000);
+    assert!(uuid::Uuid::parse_str(&lease.lease_id).is_ok());
+    assert!(granted.previous.is_none() && !granted.replayed);
+
+    let checked = c.check(check("session:1", lease.fence)).await.unwrap();
+    let checked = checked.into_inner().lease.unwrap();
+    assert_eq!(checked.fence, lease.fence);
+    assert!(
+        checked.lease_id.is_empty(),
+        "Check never shows the lease id"
+    );
+
+    h.pass(900).await;
+    let renewed = c.renew(renew(&lease, 0)).await.unwrap().into_inner();
+    let renewed = renewed.lease.unwrap();
+    assert_eq!(renewed.ttl_ms, 5_000, "ttl 0 keeps the TTL");
+    assert!(renewed.expires_at_ms >= lease.expires_at_ms + 900);
+    assert_eq!(
+        (renewed.fence, &renewed.lease_id),
+        (lease.fence, &lease.lease_id)
+    );
+    let longer = c.renew(renew(&lease, 60_000)).await.unwrap().into_inner();
+    let longer = longer.lease.unwrap();
+    assert_eq!(longer.ttl_ms, 60_000);
+    assert!(longer.expires_at_ms >= renewed.expires_at_ms + 55_000);
+    let shorter = c.renew(renew(&lease, 1_000)).await.unwrap().into_inner();
+    let shorter = shorter.lease.unwrap();
+    assert_eq!(shorter.ttl_ms, 1_000);
+    assert_eq!(shorter.expires_at_ms, longer.expires_at_ms);
+    // Held past the first TTL.
+    h.pass(5_000).await;
+    c.check(check("session:1", lease.fence)).await.unwrap();
+
+    let ended = c
+        .release(release(&lease, false))
+        .await
+        .unwrap()
+        .into_inner();
+    let ended = ended.ended.unwrap();
+    assert_eq!(ended.fence, lease.fence);
+    assert_eq!(ended.end(), pb::TermEnd::Released);
+    let refused = c.check(check("session:1", lease.fence)).await.unwrap_err();
+    assert!(
+        matches!(stale_reason(&refused), StaleReason::Released { at } if at == ended.ended_at_ms)
+    );
+    let state = c.get(get("session:1")).await.unwrap().into_inner();
+    assert!(state.lease.is_none());
+    assert_eq!(state.last_ended.unwrap().end(), pb::TermEnd::Released);
+    assert!(!state.recoverable);
+}
+
+/// Fences strictly increase with every grant, across keys.
+async fn fences_strictly_increase_across_keys(h: Backend) {
+    let mut c = h.client().await;
+    let mut last = 0;
+    for i in 0..20 {
+        let key = format!("k{}", i % 3);
+        let lease = lease_of(c.acquire(acquire(&key, "o", 1000)).await.unwrap());
+        assert!(lease.fence > last, "fence {} after {last}", lease.fence);
+        last = lease.fence;
+        c.release(release(&lease, false)).await.unwrap();
+    }
+}
+
+/// A held key is ABORTED for others with the holder, its fence and the
+/// time left; it is not re-entrant for its own owner either.
+async fn a_held_key_is_busy_with_holder_fence_and_time_left(h: Backend) {
+    let mut c = h.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "graph-a", 10_000)).await.unwrap());
+    h.pass(1_500).await;
+    let refused = c.acquire(acquire("k", "graph-b", 1_000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+    assert!(
+        refused.message().contains("graph-a"),
+        "{}",
+        refused.message()
+    );
+    match from_status(&refused) {
+        Error::Busy {
+            key,
+            holder,
+            fence,
+            remaining_ms,
+        } => {
+            assert_eq!(key, "k");
+            assert_eq!(holder, "graph-a");
+            assert_eq!(fence.0, lease.fence);
+            assert!(
+                remaining_ms <= 8_500 && remaining_ms > 5_000,
+                "{remaining_ms}"
+            );
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    let again = c.acquire(acquire("k", "graph-a", 1_000)).await.unwrap_err();
+    assert_eq!(again.code(), Code::Aborted, "not re-entrant");
+}
+
+/// Malformed input is INVALID_ARGUMENT, never INTERNAL; the bounds
+/// themselves are allowed.
+async fn malformed_input_is_invalid_argument(h: Backend) {
+    let mut c = h.client().await;
+    let long_key = "k".repeat(1025);
+    let long_owner = "o".repeat(257);
+    let cases = vec![
+        acquire("", "o", 1000),
+        acquire(&long_key, "o", 1000),
+        acquire("bad\nkey", "o", 1000),
+        acquire("bad\u{0}key", "o", 1000),
+        acquire("k", "", 1000),
+        acquire("k", &long_owner, 1000),
+        acquire("k", "o", 99),
+        acquire("k", "o", 0),
+        acquire("k", "o", 24 * 3600 * 1000 + 1),
+        waiting("k", "o", 1000, 5 * 60 * 1000 + 1),
+    ];
+    for case in cases {
+        let status = c.acquire(case.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{case:?}: {status:?}");
+    }
+    c.acquire(acquire("min", "o", 100)).await.unwrap();
+    c.acquire(acquire("max", "o", 24 * 3600 * 1000))
+        .await
+        .unwrap();
+    let lease = lease_of(c.acquire(acquire("k", "o", 1000)).await.unwrap());
+    let bad_id = pb::RenewRequest {
+        lease_id: "not-a-uuid".into(),
+        ..renew(&lease, 0)
+    };
+    assert_eq!(
+        c.renew(bad_id).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    let bad_ttl = renew(&lease, 50);
+    assert_eq!(
+        c.renew(bad_ttl).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    for bad_page in [
+        pb::ListRequest {
+            page_token: "zz".into(),
+            ..Default::default()
+        },
+        pb::ListRequest {
+            page_size: 1001,
+            ..Default::default()
+        },
+    ] {
+        let status = c.list(bad_page).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+    }
+}
+
+/// Every stale reason (unknown, released, suspended, superseded) and
+/// PERMISSION_DENIED for the live fence with a wrong lease id; a stale
+/// release never clears a newer holder's claim.
+async fn every_stale_reason_and_permission_denied(h: Backend) {
+    let mut c = h.client().await;
+    // unknown: a key never acquired, and a fence the key never had.
+    let refused = c.check(check("never", 7)).await.unwrap_err();
+    assert_eq!(stale_reason(&refused), StaleReason::Unknown);
+    let lease = lease_of(c.acquire(acquire("k", "a", 5_000)).await.unwrap());
+    let refused = c.check(check("k", lease.fence + 1000)).await.unwrap_err();
+    assert_eq!(stale_reason(&refused), StaleReason::Unknown);
+
+    // permission denied: the live fence with another lease id; the term is untouched.
+    let mut forged = lease.clone();
+    forged.lease_id = uuid::Uuid::new_v4().to_string();
+    let refused = c.renew(renew(&forged, 0)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    let refused = c.release(release(&forged, false)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    c.check(check("k", lease.fence)).await.unwrap();
+
+    // released
+    let ended = c
+        .release(release(&lease, false))
+        .await
+        .unwrap()
+        .into_inner();
+    let at = ended.ended.unwrap().ended_at_ms;
+    for refused in [
+        c.check(check("k", lease.fence)).await.unwrap_err(),
+        c.renew(renew(&lease, 0)).await.unwrap_err(),
+    ] {
+        assert_eq!(stale_reason(&refused), StaleReason::Released { at });
+        assert!(refused.message().contains("released"), "{refused:?}");
+    }
+
+    // suspended, then superseded once the key is taken again.
+    let second = lease_of(c.acquire(acquire("k", "b", 5_000)).await.unwrap());
+    let ended = c
+        .release(release(&second, true))
+        .await
+        .unwrap()
+        .into_inner();
+    let at = ended.ended.unwrap().ended_at_ms;
+    let refused = c.renew(renew(&second, 0)).await.unwrap_err();
+    assert_eq!(stale_reason(&refused), StaleReason::Suspended { at });
+    let third = lease_of(c.acquire(acquire("k", "c", 5_000)).await.unwrap());
+    assert!(third.fence > second.fence);
+    for fence in [lease.fence, second.fence] {
+        let refused = c.check(check("k", fence)).await.unwrap_err();
+        assert_eq!(
+            stale_reason(&refused),
+            StaleReason::Superseded {
+                by: leasehold_core::Fence(third.fence)
+            }
+        );
+        assert!(
+            refused
+                .message()
+                .contains(&format!("superseded by fence {}", third.fence)),
+            "{refused:?}"
+        );
+    }
+    // A retried release of an old term is told the truth, and cannot clear
+    // the newer holder's claim.
+    let refused = c.release(release(&second, true)).await.unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Superseded { .. }
+    ));
+    c.check(check("k", third.fence)).await.unwrap();
+}
+
+/// Once the TTL has passed, the old fence is refused by renew, release and
+/// check alike, as expired at the term's deadline.
+async fn an_expired_fence_is_refused_everywhere(h: Backend) {
+    let mut c = h.client().await;
+    let lease = lease_of(c.acquire(acquire("short", "a", 300)).await.unwrap());
+    h.pass(310).await;
+    for refused in [
+        c.renew(renew(&lease, 0)).await.unwrap_err(),
+        c.release(release(&lease, false)).await.unwrap_err(),
+        c.check(check("short", lease.fence)).await.unwrap_err(),
+    ] {
+        assert_eq!(
+            stale_reason(&refused),
+            StaleReason::Expired {
+                at: lease.expires_at_ms
+            }
+        );
+        assert!(refused.message().contains("expired"), "{refused:?}");
+    }
+}
+
+/// Get shows the live lease without its lease id; Get and ListToolCalls of
+/// a key never acquired are NOT_FOUND.
+async fn get_hides_the_lease_id_and_unknown_keys_are_not_found(h: Backend) {
+    let mut c = h.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "o", 5_000)).await.unwrap());
+    let got = c.get(get("k")).await.unwrap().into_inner();
+    let live = got.lease.unwrap();
+    assert_eq!(live.fence, lease.fence);
+    assert!(live.lease_id.is_empty());
+    assert!(!got.recoverable);
+    assert_eq!(c.get(get("nope")).await.unwrap_err().code(), Code::NotFound);
+    let listed = c
+        .list_tool_calls(pb::ListToolCallsRequest {
+            key: "nope".into(),
+            filter: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(listed.code(), Code::NotFound);
+}
+
+/// The same owner and request id while the term is live gets the same term
+/// back (as first granted, whatever TTL the retry asks); another request id
+/// or owner is busy; once the term ended the request id starts a new term.
+/// A retried release returns the term as it first ended.
+async fn retried_acquires_and_releases_replay(h: Backend) {
+    let mut c = h.client().await;
+    let request = pb::AcquireRequest {
+        request_id: "r1".into(),
+        ..acquire("k", "a", 5_000)
+    };
+    let first = c.acquire(request.clone()).await.unwrap().into_inner();
+    let retry = c
+        .acquire(pb::AcquireRequest {
+            ttl_ms: 9_000,
+            ..request.clone()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(retry.replayed && !first.replayed);
+    assert_eq!(retry.lease, first.lease, "the term as first granted");
+    for other in [
+        pb::AcquireRequest {
+            request_id: "r2".into(),
+            ..request.clone()
+        },
+        pb::AcquireRequest {
+            owner: "b".into(),
+            ..request.clone()
+        },
+    ] {
+        assert_eq!(c.acquire(other).await.unwrap_err().code(), Code::Aborted);
+    }
+
+    let lease = first.lease.clone().unwrap();
+    let ended = c.release(release(&lease, true)).await.unwrap().into_inner();
+    h.pass(10).await;
+    let again = c
+        .release(release(&lease, false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        again.ended, ended.ended,
+        "a retry returns the term as it first ended"
+    );
+    assert_eq!(again.ended.unwrap().end(), pb::TermEnd::Suspended);
+
+    let fresh = c.acquire(request).await.unwrap().into_inner();
+    assert!(!fresh.replayed);
+    assert!(fresh.lease.unwrap().fence > lease.fence);
+}
+
+/// A key whose term expired is free, and `previous` names the expired term,
+/// ended at its deadline.
+async fn an_expired_key_is_free_and_previous_says_expired(h: Backend) {
+    let mut c = h.client().await;
+    let old = lease_of(c.acquire(acquire("k", "graph-a", 300)).await.unwrap());
+    let refused = c.acquire(acquire("k", "graph-b", 1000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+    h.pass(310).await;
+    let reply = c
+        .acquire(acquire("k", "graph-b", 1000))
+        .await
+        .unwrap()
+        .into_inner();
+    let previous = reply.previous.unwrap();
+    assert_eq!(previous.fence, old.fence);
+    assert_eq!(previous.owner, "graph-a");
+    assert_eq!(previous.end(), pb::TermEnd::Expired);
+    assert_eq!(previous.ended_at_ms, old.expires_at_ms);
+    assert!(reply.lease.unwrap().fence > old.fence);
+}
+
+/// Waiters are served first come, first served when the key is released;
+/// while someone waits, a newcomer that would not wait is busy (named the
+/// new holder), and does not jump the line.
+async fn waiters_are_served_in_arrival_order(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(acquire("k", "holder", 60_000)).await.unwrap());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (n, name) in ["w1", "w2", "w3"].into_iter().enumerate() {
+        let mut waiter = h.client().await;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let reply = waiter.acquire(waiting("k", name, 60_000, 60_000)).await;
+            tx.send(reply.map(lease_of)).unwrap();
+        });
+        // In line before the next one starts.
+        h.in_line("k", n + 1).await;
+    }
+    let mut previous = held;
+    for expected in ["w1", "w2", "w3"] {
+        c.release(release(&previous, false)).await.unwrap();
+        let lease = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a waiter was woken")
+            .unwrap()
+            .unwrap();
+        assert_eq!(lease.owner, expected);
+        assert!(lease.fence > previous.fence);
+        if expected == "w1" {
+            let refused = c.acquire(acquire("k", "e", 1_000)).await.unwrap_err();
+            assert!(
+                matches!(from_status(&refused), Error::Busy { holder, .. } if holder == "w1"),
+                "{refused:?}"
+            );
+        }
+        previous = lease;
+    }
+}
+
+/// A waiter gets the key when its holder's term expires, with `previous`
+/// saying so; a wait that runs out first is busy, naming the holder.
+async fn waiters_get_expired_keys_and_give_up_in_time(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(acquire("k", "holder", 300)).await.unwrap());
+    let mut waiter = h.client().await;
+    let waited = tokio::spawn(async move { waiter.acquire(waiting("k", "b", 5_000, 5_000)).await });
+    h.in_line("k", 1).await;
+    assert!(!waited.is_finished(), "granted before the expiry");
+    h.pass(300).await;
+    let got = tokio::time::timeout(Duration::from_secs(10), waited)
+        .await
+        .expect("woken by the expiry")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.lease.unwrap().owner, "b");
+    let previous = got.previous.unwrap();
+    assert_eq!(previous.fence, held.fence);
+    assert_eq!(previous.end(), pb::TermEnd::Expired);
+    assert_eq!(previous.ended_at_ms, held.expires_at_ms);
+
+    let mut late = h.client().await;
+    let gave_up = tokio::spawn(async move { late.acquire(waiting("k", "c", 5_000, 300)).await });
+    h.in_line("k", 1).await;
+    h.pass(300).await;
+    let refused = tokio::time::timeout(Duration::from_secs(10), gave_up)
+        .await
+        .expect("the wait ended")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+    assert!(refused.message().contains("\"b\""), "{refused:?}");
+}
+
+/// Suspended and expired keys are recoverable (Get says so, List
+/// RECOVERABLE finds them); released ones are not; the next grant carries
+/// the ended term as `previous`, exactly one recoverer wins, and taking a
+/// key over clears it from the list.
+async fn recoverable_keys_are_listed_until_someone_acquires_them(h: Backend) {
+    let mut c = h.client().await;
+    let expired = lease_of(c.acquire(acquire("s/crashed", "a", 300)).await.unwrap());
+    let suspended = lease_of(c.acquire(acquire("s/paused", "a", 5_000)).await.unwrap());
+    let released = lease_of(c.acquire(acquire("s/done", "a", 5_000)).await.unwrap());
+    c.acquire(acquire("s/live", "a", 60_000)).await.unwrap();
+    c.release(release(&suspended, true)).await.unwrap();
+    c.release(release(&released, false)).await.unwrap();
+    h.pass(310).await;
+
+    let state = c.get(get("s/crashed")).await.unwrap().into_inner();
+    assert!(state.recoverable && state.lease.is_none());
+    assert_eq!(state.last_ended.unwrap().end(), pb::TermEnd::Expired);
+    let state = c.get(get("s/paused")).await.unwrap().into_inner();
+    assert!(state.recoverable);
+    assert_eq!(state.last_ended.unwrap().end(), pb::TermEnd::Suspended);
+
+    let list = |filter: pb::ListFilter| pb::ListRequest {
+        prefix: "s/".into(),
+        filter: filter as i32,
+        page_size: 100,
+        page_token: String::new(),
+    };
+    let mut keys = async |filter| -> Vec<String> {
+        let reply = c.list(list(filter)).await.unwrap().into_inner();
+        reply.keys.into_iter().map(|k| k.key).collect()
+    };
+    assert_eq!(
+        keys(pb::ListFilter::Recoverable).await,
+        ["s/crashed", "s/paused"]
+    );
+    assert_eq!(keys(pb::ListFilter::Live).await, ["s/live"]);
+    assert_eq!(
+        keys(pb::ListFilter::All).await,
+        ["s/crashed", "s/done", "s/live", "s/paused"]
+    );
+
+    let mut c = h.client().await;
+    let taken = c
+        .acquire(acquire("s/crashed", "recoverer", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    let previous = taken.previous.unwrap();
+    assert_eq!(previous.fence, expired.fence);
+    assert_eq!(previous.end(), pb::TermEnd::Expired);
+    let second = c
+        .acquire(acquire("s/crashed", "recoverer-2", 5_000))
+        .await
+        .unwrap_err();
+    assert_eq!(second.code(), Code::Aborted, "exactly one recoverer wins");
+    let list = list(pb::ListFilter::Recoverable);
+    let recoverable = c.list(list.clone()).await.unwrap().into_inner();
+    let recoverable: Vec<String> = recoverable.keys.into_iter().map(|k| k.key).collect();
+    assert_eq!(recoverable, ["s/paused"]);
+    let taken = c
+        .acquire(acquire("s/paused", "recoverer", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(taken.previous.unwrap().end(), pb::TermEnd::Suspended);
+    let recoverable = c.list(list).await.unwrap().into_inner();
+    assert!(recoverable.keys.is_empty(), "{recoverable:?}");
+}
+
+/// List pages through a prefix in key (byte) order with page tokens, ends
+/// with an empty token, and takes LIKE wildcards in the prefix as plain
+/// characters.
+async fn list_pages_in_key_order(h: Backend) {
+    let mut c = h.client().await;
+    let mut expected = Vec::new();
+    for i in (0..25).rev() {
+        let key = format!("p%_{i:02}");
+        c.acquire(acquire(&key, "a", 60_000)).await.unwrap();
+        expected.push(key);
+    }
+    expected.sort();
+    for other in ["p%x", "pa_1", "q", "p%"] {
+        c.acquire(acquire(other, "a", 60_000)).await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let page = c
+            .list(pb::ListRequest {
+                prefix: "p%_".into(),
+                filter: pb::ListFilter::All as i32,
+                page_size: 10,
+                page_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        assert!(page.keys.len() <= 10);
+        seen.extend(page.keys.into_iter().map(|k| k.key));
+        token = page.next_page_token;
+        if token.is_empty() || pages > 10 {
+            break;
+        }
+    }
+    assert_eq!(seen, expected);
+    assert_eq!(pages, 3);
+}
