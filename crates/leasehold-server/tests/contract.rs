@@ -55,6 +55,25 @@ impl Backend {
         }
     }
 
+    fn url(&self) -> String {
+        match self {
+            Backend::Sqlite(server) => server.url(),
+            Backend::Postgres { server, .. } => server.url(),
+        }
+    }
+
+    /// Stops the server cleanly and starts a new one on the same store.
+    async fn restart(self) -> Backend {
+        match self {
+            Backend::Sqlite(server) => Backend::Sqlite(server.restart().await),
+            Backend::Postgres { mut server, schema } => {
+                server.stop().await;
+                let server = PgServer::start(&schema).await;
+                Backend::Postgres { server, schema }
+            }
+        }
+    }
+
     /// The lease clock's time (ms since the epoch).
     async fn now_ms(&self) -> u64 {
         match self {
@@ -140,6 +159,15 @@ contract!(
     waiters_get_expired_keys_and_give_up_in_time,
     recoverable_keys_are_listed_until_someone_acquires_them,
     list_pages_in_key_order,
+    lock_delay_holds_after_expiry_and_not_after_release,
+    a_waiter_keeps_its_place_through_a_lock_delay,
+    a_handoff_goes_to_the_named_successor_ahead_of_a_waiter,
+    a_handoff_times_out_to_the_waiter,
+    a_handoff_survives_a_restart,
+    history_pages_in_order_and_survives_a_restart,
+    a_key_is_quarantined_after_k_expiries_and_released_from_quarantine,
+    bad_lifecycle_fields_are_invalid_arguments,
+    the_rust_client_hands_off_reads_history_and_lifts_quarantine,
 );
 
 fn renew(lease: &pb::Lease, ttl_ms: u64) -> pb::RenewRequest {
@@ -177,6 +205,47 @@ fn waiting(key: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> pb::AcquireRequ
         wait_ms,
         ..acquire(key, owner, ttl_ms)
     }
+}
+
+fn release_to(lease: &pb::Lease, suspend: bool, successor: &str, ms: u64) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        successor: successor.into(),
+        handoff_ms: ms,
+        ..release(lease, suspend)
+    }
+}
+
+fn with_delay(key: &str, owner: &str, ttl_ms: u64, lock_delay_ms: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        lock_delay_ms,
+        ..acquire(key, owner, ttl_ms)
+    }
+}
+
+fn limited(key: &str, owner: &str, ttl_ms: u64, max_recoveries: u32) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        max_recoveries,
+        ..acquire(key, owner, ttl_ms)
+    }
+}
+
+/// `leasehold-reason` of a refusal ("" when absent).
+fn reason(status: &tonic::Status) -> &str {
+    status
+        .metadata()
+        .get("leasehold-reason")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// `leasehold-remaining-ms` of a refusal.
+fn remaining_ms(status: &tonic::Status) -> u64 {
+    status
+        .metadata()
+        .get("leasehold-remaining-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("leasehold-remaining-ms")
 }
 
 /// The stale reason of a FAILED_PRECONDITION status.
@@ -732,4 +801,400 @@ async fn list_pages_in_key_order(h: Backend) {
     }
     assert_eq!(seen, expected);
     assert_eq!(pages, 3);
+}
+
+/// After an expiry the key stays untakeable for the lock-delay (ABORTED,
+/// reason lock_delay, with the time left; Get shows the reservation), and
+/// is granted once the delay has passed; a clean release or a suspension
+/// skips it.
+async fn lock_delay_holds_after_expiry_and_not_after_release(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(with_delay("k", "a", 300, 600)).await.unwrap());
+    h.pass(400).await;
+    let refused = c.acquire(acquire("k", "b", 1000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted, "{refused:?}");
+    assert_eq!(reason(&refused), "lock_delay");
+    assert!(refused.message().contains("lock-delay"), "{refused:?}");
+    let left = remaining_ms(&refused);
+    assert!(left > 0 && left <= 500, "{left} ms left");
+    let got = c.get(get("k")).await.unwrap().into_inner();
+    let reservation = got.reservation.expect("reserved");
+    assert_eq!(reservation.kind, pb::reservation::Kind::LockDelay as i32);
+    assert_eq!(reservation.after_fence, held.fence);
+    assert_eq!(reservation.until_ms, held.expires_at_ms + 600);
+    h.pass(left).await;
+    let next = c
+        .acquire(acquire("k", "b", 1000))
+        .await
+        .unwrap()
+        .into_inner();
+    let lease = next.lease.unwrap();
+    assert!(lease.fence > held.fence);
+    assert!(lease.acquired_at_ms >= held.expires_at_ms + 600);
+    assert_eq!(next.previous.unwrap().end(), pb::TermEnd::Expired);
+
+    for suspend in [false, true] {
+        let r = lease_of(c.acquire(with_delay("r", "a", 1000, 5000)).await.unwrap());
+        c.release(release_to(&r, suspend, "", 0)).await.unwrap();
+        let b = lease_of(c.acquire(acquire("r", "b", 1000)).await.unwrap());
+        c.release(release_to(&b, false, "", 0)).await.unwrap();
+    }
+}
+
+/// A waiter keeps its place through a lock-delay and gets the key when the
+/// delay ends, not when the term expires.
+async fn a_waiter_keeps_its_place_through_a_lock_delay(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(with_delay("k", "a", 300, 600)).await.unwrap());
+    let mut waiter = h.client().await;
+    let waited =
+        tokio::spawn(async move { waiter.acquire(waiting("k", "w", 5_000, 10_000)).await });
+    h.in_line("k", 1).await;
+    h.pass(400).await;
+    let refused = c.acquire(acquire("k", "x", 1000)).await.unwrap_err();
+    assert_eq!(reason(&refused), "lock_delay", "{refused:?}");
+    h.pass(remaining_ms(&refused)).await;
+    let reply = tokio::time::timeout(Duration::from_secs(10), waited)
+        .await
+        .expect("woken when the delay ends")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    let lease = reply.lease.unwrap();
+    assert_eq!(lease.owner, "w");
+    assert!(
+        lease.acquired_at_ms >= held.expires_at_ms + 600,
+        "granted {} ms into the lock-delay",
+        lease.acquired_at_ms - held.expires_at_ms
+    );
+    assert_eq!(reply.previous.unwrap().end(), pb::TermEnd::Expired);
+}
+
+/// A release naming a successor keeps the key for it, ahead of a waiter;
+/// others are told whom it is kept for; the successor's grant says
+/// handed_off; the waiter gets the key after the successor.
+async fn a_handoff_goes_to_the_named_successor_ahead_of_a_waiter(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(acquire("s", "worker", 5000)).await.unwrap());
+    let mut waiter = h.client().await;
+    let waited = tokio::spawn(async move { waiter.acquire(waiting("s", "w", 5000, 10_000)).await });
+    h.in_line("s", 1).await;
+    c.release(release_to(&held, true, "ui", 10_000))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waited.is_finished(),
+        "the waiter went before the successor"
+    );
+
+    let refused = c.acquire(acquire("s", "x", 5000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Aborted);
+    assert_eq!(reason(&refused), "handoff");
+    assert!(refused.message().contains("\"ui\""), "{refused:?}");
+    let reservation = c.get(get("s")).await.unwrap().into_inner().reservation;
+    let reservation = reservation.expect("reserved");
+    assert_eq!(reservation.kind, pb::reservation::Kind::Handoff as i32);
+    assert_eq!(reservation.successor, "ui");
+    assert_eq!(reservation.after_fence, held.fence);
+
+    let ui = c
+        .acquire(acquire("s", "ui", 5000))
+        .await
+        .unwrap()
+        .into_inner();
+    let previous = ui.previous.unwrap();
+    assert!(previous.handed_off);
+    assert_eq!(previous.end(), pb::TermEnd::Suspended);
+    assert_eq!(previous.fence, held.fence);
+    let ui = ui.lease.unwrap();
+    assert!(
+        c.get(get("s"))
+            .await
+            .unwrap()
+            .into_inner()
+            .reservation
+            .is_none()
+    );
+    c.release(release_to(&ui, false, "", 0)).await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(10), waited)
+        .await
+        .expect("the waiter is served after the successor")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.lease.unwrap().owner, "w");
+    assert!(!reply.previous.unwrap().handed_off);
+}
+
+/// A successor that does not come loses the key to the waiter when the
+/// handoff time runs out, and is then plainly told the key is held.
+async fn a_handoff_times_out_to_the_waiter(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(acquire("s", "worker", 5000)).await.unwrap());
+    let mut waiter = h.client().await;
+    let waited = tokio::spawn(async move { waiter.acquire(waiting("s", "w", 5000, 10_000)).await });
+    h.in_line("s", 1).await;
+    let ended = c
+        .release(release_to(&held, false, "ui", 600))
+        .await
+        .unwrap();
+    let released_at = ended.into_inner().ended.unwrap().ended_at_ms;
+    h.pass(300).await;
+    if h.now_ms().await < released_at + 600 {
+        assert!(!waited.is_finished(), "served during the handoff");
+    }
+    h.pass(300).await;
+    let reply = tokio::time::timeout(Duration::from_secs(10), waited)
+        .await
+        .expect("served when the handoff runs out")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    let lease = reply.lease.unwrap();
+    assert_eq!(lease.owner, "w");
+    assert!(lease.acquired_at_ms >= released_at + 600);
+    assert!(!reply.previous.unwrap().handed_off);
+    let late = c.acquire(acquire("s", "ui", 5000)).await.unwrap_err();
+    assert_eq!(late.code(), Code::Aborted);
+    assert_eq!(reason(&late), "", "plainly busy now: {late:?}");
+}
+
+/// A handoff reservation is stored with the key: after a restart only the
+/// successor gets the key.
+async fn a_handoff_survives_a_restart(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(acquire("s", "worker", 5000)).await.unwrap());
+    c.release(release_to(&held, false, "ui", 60_000))
+        .await
+        .unwrap();
+    let h = h.restart().await;
+    let mut c = h.client().await;
+    let refused = c.acquire(acquire("s", "x", 5000)).await.unwrap_err();
+    assert_eq!(reason(&refused), "handoff");
+    let ui = c
+        .acquire(acquire("s", "ui", 5000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ui.previous.unwrap().handed_off);
+}
+
+/// History pages newest first, with a token for older entries, holds
+/// expiries, and survives a restart; a key never acquired is NOT_FOUND.
+async fn history_pages_in_order_and_survives_a_restart(h: Backend) {
+    let mut c = h.client().await;
+    let mut fences = Vec::new();
+    for (i, end) in ["released", "suspended", "expired", "released"]
+        .iter()
+        .enumerate()
+    {
+        let lease = lease_of(
+            c.acquire(acquire("h", &format!("w{i}"), 300))
+                .await
+                .unwrap(),
+        );
+        fences.push(lease.fence);
+        match *end {
+            "expired" => h.pass(310).await,
+            suspended => {
+                let suspend = suspended == "suspended";
+                c.release(release_to(&lease, suspend, "", 0)).await.unwrap();
+            }
+        }
+    }
+    let h = h.restart().await;
+    let mut c = h.client().await;
+    let page = |page_size, page_token: String| pb::HistoryRequest {
+        key: "h".into(),
+        page_size,
+        page_token,
+    };
+    let first = c
+        .history(page(3, String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<u64> = first.entries.iter().map(|e| e.fence).collect();
+    assert_eq!(got, vec![fences[3], fences[2], fences[1]]);
+    assert_eq!(first.entries[1].end, pb::TermEnd::Expired as i32);
+    assert_eq!(first.entries[1].owner, "w2");
+    assert!(first.entries[1].ended_at_ms >= first.entries[1].acquired_at_ms + 300);
+    assert_eq!(first.entries[2].end, pb::TermEnd::Suspended as i32);
+    assert!(!first.next_page_token.is_empty());
+    let second = c
+        .history(page(3, first.next_page_token))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<u64> = second.entries.iter().map(|e| e.fence).collect();
+    assert_eq!(got, vec![fences[0]]);
+    assert!(second.next_page_token.is_empty());
+
+    let missing = c
+        .history(pb::HistoryRequest {
+            key: "never".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+/// K expiries in a row quarantine a key: Acquire is FAILED_PRECONDITION
+/// (reason quarantined) naming the failed terms, List QUARANTINED shows it
+/// and RECOVERABLE does not, it stays quarantined across a restart, a
+/// forced Acquire still gets it without lifting it, and Unquarantine lets
+/// everyone in again (NOT_FOUND for a key never acquired).
+async fn a_key_is_quarantined_after_k_expiries_and_released_from_quarantine(h: Backend) {
+    let mut c = h.client().await;
+    let mut fences = Vec::new();
+    for _ in 0..2 {
+        let lease = lease_of(c.acquire(limited("q", "worker", 300, 2)).await.unwrap());
+        fences.push(lease.fence);
+        h.pass(310).await;
+    }
+    let refused = c.acquire(acquire("q", "worker", 1000)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(reason(&refused), "quarantined");
+    let expected = format!("fence {} expired, fence {} expired", fences[0], fences[1]);
+    assert!(refused.message().contains(&expected), "{refused:?}");
+
+    let h = h.restart().await;
+    let mut c = h.client().await;
+    let list = |filter: pb::ListFilter| pb::ListRequest {
+        filter: filter as i32,
+        ..Default::default()
+    };
+    let quarantined = c.list(list(pb::ListFilter::Quarantined)).await.unwrap();
+    let quarantined = quarantined.into_inner();
+    assert_eq!(quarantined.keys.len(), 1);
+    assert!(quarantined.keys[0].quarantined);
+    let recoverable = c.list(list(pb::ListFilter::Recoverable)).await.unwrap();
+    assert!(recoverable.into_inner().keys.is_empty());
+    let state = c.get(get("q")).await.unwrap().into_inner();
+    assert!(state.quarantined && !state.recoverable);
+    let still = c.acquire(acquire("q", "worker", 1000)).await.unwrap_err();
+    assert_eq!(reason(&still), "quarantined");
+
+    let forced = lease_of(
+        c.acquire(pb::AcquireRequest {
+            force: true,
+            ..acquire("q", "ops", 1000)
+        })
+        .await
+        .unwrap(),
+    );
+    c.release(release_to(&forced, true, "", 0)).await.unwrap();
+    assert!(c.get(get("q")).await.unwrap().into_inner().quarantined);
+    let lifted = c
+        .unquarantine(pb::UnquarantineRequest { key: "q".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .key
+        .unwrap();
+    assert!(!lifted.quarantined);
+    assert!(lifted.recoverable);
+    c.acquire(acquire("q", "worker", 1000)).await.unwrap();
+    let missing = c
+        .unquarantine(pb::UnquarantineRequest {
+            key: "never".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+}
+
+/// Malformed lifecycle fields are refused at the edge, and refused calls
+/// release nothing.
+async fn bad_lifecycle_fields_are_invalid_arguments(h: Backend) {
+    let mut c = h.client().await;
+    let too_long = c
+        .acquire(with_delay("k", "a", 1000, 60_001))
+        .await
+        .unwrap_err();
+    assert_eq!(too_long.code(), Code::InvalidArgument);
+    let held = lease_of(c.acquire(acquire("k", "a", 1000)).await.unwrap());
+    let no_successor = c
+        .release(release_to(&held, false, "", 1000))
+        .await
+        .unwrap_err();
+    assert_eq!(no_successor.code(), Code::InvalidArgument);
+    let too_long = c
+        .release(release_to(&held, false, "ui", 600_001))
+        .await
+        .unwrap_err();
+    assert_eq!(too_long.code(), Code::InvalidArgument);
+    c.check(check("k", held.fence)).await.unwrap();
+}
+
+/// The Rust client: a guard hands its session to a named successor, whose
+/// guard sees `handed_off`; refusals come back as typed errors; History and
+/// Unquarantine work through the client.
+async fn the_rust_client_hands_off_reads_history_and_lifts_quarantine(h: Backend) {
+    use leasehold_client::{Client, ClientError, Held, ListFilter, TermEnd};
+    use leasehold_core::lease::Key;
+    let client = Client::connect(h.url()).await.unwrap();
+    let worker = client
+        .acquire("session:9")
+        .owner("worker")
+        .ttl(Duration::from_secs(30))
+        .lock_delay(Duration::from_secs(5))
+        .await
+        .unwrap();
+    worker
+        .hand_off("ui", Duration::from_secs(30), false)
+        .await
+        .unwrap();
+    match client.acquire("session:9").owner("other").await {
+        Err(ClientError::Server(Error::Reserved {
+            reservation: Held::Handoff { successor },
+            ..
+        })) => assert_eq!(successor, "ui"),
+        other => panic!("expected a handoff refusal, got {other:?}"),
+    }
+    let ui = client
+        .acquire("session:9")
+        .owner("ui")
+        .ttl(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let previous = ui.previous().expect("a previous term");
+    assert!(previous.handed_off);
+    assert_eq!(previous.end, TermEnd::Released);
+    ui.release().await.unwrap();
+
+    let key = Key::parse("session:9").unwrap();
+    let page = client.history(&key, 10, None).await.unwrap();
+    let owners: Vec<&str> = page.entries.iter().map(|e| e.owner.as_str()).collect();
+    assert_eq!(owners, vec!["ui", "worker"]);
+    assert!(page.entries[0].handed_off);
+
+    // Quarantine at K = 1: one suspension is enough.
+    let g = client
+        .acquire("session:10")
+        .max_recoveries(1)
+        .await
+        .unwrap();
+    g.suspend().await.unwrap();
+    match client.acquire("session:10").await {
+        Err(ClientError::Server(Error::Quarantined { failures: 1, .. })) => {}
+        other => panic!("expected quarantine, got {other:?}"),
+    }
+    let listed = client
+        .list("session:", ListFilter::Quarantined, 10, None)
+        .await
+        .unwrap();
+    assert_eq!(listed.keys.len(), 1);
+    let key = Key::parse("session:10").unwrap();
+    let state = client.unquarantine(&key).await.unwrap();
+    assert!(!state.quarantined);
+    client
+        .acquire("session:10")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }

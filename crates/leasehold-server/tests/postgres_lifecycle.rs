@@ -1,9 +1,9 @@
-//! The ownership lifecycle (#15) on the PostgreSQL backend, over real gRPC:
-//! the behaviours `lifecycle.rs` specifies for SQLite (lock-delay, handoff to
-//! a named successor, term history, quarantine), with the database's clock
-//! instead of a manual one (short TTLs and delays, bounded polling), and
-//! what only a shared database has: several servers on one schema, and
-//! expiries that nobody has acted on yet (lazy expiry).
+//! The ownership lifecycle (#15) where only PostgreSQL has something to
+//! show, over real gRPC: expiries that nobody has acted on yet (lazy expiry:
+//! the lock-delay, history and quarantine cases run with and without the
+//! sweeper), several servers on one schema, a term's recovery limit fixed at
+//! its grant. The lifecycle contract both backends share (lock-delay,
+//! handoff, history, quarantine, the Rust client) is in `contract.rs`.
 
 mod common;
 mod pg_harness;
@@ -14,8 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{acquire, lease_of};
-use leasehold_client::{Client, ClientError, Error, Held, ListFilter, TermEnd};
-use leasehold_core::lease::Key;
 use leasehold_server::postgres::PgConfig;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
@@ -254,63 +252,6 @@ async fn a_waiter_keeps_its_place_through_a_lock_delay() {
     }
 }
 
-/// A release naming a successor keeps the key for it, ahead of a waiter;
-/// others are told whom it is kept for; the successor's grant says
-/// handed_off; the waiter gets the key after the successor.
-#[tokio::test]
-async fn a_handoff_goes_to_the_named_successor_ahead_of_a_waiter() {
-    let schema = schema_or_skip!();
-    let server = PgServer::start(&schema).await;
-    let mut client = server.client().await;
-    let held = lease_of(client.acquire(acquire("s", "worker", 5000)).await.unwrap());
-    let mut waiter = server.client().await;
-    let waiting_for = tokio::spawn(async move {
-        waiter
-            .acquire(waiting(acquire("s", "w", 5000), 10_000))
-            .await
-    });
-    schema.in_line("s", 1).await;
-    client
-        .release(release_to(&held, true, "ui", 10_000))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !waiting_for.is_finished(),
-        "the waiter went before the successor"
-    );
-
-    let refused = client.acquire(acquire("s", "x", 5000)).await.unwrap_err();
-    assert_eq!(refused.code(), Code::Aborted);
-    assert_eq!(reason(&refused), "handoff");
-    assert!(refused.message().contains("\"ui\""), "{refused:?}");
-    let reservation = get(&mut client, "s").await.reservation.expect("reserved");
-    assert_eq!(reservation.kind, pb::reservation::Kind::Handoff as i32);
-    assert_eq!(reservation.successor, "ui");
-    assert_eq!(reservation.after_fence, held.fence);
-
-    let ui = client
-        .acquire(acquire("s", "ui", 5000))
-        .await
-        .unwrap()
-        .into_inner();
-    let previous = ui.previous.unwrap();
-    assert!(previous.handed_off);
-    assert_eq!(previous.end, pb::TermEnd::Suspended as i32);
-    assert_eq!(previous.fence, held.fence);
-    let ui = ui.lease.unwrap();
-    assert!(get(&mut client, "s").await.reservation.is_none());
-    client.release(release_to(&ui, false, "", 0)).await.unwrap();
-    let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
-        .await
-        .expect("the waiter is served after the successor")
-        .unwrap()
-        .unwrap()
-        .into_inner();
-    assert_eq!(reply.lease.unwrap().owner, "w");
-    assert!(!reply.previous.unwrap().handed_off);
-}
-
 /// Two servers on one schema: the successor already waits in line (through
 /// the other server) behind an earlier waiter; the release hands it the key
 /// at once, ahead of that waiter, and the earlier waiter is served next.
@@ -371,50 +312,6 @@ async fn a_successor_in_line_on_another_server_goes_first() {
         .unwrap()
         .into_inner();
     assert!(late.previous.unwrap().handed_off);
-}
-
-/// A successor that does not come loses the key to the waiter when the
-/// handoff time runs out; the successor is then plainly told the key is
-/// held.
-#[tokio::test]
-async fn a_handoff_times_out_to_the_waiter() {
-    let schema = schema_or_skip!();
-    let server = PgServer::start(&schema).await;
-    let mut client = server.client().await;
-    let held = lease_of(client.acquire(acquire("s", "worker", 5000)).await.unwrap());
-    let mut waiter = server.client().await;
-    let waiting_for = tokio::spawn(async move {
-        waiter
-            .acquire(waiting(acquire("s", "w", 5000), 10_000))
-            .await
-    });
-    schema.in_line("s", 1).await;
-    client
-        .release(release_to(&held, false, "ui", 800))
-        .await
-        .unwrap();
-    let released_at = get(&mut client, "s").await.last_ended.unwrap().ended_at_ms;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    still_waiting(
-        &schema,
-        &waiting_for,
-        released_at + 800,
-        "served during the handoff",
-    )
-    .await;
-    let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
-        .await
-        .expect("served when the handoff runs out")
-        .unwrap()
-        .unwrap()
-        .into_inner();
-    let lease = reply.lease.unwrap();
-    assert_eq!(lease.owner, "w");
-    assert!(lease.acquired_at_ms >= released_at + 800);
-    assert!(!reply.previous.unwrap().handed_off);
-    let late = client.acquire(acquire("s", "ui", 5000)).await.unwrap_err();
-    assert_eq!(late.code(), Code::Aborted);
-    assert_eq!(reason(&late), "", "plainly busy now: {late:?}");
 }
 
 /// History pages newest first, with a token for older entries, and lives
@@ -821,77 +718,6 @@ async fn an_expiry_is_recorded_once_however_many_act_on_it() {
     assert_eq!(entries[0].end, pb::TermEnd::Expired as i32);
     let state = get(&mut c1, "e").await;
     assert!(!state.quarantined, "one expiry counted twice");
-}
-
-/// The Rust client: a guard hands its session to a named successor, whose
-/// guard sees `handed_off`; refusals come back as typed errors; History and
-/// Unquarantine work through the client.
-#[tokio::test]
-async fn the_rust_client_hands_off_reads_history_and_lifts_quarantine() {
-    let schema = schema_or_skip!();
-    let server = PgServer::start(&schema).await;
-    let client = Client::connect(server.url()).await.unwrap();
-    let worker = client
-        .acquire("session:9")
-        .owner("worker")
-        .ttl(Duration::from_secs(30))
-        .lock_delay(Duration::from_secs(5))
-        .await
-        .unwrap();
-    worker
-        .hand_off("ui", Duration::from_secs(30), false)
-        .await
-        .unwrap();
-    match client.acquire("session:9").owner("other").await {
-        Err(ClientError::Server(Error::Reserved {
-            reservation: Held::Handoff { successor },
-            ..
-        })) => assert_eq!(successor, "ui"),
-        other => panic!("expected a handoff refusal, got {other:?}"),
-    }
-    let ui = client
-        .acquire("session:9")
-        .owner("ui")
-        .ttl(Duration::from_secs(30))
-        .await
-        .unwrap();
-    let previous = ui.previous().expect("a previous term");
-    assert!(previous.handed_off);
-    assert_eq!(previous.end, TermEnd::Released);
-    ui.release().await.unwrap();
-
-    let key = Key::parse("session:9").unwrap();
-    let page = client.history(&key, 10, None).await.unwrap();
-    let owners: Vec<&str> = page.entries.iter().map(|h| h.owner.as_str()).collect();
-    assert_eq!(owners, vec!["ui", "worker"]);
-    assert!(page.entries[0].handed_off);
-
-    // Quarantine at K = 1: one suspension is enough.
-    let g = client
-        .acquire("session:10")
-        .max_recoveries(1)
-        .await
-        .unwrap();
-    g.suspend().await.unwrap();
-    match client.acquire("session:10").await {
-        Err(ClientError::Server(Error::Quarantined { failures: 1, .. })) => {}
-        other => panic!("expected quarantine, got {other:?}"),
-    }
-    let listed = client
-        .list("session:", ListFilter::Quarantined, 10, None)
-        .await
-        .unwrap();
-    assert_eq!(listed.keys.len(), 1);
-    let key = Key::parse("session:10").unwrap();
-    let state = client.unquarantine(&key).await.unwrap();
-    assert!(!state.quarantined);
-    client
-        .acquire("session:10")
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
 }
 
 /// Eight workers through two servers take two keys over and over, each
