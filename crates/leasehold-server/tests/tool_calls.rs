@@ -1,6 +1,26 @@
-//! The tool-call ledger over real gRPC on a real SQLite file.
+//! The tool-call ledger over real gRPC: its contract on both backends
+//! (`sqlite::…` and `postgres::…`, see `backends/`), and what only the
+//! SQLite engine has (retention pruning, commit counting, and, until the
+//! PostgreSQL backend has them, turns).
 
 mod common;
+mod pg_harness;
+#[macro_use]
+mod backends;
+
+use backends::Backend;
+use leasehold_client::StaleReason;
+
+contract!(
+    duplicate_call_ids_never_run_twice,
+    a_batch_is_all_or_nothing,
+    the_first_terminal_state_wins_under_concurrency,
+    a_recoverer_settles_the_dead_holders_calls,
+    begin_and_settle_span_a_restart,
+    ledger_input_is_validated,
+    calls_carry_a_stable_idempotency_key,
+    the_ledger_records_settles_and_lists_under_the_live_term_only,
+);
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -60,6 +80,25 @@ fn settle(
         result_digest: String::new(),
         result: b"ok".to_vec(),
         turn: Default::default(),
+    }
+}
+
+fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        suspend,
+        ..Default::default()
+    }
+}
+
+/// The stale reason of a FAILED_PRECONDITION status.
+fn stale_reason(status: &tonic::Status) -> StaleReason {
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    match leasehold_wire::status::from_status(status) {
+        leasehold_client::Error::StaleFence { reason, .. } => reason,
+        other => panic!("not a stale fence: {other:?}"),
     }
 }
 
@@ -130,10 +169,8 @@ async fn run_turn(client: &mut Client, lease: &pb::Lease, ids: &[&str], side_eff
 }
 
 /// A call id seen before, in the same batch or a later turn, never runs its tool again.
-#[tokio::test]
-async fn duplicate_call_ids_never_run_twice() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+async fn duplicate_call_ids_never_run_twice(h: Backend) {
+    let mut client = h.client().await;
     let lease = lease_of(
         client
             .acquire(acquire("s", "graph-a", 60_000))
@@ -165,10 +202,8 @@ async fn duplicate_call_ids_never_run_twice() {
 }
 
 /// A batch with one known id records none of its calls.
-#[tokio::test]
-async fn a_batch_is_all_or_nothing() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+async fn a_batch_is_all_or_nothing(h: Backend) {
+    let mut client = h.client().await;
     let lease = lease_of(client.acquire(acquire("s", "o", 60_000)).await.unwrap());
     client.begin_tool_call(begin(&lease, "old")).await.unwrap();
     let reply = client
@@ -189,10 +224,8 @@ async fn a_batch_is_all_or_nothing() {
 }
 
 /// Under concurrent settles exactly one outcome wins, and everyone sees it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_first_terminal_state_wins_under_concurrency() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+async fn the_first_terminal_state_wins_under_concurrency(h: Backend) {
+    let mut client = h.client().await;
     let lease = lease_of(client.acquire(acquire("s", "o", 60_000)).await.unwrap());
     client.begin_tool_call(begin(&lease, "c")).await.unwrap();
     let outcomes = [
@@ -202,7 +235,7 @@ async fn the_first_terminal_state_wins_under_concurrency() {
     ];
     let mut tasks = Vec::new();
     for i in 0..24 {
-        let mut client = server.client().await;
+        let mut client = h.client().await;
         let request = settle(&lease, "c", outcomes[i % 3]);
         tasks.push(tokio::spawn(async move {
             client.settle_tool_call(request).await.unwrap().into_inner()
@@ -227,14 +260,12 @@ async fn the_first_terminal_state_wins_under_concurrency() {
 
 /// A holder dies mid-tool; the next holder sees the unsettled call and settles it
 /// as UNKNOWN; the first holder's late settle is refused.
-#[tokio::test]
-async fn a_recoverer_settles_the_dead_holders_calls() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
-    let first = lease_of(client.acquire(acquire("s", "graph-a", 1000)).await.unwrap());
+async fn a_recoverer_settles_the_dead_holders_calls(h: Backend) {
+    let mut client = h.client().await;
+    let first = lease_of(client.acquire(acquire("s", "graph-a", 300)).await.unwrap());
     client.begin_tool_call(begin(&first, "slow")).await.unwrap();
     // graph-a stops renewing (killed); its lease runs out on the server's clock.
-    server.clock.advance(1000);
+    h.pass(310).await;
 
     let reply = client
         .acquire(acquire("s", "graph-b", 60_000))
@@ -273,15 +304,13 @@ async fn a_recoverer_settles_the_dead_holders_calls() {
 }
 
 /// The ledger survives a server restart between begin and settle.
-#[tokio::test]
-async fn begin_and_settle_span_a_restart() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+async fn begin_and_settle_span_a_restart(h: Backend) {
+    let mut client = h.client().await;
     let lease = lease_of(client.acquire(acquire("s", "o", 60_000)).await.unwrap());
     client.begin_tool_call(begin(&lease, "c1")).await.unwrap();
     drop(client);
-    let server = server.restart().await;
-    let mut client = server.client().await;
+    let h = h.restart().await;
+    let mut client = h.client().await;
     let unsettled = list(&mut client, "s", true).await;
     assert_eq!(unsettled.len(), 1);
     let settled = client
@@ -293,8 +322,8 @@ async fn begin_and_settle_span_a_restart() {
     // New calls after the restart are ordered after the old ones.
     client.begin_tool_call(begin(&lease, "c2")).await.unwrap();
     drop(client);
-    let server = server.restart().await;
-    let mut client = server.client().await;
+    let h = h.restart().await;
+    let mut client = h.client().await;
     let calls = list(&mut client, "s", false).await;
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0].call_id, "c1");
@@ -304,10 +333,8 @@ async fn begin_and_settle_span_a_restart() {
 }
 
 /// Bad input is INVALID_ARGUMENT; unknown calls NOT_FOUND; a wrong secret PERMISSION_DENIED.
-#[tokio::test]
-async fn ledger_input_is_validated() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+async fn ledger_input_is_validated(h: Backend) {
+    let mut client = h.client().await;
     let lease = lease_of(client.acquire(acquire("s", "o", 60_000)).await.unwrap());
     let long = "c".repeat(257);
     for call_id in ["", long.as_str(), "bad\nid"] {
@@ -366,10 +393,8 @@ async fn ledger_input_is_validated() {
 }
 
 /// Every call carries the documented idempotency key for downstream deduplication.
-#[tokio::test]
-async fn calls_carry_a_stable_idempotency_key() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+async fn calls_carry_a_stable_idempotency_key(h: Backend) {
+    let mut client = h.client().await;
     let lease = lease_of(
         client
             .acquire(acquire("session:1", "o", 60_000))
@@ -566,4 +591,123 @@ async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
         .unwrap()
         .into_inner();
     assert!(again.duplicate, "still refused after a restart");
+}
+
+/// The tool-call ledger: begin all-or-none, the first settle wins, only
+/// under the live term, and a recoverer learns of calls left running.
+async fn the_ledger_records_settles_and_lists_under_the_live_term_only(h: Backend) {
+    let mut c = h.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 5_000)).await.unwrap());
+    let begin_calls = |calls: Vec<pb::ToolCallSpec>| pb::BeginToolCallsRequest {
+        key: "k".into(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        calls,
+        across_turns: Default::default(),
+        turn: Default::default(),
+    };
+    let begun = c
+        .begin_tool_calls(begin_calls(vec![spec("a"), spec("b"), spec("c")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!begun.duplicate);
+    let ids: Vec<_> = begun.calls.iter().map(|c| c.call_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert!(begun.calls.windows(2).all(|w| w[0].ordinal < w[1].ordinal));
+    assert!(
+        begun
+            .calls
+            .iter()
+            .all(|c| c.state() == pb::ToolCallState::Running)
+    );
+
+    // A batch with a known id records nothing.
+    let dup = c
+        .begin_tool_calls(begin_calls(vec![spec("d"), spec("a")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dup.duplicate);
+    assert_eq!(dup.duplicate_call_ids, ["a"]);
+    assert_eq!(dup.calls[0].call_id, "a");
+    let dup = c
+        .begin_tool_calls(begin_calls(vec![spec("e"), spec("e")]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dup.duplicate && dup.calls.is_empty());
+
+    let first = c
+        .settle_tool_call(settle(&lease, "a", pb::ToolCallState::Succeeded))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!first.already_settled);
+    let first = first.call.unwrap();
+    assert_eq!(first.state(), pb::ToolCallState::Succeeded);
+    assert_eq!(first.settled_fence, lease.fence);
+    assert_eq!(first.result, b"ok");
+    let second = c
+        .settle_tool_call(settle(&lease, "a", pb::ToolCallState::Failed))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(second.already_settled);
+    assert_eq!(second.call.unwrap(), first);
+    let missing = c
+        .settle_tool_call(settle(&lease, "zz", pb::ToolCallState::Failed))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+
+    let list = |filter| pb::ListToolCallsRequest {
+        key: "k".into(),
+        filter,
+    };
+    let all = c.list_tool_calls(list(2)).await.unwrap().into_inner().calls;
+    let ids: Vec<_> = all.iter().map(|c| c.call_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"], "d was never recorded");
+    let running = c.list_tool_calls(list(1)).await.unwrap().into_inner().calls;
+    assert_eq!(running.len(), 2);
+
+    // Only under the live term: after a suspend, settling is refused.
+    c.release(release(&lease, true)).await.unwrap();
+    let refused = c
+        .settle_tool_call(settle(&lease, "b", pb::ToolCallState::Failed))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Suspended { .. }
+    ));
+    let refused = c
+        .begin_tool_calls(begin_calls(vec![spec("f")]))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        stale_reason(&refused),
+        StaleReason::Suspended { .. }
+    ));
+
+    // The recoverer sees what was left running and settles it under its fence.
+    let taken = c
+        .acquire(acquire("k", "b", 5_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(taken.unsettled_tool_calls, 2);
+    let next = taken.lease.unwrap();
+    let settled = c
+        .settle_tool_call(settle(&next, "b", pb::ToolCallState::Unknown))
+        .await
+        .unwrap()
+        .into_inner()
+        .call
+        .unwrap();
+    assert_eq!(settled.fence, lease.fence, "begun under the old term");
+    assert_eq!(
+        settled.settled_fence, next.fence,
+        "settled under the new one"
+    );
 }

@@ -1,0 +1,138 @@
+//! A server of either backend for the contract suites (`contract.rs`,
+//! `tool_calls.rs`): each test is written once against [`Backend`] and
+//! declared for both backends by [`contract!`], so `sqlite::<test>` runs it
+//! on a real SQLite file with a manual clock and `postgres::<test>` on a
+//! fresh PostgreSQL schema on the database's clock (skipped with a note
+//! when `LEASEHOLD_TEST_POSTGRES` is unset).
+//!
+//! A test lets time pass with [`Backend::pass`] (a clock step on SQLite,
+//! real time on PostgreSQL, so TTLs that expire are a few hundred
+//! milliseconds), waits for waiters with [`Backend::in_line`], and asserts
+//! times relative to what the server returned, never a fixed origin.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use leasehold_core::Clock;
+use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use tonic::transport::Channel;
+
+use super::common::TestServer;
+use super::pg_harness::{self, PgServer, Schema};
+
+/// A server of either backend, and how a test drives its clock.
+pub enum Backend {
+    Sqlite(TestServer),
+    // The server goes before its schema (fields drop in order).
+    Postgres { server: PgServer, schema: Schema },
+}
+
+impl Backend {
+    pub async fn sqlite() -> Backend {
+        Backend::Sqlite(TestServer::start().await)
+    }
+
+    /// `None` (the test passes, with a note) when no database is configured.
+    pub async fn postgres() -> Option<Backend> {
+        let schema = Schema::fresh(pg_harness::database()?);
+        let server = PgServer::start(&schema).await;
+        Some(Backend::Postgres { server, schema })
+    }
+
+    pub async fn client(&self) -> LeaseholdClient<Channel> {
+        match self {
+            Backend::Sqlite(server) => server.client().await,
+            Backend::Postgres { server, .. } => server.client().await,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            Backend::Sqlite(server) => server.url(),
+            Backend::Postgres { server, .. } => server.url(),
+        }
+    }
+
+    /// Stops the server cleanly and starts a new one on the same store.
+    pub async fn restart(self) -> Backend {
+        match self {
+            Backend::Sqlite(server) => Backend::Sqlite(server.restart().await),
+            Backend::Postgres { mut server, schema } => {
+                server.stop().await;
+                let server = PgServer::start(&schema).await;
+                Backend::Postgres { server, schema }
+            }
+        }
+    }
+
+    /// The lease clock's time (ms since the epoch).
+    pub async fn now_ms(&self) -> u64 {
+        match self {
+            Backend::Sqlite(server) => server.clock.now(),
+            Backend::Postgres { schema, .. } => schema.now_ms().await,
+        }
+    }
+
+    /// Lets `ms` pass on the lease clock: one step of the manual clock, or
+    /// real time until the database's clock has moved that far.
+    pub async fn pass(&self, ms: u64) {
+        match self {
+            Backend::Sqlite(server) => {
+                server.clock.advance(ms);
+                // The engine's timer runs on the runtime: let it act.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Backend::Postgres { schema, .. } => {
+                let until = schema.now_ms().await + ms;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let now = schema.now_ms().await;
+                    if now >= until {
+                        return;
+                    }
+                    assert!(Instant::now() < deadline, "the database clock stands still");
+                    tokio::time::sleep(Duration::from_millis((until - now).min(100))).await;
+                }
+            }
+        }
+    }
+
+    /// Waits until `n` Acquires wait in line for `key` (SQLite: `n` in all).
+    pub async fn in_line(&self, key: &str, n: usize) {
+        match self {
+            Backend::Sqlite(server) => {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while server.engine.waiter_count() < n {
+                    assert!(Instant::now() < deadline, "fewer than {n} in line");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            Backend::Postgres { schema, .. } => schema.in_line(key, n).await,
+        }
+    }
+}
+
+/// Declares each contract test once per backend.
+#[macro_export]
+macro_rules! contract {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::backends::Backend::sqlite().await).await;
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(backend) = super::backends::Backend::postgres().await {
+                        super::$name(backend).await;
+                    }
+                }
+            )+
+        }
+    };
+}
