@@ -18,7 +18,7 @@
 //! let results = guard
 //!     .tool_calls()
 //!     .turn("turn-7")
-//!     .run(calls, 4, |invocation| async move { ToolOutcome::Succeeded(vec![]) })
+//!     .run(calls, 4, |_invocation| async move { ToolOutcome::Succeeded(vec![]) })
 //!     .await?;
 //! # let _ = results;
 //! # Ok(())
