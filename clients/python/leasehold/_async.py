@@ -4,7 +4,8 @@ The same protocol as the sync twin: one pipelined ``Session`` stream per
 client carries every lease's renewals, checks and releases, read by one
 task; each lease renews in its own task. A grpc.aio channel belongs to one
 event loop and one process, so the client opens one lazily per (process,
-loop) pair.
+loop) pair. With several servers, one channel and stream per server, and
+calls fail over as in the sync twin (``_Connection.run``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -30,7 +31,6 @@ from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered, millis
 from ._errors import Error, LeaseLost, Unavailable, from_aio_error, from_refusal
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
-from ._sync import _idempotency_key
 from ._tls import Pem
 from ._types import (
     BeginResult,
@@ -53,6 +53,7 @@ from ._types import (
 _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
 
 AsyncRunner = Callable[[ToolInvocation], Awaitable["bytes | str | ToolOutcome | None"]]
+T = TypeVar("T")
 
 
 class _Stream:
@@ -155,19 +156,18 @@ class _Mux:
             self._stream = None
 
 
-class _Connection:
-    """A grpc.aio channel for one process and one event loop."""
+class _Node:
+    """One server: its grpc.aio channel, stubs and Session stream."""
 
     def __init__(
         self,
+        target: str,
         endpoint: _tls.Endpoint,
         options: Sequence[tuple[str, Any]],
         metadata: Metadata,
     ) -> None:
-        self.pid = os.getpid()
-        #: Sent with every call (the bearer token, when there is one).
-        self.metadata = metadata
-        self.loop = asyncio.get_running_loop()
+        #: The target as given, for messages.
+        self.target = target
         opts = [*_core.CHANNEL_OPTIONS, *options]
         if endpoint.credentials is None:
             self.channel = grpc.aio.insecure_channel(endpoint.address, options=opts)
@@ -180,6 +180,51 @@ class _Connection:
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
         self.mux = _Mux(self.rpc, metadata)
 
+    async def close(self) -> None:
+        self.mux.close()
+        await self.channel.close(None)
+
+
+class _Connection:
+    """The grpc.aio channels to a client's servers, for one process and one
+    event loop."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, _tls.Endpoint]],
+        options: Sequence[tuple[str, Any]],
+        metadata: Metadata,
+    ) -> None:
+        self.pid = os.getpid()
+        #: Sent with every call (the bearer token, when there is one).
+        self.metadata = metadata
+        self.loop = asyncio.get_running_loop()
+        #: One per server, in the order given; channels connect on first use.
+        self.nodes = [_Node(t, e, options, metadata) for t, e in endpoints]
+        #: Which server calls go to first.
+        self.rotation = _core.Rotation(len(self.nodes))
+
+    @property
+    def current(self) -> _Node:
+        return self.nodes[self.rotation.current]
+
+    async def run(self, safe: bool, op: Callable[[_Node], Awaitable[T]]) -> T:
+        """As the sync twin's: the current server, then (on ``Unavailable``,
+        when ``safe``) the next ones, each at most once."""
+        failures: list[str] = []
+        for index in self.rotation.order():
+            node = self.nodes[index]
+            try:
+                return await op(node)
+            except Unavailable as err:
+                self.rotation.move_on_from(index)
+                if len(self.nodes) == 1:
+                    raise
+                if not safe:
+                    raise _core.not_resent(node.target, err) from None
+                failures.append(f"{node.target}: {err.message}")
+        raise _core.none_answered(failures)
+
     def usable(self) -> bool:
         try:
             loop = asyncio.get_running_loop()
@@ -188,8 +233,8 @@ class _Connection:
         return self.pid == os.getpid() and self.loop is loop and not loop.is_closed()
 
     async def close(self) -> None:
-        self.mux.close()
-        await self.channel.close(None)
+        for node in self.nodes:
+            await node.close()
 
 
 async def _unary(
@@ -215,7 +260,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         owner: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -226,11 +271,20 @@ class AsyncClient:
         tls_cert: Pem | None = None,
         tls_key: Pem | None = None,
     ) -> None:
-        self.target = target
-        #: Where the channel dials, and with which credentials (None: plaintext).
-        self._endpoint = _tls.resolve(
-            target, credentials=credentials, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
-        )
+        #: Every server, in the order given.
+        self.targets: tuple[str, ...] = tuple(_core.targets_of(target))
+        #: The target as given (several: joined with commas).
+        self.target = target if isinstance(target, str) else ",".join(self.targets)
+        #: Where each channel dials, and with which credentials (None: plaintext).
+        self._endpoints = [
+            (
+                t,
+                _tls.resolve(
+                    t, credentials=credentials, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+                ),
+            )
+            for t in self.targets
+        ]
         #: Sent with every call: the bearer token for a server run with ``--auth``.
         self._metadata: Metadata = _core.bearer(token)
         self.owner = owner
@@ -247,8 +301,16 @@ class AsyncClient:
             return conn
         if conn is not None:
             self._inherited.append(conn)
-        self._conn = _Connection(self._endpoint, self._options, self._metadata)
+        self._conn = _Connection(self._endpoints, self._options, self._metadata)
         return self._conn
+
+    @property
+    def current_target(self) -> str:
+        """As :attr:`leasehold.Client.current_target` (for this loop)."""
+        conn = self._conn
+        if conn is None or not conn.usable():
+            return self.targets[0]
+        return conn.current.target
 
     async def close(self) -> None:
         """Closes this loop's channel; leases still held expire at their TTL."""
@@ -328,8 +390,13 @@ class AsyncClient:
         attempt = 1
         while True:
             try:
-                reply: pb.AcquireResponse = await _unary(
-                    conn.rpc.Acquire, request, timeout, "Acquire", conn.metadata
+                # Safe to resend on another server: the request id makes the
+                # server replay a grant whose reply was lost.
+                reply: pb.AcquireResponse = await conn.run(
+                    True,
+                    lambda node: _unary(
+                        node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
+                    ),
                 )
                 break
             except Unavailable:
@@ -345,13 +412,20 @@ class AsyncClient:
     async def check(self, key: str, fence: int, *, timeout: float | None = None) -> int:
         """As :meth:`leasehold.Client.check`."""
         request = pb.SessionRequest(check=pb.CheckRequest(key=key, fence=fence))
-        reply = await self._connection().mux.call("Check", request, timeout or self.timeout)
+        wait = timeout or self.timeout
+        reply = await self._connection().run(
+            True, lambda node: node.mux.call("Check", request, wait)
+        )
         return int(reply.lease.fence)
 
     async def _call(self, name: str, request: Any, timeout: float | None = None) -> Any:
+        """A unary call that is safe to resend: a read, or idempotent."""
         conn = self._connection()
-        method = getattr(conn.rpc, name)
-        return await _unary(method, request, timeout or self.timeout, name, conn.metadata)
+        wait = timeout or self.timeout
+        return await conn.run(
+            True,
+            lambda node: _unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
+        )
 
     async def get(self, key: str) -> KeyState:
         """As :meth:`leasehold.Client.get`."""
@@ -410,7 +484,12 @@ class AsyncClient:
         """As :meth:`leasehold.Client.check_transcript`."""
         request = pb.TranscriptCheckRequest(transcript=transcript_text(messages), format=format)
         conn = self._connection()
-        reply = await _unary(conn.transcripts.Check, request, self.timeout, "Check", conn.metadata)
+        reply = await conn.run(
+            True,
+            lambda node: _unary(
+                node.transcripts.Check, request, self.timeout, "Check", conn.metadata
+            ),
+        )
         return TranscriptReport.from_pb(reply)
 
     async def repair_transcript(
@@ -427,8 +506,11 @@ class AsyncClient:
             placeholder_markers=list(placeholder_markers),
         )
         conn = self._connection()
-        reply = await _unary(
-            conn.transcripts.Repair, request, self.timeout, "Repair", conn.metadata
+        reply = await conn.run(
+            True,
+            lambda node: _unary(
+                node.transcripts.Repair, request, self.timeout, "Repair", conn.metadata
+            ),
         )
         return TranscriptRepair.from_pb(reply)
 
@@ -486,7 +568,10 @@ class AsyncLease:
         if first <= time.monotonic():
             sent = time.monotonic()
             try:
-                renewed = await conn.mux.call("Renew", core.renew_request(), timing.rpc_timeout)
+                renewed = await conn.run(
+                    True,
+                    lambda node: node.mux.call("Renew", core.renew_request(), timing.rpc_timeout),
+                )
                 core.renewed(sent, renewed.lease)
                 first = sent + timing.renew_every
             except Error as err:
@@ -566,10 +651,9 @@ class AsyncLease:
     async def verify(self) -> None:
         if self._core.final is not None:
             raise copy.copy(self._core.final)
+        request, timeout = self._core.check_request(), self._core.timing.rpc_timeout
         try:
-            await self._conn.mux.call(
-                "Check", self._core.check_request(), self._core.timing.rpc_timeout
-            )
+            await self._conn.run(True, lambda node: node.mux.call("Check", request, timeout))
         except Error as err:
             raise self._core.judge(err) from None
 
@@ -646,13 +730,15 @@ class AsyncLease:
             self._task.cancel()
         if already is not None:
             raise copy.copy(already)
+        # Safe to resend, here and on another server: a retried release
+        # returns the term as it first ended.
+        request = core.release_request(suspend, successor, within)
         attempt = 1
         while True:
             try:
-                reply = await self._conn.mux.call(
-                    "Release",
-                    core.release_request(suspend, successor, within),
-                    core.timing.rpc_timeout,
+                reply = await self._conn.run(
+                    True,
+                    lambda node: node.mux.call("Release", request, core.timing.rpc_timeout),
                 )
                 return EndedTerm.from_pb(reply.ended)
             except Unavailable:
@@ -692,19 +778,26 @@ class AsyncLease:
 
     # -- tool calls ----------------------------------------------------------
     async def _ledger(self, name: str, request: Any) -> Any:
-        method = getattr(self._conn.rpc, name)
+        conn, timeout = self._conn, self._core.timing.rpc_timeout
+        # As the sync twin: BeginToolCalls is never resent on another server.
+        safe = name != "BeginToolCalls"
         try:
-            return await _unary(
-                method, request, self._core.timing.rpc_timeout, name, self._conn.metadata
+            return await conn.run(
+                safe,
+                lambda node: _unary(getattr(node.rpc, name), request, timeout, name, conn.metadata),
             )
         except Error as err:
-            raise self._core.judge(err) from None
+            raise self._core.judge(err, ledger=True) from None
 
-    async def begin_tool_calls(self, calls: Sequence[ToolCallRequest]) -> BeginResult:
+    async def begin_tool_calls(
+        self, calls: Sequence[ToolCallRequest], *, turn: str = "", across_turns: bool = False
+    ) -> BeginResult:
         """As :meth:`leasehold.Lease.begin_tool_calls`."""
         if not calls:
             return BeginResult(calls=[], duplicate=False, duplicate_call_ids=[])
-        reply = await self._ledger("BeginToolCalls", self._core.begin_request(calls))
+        reply = await self._ledger(
+            "BeginToolCalls", self._core.begin_request(calls, turn, across_turns)
+        )
         return BeginResult(
             calls=[ToolCallRecord.from_pb(c) for c in reply.calls],
             duplicate=reply.duplicate,
@@ -712,11 +805,11 @@ class AsyncLease:
         )
 
     async def settle_tool_call(
-        self, call_id: str, outcome: str, result: bytes = b""
+        self, call_id: str, outcome: str, result: bytes = b"", *, turn: str = ""
     ) -> ToolCallRecord:
         """As :meth:`leasehold.Lease.settle_tool_call`."""
         reply = await self._ledger(
-            "SettleToolCall", self._core.settle_request(call_id, outcome, result)
+            "SettleToolCall", self._core.settle_request(call_id, outcome, result, turn)
         )
         return ToolCallRecord.from_pb(reply.call)
 
@@ -731,14 +824,17 @@ class AsyncLease:
         runner: AsyncRunner,
         *,
         concurrency: int | None = None,
+        turn: str = "",
+        across_turns: bool = False,
     ) -> list[ToolResult]:
-        """As :meth:`leasehold.Lease.run_tool_calls`, but the new calls run
-        concurrently (at most ``concurrency`` at a time, unlimited if None),
-        each settled as soon as it returns, and all are cancelled (their
-        calls left recorded as running) if the lease is lost meanwhile."""
+        """As :meth:`leasehold.Lease.run_tool_calls` (``turn`` and
+        ``across_turns`` included), but the new calls run concurrently (at
+        most ``concurrency`` at a time, unlimited if None), each settled as
+        soon as it returns, and all are cancelled (their calls left recorded
+        as running) if the lease is lost meanwhile."""
         self._core.ensure_valid()
         unique = _core.unique_calls(calls)
-        known = await self._register(unique)
+        known = await self._register(unique, turn, across_turns)
         fresh = [c for c in unique if c.call_id not in known]
         limit = asyncio.Semaphore(concurrency or max(1, len(fresh)))
 
@@ -747,7 +843,8 @@ class AsyncLease:
                 invocation = ToolInvocation(
                     call=call,
                     fence=self.fence,
-                    idempotency_key=_idempotency_key(self.key, call.call_id),
+                    idempotency_key=_core.idempotency_key(self.key, call.call_id, turn),
+                    turn=turn,
                 )
                 try:
                     outcome = _core.outcome_of(await runner(invocation))
@@ -755,7 +852,9 @@ class AsyncLease:
                     raise
                 except Exception as err:
                     outcome = _core.failure_of(err)
-                record = await self.settle_tool_call(call.call_id, outcome.outcome, outcome.result)
+                record = await self.settle_tool_call(
+                    call.call_id, outcome.outcome, outcome.result, turn=turn
+                )
                 return call.call_id, record
 
         ran: dict[str, ToolCallRecord] = {}
@@ -770,14 +869,16 @@ class AsyncLease:
                         t.cancel()
         return _core.assemble(calls, known, ran)
 
-    async def _register(self, calls: list[ToolCallRequest]) -> dict[str, ToolCallRecord]:
-        first = await self.begin_tool_calls(calls)
+    async def _register(
+        self, calls: list[ToolCallRequest], turn: str, across_turns: bool
+    ) -> dict[str, ToolCallRecord]:
+        first = await self.begin_tool_calls(calls, turn=turn, across_turns=across_turns)
         if not first.duplicate:
             return {}
         known = {c.call_id: c for c in first.calls}
         fresh = [c for c in calls if c.call_id not in known]
         if fresh:
-            again = await self.begin_tool_calls(fresh)
+            again = await self.begin_tool_calls(fresh, turn=turn, across_turns=across_turns)
             if again.duplicate:
                 raise _core.concurrent_registration(again.duplicate_call_ids)
         return known
@@ -804,7 +905,12 @@ class AsyncWatch:
     async def _start(self) -> None:
         if self._call is not None:
             return
-        self._call = self._conn.rpc.Watch(self._request, metadata=self._conn.metadata)
+        first = await self._conn.run(True, self._start_on)
+        self._cursor.first(first)
+
+    async def _start_on(self, node: _Node) -> pb.WatchResponse:
+        self._done = False
+        self._call = node.rpc.Watch(self._request, metadata=self._conn.metadata)
         try:
             # A server that does not answer in time must not hang the caller.
             first = await asyncio.wait_for(self._receive(), self._timeout)
@@ -816,7 +922,7 @@ class AsyncWatch:
             ) from None
         if first is None:
             raise Unavailable("the Watch stream ended before it started")
-        self._cursor.first(first)
+        return first
 
     async def _receive(self) -> pb.WatchResponse | None:
         try:
@@ -890,9 +996,16 @@ async def _keep_alive(core: Standing, conn: _Connection, first: float) -> None:
             core.refresh()
             if time.monotonic() < next_renewal:
                 continue
+            # The deadline rests on this send time, before any failover:
+            # the server that acknowledges the renewal extended the term
+            # after it. Safe to resend: a renewal applied twice extends the
+            # same term.
             sent = time.monotonic()
             renewal = asyncio.ensure_future(
-                conn.mux.call("Renew", core.renew_request(), timing.rpc_timeout)
+                conn.run(
+                    True,
+                    lambda node: node.mux.call("Renew", core.renew_request(), timing.rpc_timeout),
+                )
             )
             try:
                 # Wake at the deadline while the renewal is out, to flag it.
@@ -916,6 +1029,9 @@ async def _keep_alive(core: Standing, conn: _Connection, first: float) -> None:
     except asyncio.CancelledError:
         if core.final is None:
             core.end(core.lost_error("ended", "the lease was dropped without release"))
+            request = core.release_request(True)
             with contextlib.suppress(Error, asyncio.CancelledError):
-                await conn.mux.call("Release", core.release_request(True), timing.rpc_timeout)
+                await conn.run(
+                    True, lambda node: node.mux.call("Release", request, timing.rpc_timeout)
+                )
         raise

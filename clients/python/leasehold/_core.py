@@ -10,6 +10,7 @@ import random
 import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -124,6 +125,72 @@ def ends_the_term(err: Error) -> bool:
     """Whether ``err``, answering a Renew, Check or Release, means the term is
     over for good (retrying cannot help)."""
     return isinstance(err, (LeaseLost, PermissionDenied, InvalidArgument, NotFound))
+
+
+def ledger_ends_the_term(err: Error) -> bool:
+    """Whether ``err``, answering a tool-call ledger call, means the term is
+    over: only a stale fence or a wrong lease id. An invalid argument or an
+    unknown call id is about the call (an over-long result, an id begun in
+    several turns settled without its turn), not about the term."""
+    return isinstance(err, (LeaseLost, PermissionDenied))
+
+
+def targets_of(target: str | Sequence[str]) -> list[str]:
+    """The servers a client was given: one target, a comma-separated list,
+    or a sequence of targets (each as ``Client`` takes it)."""
+    if isinstance(target, str):
+        items = target.split(",")
+    else:
+        items = list(target)
+        for item in items:
+            if not isinstance(item, str):
+                raise InvalidArgument(f"a target must be a string, not {type(item).__name__}")
+    found = [t.strip() for t in items if t.strip()]
+    if not found:
+        raise InvalidArgument("no server target given")
+    return found
+
+
+class Rotation:
+    """Which of a client's servers calls go to first, and moving on from one
+    that answered UNAVAILABLE (see the README's "Several servers")."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._current = 0
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> int:
+        return self._current
+
+    def order(self) -> list[int]:
+        """Every server once, starting with the current one."""
+        start = self._current
+        return [(start + i) % self.count for i in range(self.count)]
+
+    def move_on_from(self, index: int) -> None:
+        """Moves on to the server after ``index``, unless another call already
+        did (two calls failing together skip one server, not two)."""
+        with self._lock:
+            if self._current == index:
+                self._current = (index + 1) % self.count
+
+
+def not_resent(target: str, err: Error) -> Error:
+    """The error of a call that met an unavailable server and is not safe to
+    send again elsewhere (it may have been applied)."""
+    from ._errors import Unavailable
+
+    return Unavailable(
+        f"{target}: {err.message} (not resent to another server: it may have been applied)"
+    )
+
+
+def none_answered(failures: Sequence[str]) -> Error:
+    from ._errors import Unavailable
+
+    return Unavailable(f"no server answered ({'; '.join(failures)})")
 
 
 class Standing:
@@ -261,9 +328,11 @@ class Standing:
             self.final = err
         self._notify(False)
 
-    def judge(self, err: Error) -> Error:
-        """Turns an answer about the term into a final loss where it is one."""
-        if not ends_the_term(err):
+    def judge(self, err: Error, *, ledger: bool = False) -> Error:
+        """Turns an answer about the term into a final loss where it is one
+        (for a tool-call ledger call, with ``ledger``: see
+        :func:`ledger_ends_the_term`)."""
+        if not (ledger_ends_the_term(err) if ledger else ends_the_term(err)):
             return err
         if isinstance(err, LeaseLost):
             lost = LeaseLost(
@@ -286,7 +355,9 @@ class Standing:
             raise err
 
     # -- tool calls -------------------------------------------------------
-    def begin_request(self, calls: Sequence[ToolCallRequest]) -> pb.BeginToolCallsRequest:
+    def begin_request(
+        self, calls: Sequence[ToolCallRequest], turn: str = "", across_turns: bool = False
+    ) -> pb.BeginToolCallsRequest:
         return pb.BeginToolCallsRequest(
             key=self.key,
             fence=self.fence,
@@ -295,9 +366,13 @@ class Standing:
                 pb.ToolCallSpec(call_id=c.call_id, name=c.name, input_digest=c.input_digest)
                 for c in calls
             ],
+            turn=turn_checked(turn),
+            across_turns=across_turns,
         )
 
-    def settle_request(self, call_id: str, outcome: str, result: bytes) -> pb.SettleToolCallRequest:
+    def settle_request(
+        self, call_id: str, outcome: str, result: bytes, turn: str = ""
+    ) -> pb.SettleToolCallRequest:
         state = OUTCOMES.get(outcome)
         if state is None:
             raise InvalidArgument(
@@ -310,6 +385,7 @@ class Standing:
             call_id=call_id,
             outcome=state,  # type: ignore[arg-type]
             result=result,
+            turn=turn_checked(turn),
         )
 
     def unsettled_request(self) -> pb.ListToolCallsRequest:
@@ -403,6 +479,29 @@ class WatchCursor:
         event = self._ready.popleft()
         self.next_revision = event.revision + 1
         return event
+
+
+#: The server's namespace for idempotency keys (``ledger.rs``).
+LEDGER_NAMESPACE = uuid.UUID("ab524bdc-58dc-56d8-b437-c4cf5ed10325")
+
+
+def idempotency_key(key: str, call_id: str, turn: str = "") -> str:
+    """UUIDv5 of key + NUL + call id (with a turn: key + NUL + turn + NUL +
+    call id), as the server computes it."""
+    name = f"{key}\0{call_id}" if not turn else f"{key}\0{turn}\0{call_id}"
+    return str(uuid.uuid5(LEDGER_NAMESPACE, name))
+
+
+def turn_checked(turn: str) -> str:
+    """A turn as the server takes it (at most 256 bytes, no control
+    characters; empty is none), refused here before anything is sent."""
+    if not isinstance(turn, str):
+        raise InvalidArgument(f"turn must be a string, not {type(turn).__name__}")
+    if len(turn.encode("utf-8")) > 256:
+        raise InvalidArgument("turn must be at most 256 bytes")
+    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in turn):
+        raise InvalidArgument("turn must not contain control characters")
+    return turn
 
 
 def unique_calls(calls: Sequence[ToolCallRequest]) -> list[ToolCallRequest]:

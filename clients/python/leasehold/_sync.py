@@ -5,6 +5,10 @@ pipelined ``Session`` stream, fed from a queue and read by one daemon thread
 that hands each response to the caller waiting for its id. Each lease has a
 daemon thread that renews it. The gRPC channel is created lazily, once per
 process: a client used after ``os.fork()`` opens a new one in the child.
+
+A client given several servers (on one PostgreSQL database) has a channel
+and a Session stream per server, and sends each call to the current one,
+moving on to the next when it answers UNAVAILABLE (``_Connection.run``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -48,6 +52,7 @@ from ._types import (
 )
 
 Runner = Callable[[ToolInvocation], "bytes | str | ToolOutcome | None"]
+T = TypeVar("T")
 
 
 class _Stream:
@@ -187,35 +192,79 @@ class _Mux:
             stream.join(timeout)
 
 
-class _Connection:
-    """A channel and what hangs off it; valid only in the process that made it."""
+class _Node:
+    """One server: its channel, stubs and Session stream."""
 
     def __init__(
         self,
+        target: str,
         endpoint: _tls.Endpoint,
+        options: Sequence[tuple[str, Any]],
+        metadata: Metadata,
+    ) -> None:
+        #: The target as given, for messages.
+        self.target = target
+        opts = [*_core.CHANNEL_OPTIONS, *options]
+        if endpoint.credentials is None:
+            self.channel = grpc.insecure_channel(endpoint.address, options=opts)
+        else:
+            self.channel = grpc.secure_channel(endpoint.address, endpoint.credentials, options=opts)
+        # The generated stubs are untyped; every call through them is wrapped.
+        self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
+        self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
+        self.mux = _Mux(self.rpc, metadata)
+
+    def close(self) -> None:
+        self.mux.close()
+        self.channel.close()
+
+
+class _Connection:
+    """The channels to a client's servers and what hangs off them; valid only
+    in the process that made them."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, _tls.Endpoint]],
         options: Sequence[tuple[str, Any]],
         metadata: Metadata,
     ) -> None:
         self.pid = os.getpid()
         #: Sent with every call (the bearer token, when there is one).
         self.metadata = metadata
-        opts = [*_core.CHANNEL_OPTIONS, *options]
-        if endpoint.credentials is None:
-            self.channel = grpc.insecure_channel(endpoint.address, options=opts)
-        else:
-            self.channel = grpc.secure_channel(
-                endpoint.address, endpoint.credentials, options=opts
-            )
-        # The generated stubs are untyped; every call through them is wrapped.
-        self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
-        self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
-        self.mux = _Mux(self.rpc, metadata)
+        #: One per server, in the order given; channels connect on first use.
+        self.nodes = [_Node(t, e, options, metadata) for t, e in endpoints]
+        #: Which server calls go to first.
+        self.rotation = _core.Rotation(len(self.nodes))
         #: Open watches, ended before a fork() (each is a call in progress).
         self.watches: weakref.WeakSet[Watch] = weakref.WeakSet()
 
+    @property
+    def current(self) -> _Node:
+        return self.nodes[self.rotation.current]
+
+    def run(self, safe: bool, op: Callable[[_Node], T]) -> T:
+        """Runs ``op`` against the current server; on ``Unavailable`` moves on
+        to the next and, when ``safe`` (a second delivery changes nothing the
+        first did not), runs it there too, each server at most once. Any
+        other answer, a refusal included, is final."""
+        failures: list[str] = []
+        for index in self.rotation.order():
+            node = self.nodes[index]
+            try:
+                return op(node)
+            except Unavailable as err:
+                self.rotation.move_on_from(index)
+                if len(self.nodes) == 1:
+                    raise
+                if not safe:
+                    raise _core.not_resent(node.target, err) from None
+                failures.append(f"{node.target}: {err.message}")
+        raise _core.none_answered(failures)
+
     def close(self) -> None:
-        self.mux.close()
-        self.channel.close()
+        for node in self.nodes:
+            node.close()
 
 
 _clients: weakref.WeakSet[Client] = weakref.WeakSet()
@@ -261,9 +310,13 @@ class Client:
 
     ``target`` is ``host:port`` (plaintext), ``http://host:port`` or
     ``https://host:port`` (TLS, trusting the system roots unless ``tls_ca``
-    is given). ``tls_ca``, ``tls_cert`` and ``tls_key`` are PEM, each a path
-    or the bytes: a private CA to trust, and the client certificate and key
-    a server run with ``--client-ca`` requires (any of them also means TLS).
+    is given). Several servers on one PostgreSQL database may be given, as a
+    list or a comma-separated string: calls go to one at a time and move on
+    to the next when it is unavailable, resending only what is safe to send
+    twice (see the README's "Several servers"). ``tls_ca``, ``tls_cert``
+    and ``tls_key`` are PEM, each a path or the bytes: a private CA to
+    trust, and the client certificate and key a server run with
+    ``--client-ca`` requires (any of them also means TLS).
     ``credentials`` instead takes ready-made ``grpc.ChannelCredentials``. A
     TLS failure (no CA, a refused client certificate, plaintext against a
     TLS server) surfaces as :class:`leasehold.Unavailable`.
@@ -276,7 +329,7 @@ class Client:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         owner: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -287,11 +340,20 @@ class Client:
         tls_cert: Pem | None = None,
         tls_key: Pem | None = None,
     ) -> None:
-        self.target = target
-        #: Where the channel dials, and with which credentials (None: plaintext).
-        self._endpoint = _tls.resolve(
-            target, credentials=credentials, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
-        )
+        #: Every server, in the order given.
+        self.targets: tuple[str, ...] = tuple(_core.targets_of(target))
+        #: The target as given (several: joined with commas).
+        self.target = target if isinstance(target, str) else ",".join(self.targets)
+        #: Where each channel dials, and with which credentials (None: plaintext).
+        self._endpoints = [
+            (
+                t,
+                _tls.resolve(
+                    t, credentials=credentials, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key
+                ),
+            )
+            for t in self.targets
+        ]
         #: Sent with every call: the bearer token for a server run with ``--auth``.
         self._metadata: Metadata = _core.bearer(token)
         #: The default owner of this client's leases (``host:pid`` if None,
@@ -312,17 +374,25 @@ class Client:
             if self._conn is None or self._conn.pid != os.getpid():
                 if self._conn is not None:
                     _inherited.append(self._conn)
-                self._conn = _Connection(
-                    self._endpoint, self._options, self._metadata
-                )
+                self._conn = _Connection(self._endpoints, self._options, self._metadata)
             return self._conn
+
+    @property
+    def current_target(self) -> str:
+        """The server calls go to now: the first given, then the next after
+        each failover (in this process)."""
+        conn = self._conn
+        if conn is None or conn.pid != os.getpid():
+            return self.targets[0]
+        return conn.current.target
 
     def _quiesce_for_fork(self) -> None:
         conn = self._conn
         if conn is not None and conn.pid == os.getpid():
             for watch in list(conn.watches):
                 watch._end_for_fork(_FORK_QUIESCE_SECONDS)
-            conn.mux.quiesce(_FORK_QUIESCE_SECONDS)
+            for node in conn.nodes:
+                node.mux.quiesce(_FORK_QUIESCE_SECONDS)
 
     def _forget_after_fork(self) -> None:
         # Locks may have been held by threads that do not exist in the child.
@@ -400,8 +470,13 @@ class Client:
         attempt = 1
         while True:
             try:
-                reply: pb.AcquireResponse = _unary(
-                    conn.rpc.Acquire, request, timeout, "Acquire", conn.metadata
+                # Safe to resend on another server: the request id makes the
+                # server replay a grant whose reply was lost.
+                reply: pb.AcquireResponse = conn.run(
+                    True,
+                    lambda node: _unary(
+                        node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
+                    ),
                 )
                 break
             except Unavailable:
@@ -421,13 +496,18 @@ class Client:
         Returns the fence; raises ``LeaseLost`` (with the reason) when it is
         not live, ``Unavailable`` when no answer came in time."""
         request = pb.SessionRequest(check=pb.CheckRequest(key=key, fence=fence))
-        reply = self._connection().mux.call("Check", request, timeout or self.timeout)
+        wait = timeout or self.timeout
+        reply = self._connection().run(True, lambda node: node.mux.call("Check", request, wait))
         return int(reply.lease.fence)
 
     def _call(self, name: str, request: Any, timeout: float | None = None) -> Any:
+        """A unary call that is safe to resend: a read, or idempotent."""
         conn = self._connection()
-        method = getattr(conn.rpc, name)
-        return _unary(method, request, timeout or self.timeout, name, conn.metadata)
+        wait = timeout or self.timeout
+        return conn.run(
+            True,
+            lambda node: _unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
+        )
 
     def get(self, key: str) -> KeyState:
         """The key's live term (without its lease id), last ended term,
@@ -486,8 +566,11 @@ class Client:
         ``Unsupported`` on a backend without watch."""
         request = _core.watch_request(key, prefix, start_revision)
         conn = self._connection()
-        watch = Watch(
-            conn.rpc.Watch(request, metadata=conn.metadata), start_revision, self.timeout
+        watch = conn.run(
+            True,
+            lambda node: Watch(
+                node.rpc.Watch(request, metadata=conn.metadata), start_revision, self.timeout
+            ),
         )
         conn.watches.add(watch)
         return watch
@@ -502,7 +585,12 @@ class Client:
         ``InvalidArgument`` for unreadable input."""
         request = pb.TranscriptCheckRequest(transcript=transcript_text(messages), format=format)
         conn = self._connection()
-        reply = _unary(conn.transcripts.Check, request, self.timeout, "Check", conn.metadata)
+        reply = conn.run(
+            True,
+            lambda node: _unary(
+                node.transcripts.Check, request, self.timeout, "Check", conn.metadata
+            ),
+        )
         return TranscriptReport.from_pb(reply)
 
     def repair_transcript(
@@ -522,7 +610,12 @@ class Client:
             placeholder_markers=list(placeholder_markers),
         )
         conn = self._connection()
-        reply = _unary(conn.transcripts.Repair, request, self.timeout, "Repair", conn.metadata)
+        reply = conn.run(
+            True,
+            lambda node: _unary(
+                node.transcripts.Repair, request, self.timeout, "Repair", conn.metadata
+            ),
+        )
         return TranscriptRepair.from_pb(reply)
 
 
@@ -562,7 +655,10 @@ class Lease:
             # it: renew now so the deadline rests on a send time we know.
             sent = time.monotonic()
             try:
-                renewed = conn.mux.call("Renew", core.renew_request(), timing.rpc_timeout)
+                renewed = conn.run(
+                    True,
+                    lambda node: node.mux.call("Renew", core.renew_request(), timing.rpc_timeout),
+                )
                 core.renewed(sent, renewed.lease)
                 first = sent + timing.renew_every
             except Error as err:
@@ -664,8 +760,9 @@ class Lease:
         self._same_process()
         if self._core.final is not None:
             raise copy.copy(self._core.final)
+        request, timeout = self._core.check_request(), self._core.timing.rpc_timeout
         try:
-            self._conn.mux.call("Check", self._core.check_request(), self._core.timing.rpc_timeout)
+            self._conn.run(True, lambda node: node.mux.call("Check", request, timeout))
         except Error as err:
             raise self._core.judge(err) from None
 
@@ -711,13 +808,15 @@ class Lease:
         self._stop.set()
         if already is not None:
             raise copy.copy(already)
+        # Safe to resend, here and on another server: a retried release
+        # returns the term as it first ended.
+        request = core.release_request(suspend, successor, within)
         attempt = 1
         while True:
             try:
-                reply = self._conn.mux.call(
-                    "Release",
-                    core.release_request(suspend, successor, within),
-                    core.timing.rpc_timeout,
+                reply = self._conn.run(
+                    True,
+                    lambda node: node.mux.call("Release", request, core.timing.rpc_timeout),
                 )
                 return EndedTerm.from_pb(reply.ended)
             except Unavailable:
@@ -760,58 +859,94 @@ class Lease:
     # -- tool calls ----------------------------------------------------------
     def _ledger(self, name: str, request: Any) -> Any:
         self._same_process()
-        method = getattr(self._conn.rpc, name)
+        conn, timeout = self._conn, self._core.timing.rpc_timeout
+        # BeginToolCalls is not resent on another server: a registration
+        # applied twice looks like another holder of this term. Settling
+        # (the first outcome wins) and listing are.
+        safe = name != "BeginToolCalls"
         try:
-            return _unary(method, request, self._core.timing.rpc_timeout, name, self._conn.metadata)
+            return conn.run(
+                safe,
+                lambda node: _unary(getattr(node.rpc, name), request, timeout, name, conn.metadata),
+            )
         except Error as err:
-            raise self._core.judge(err) from None
+            raise self._core.judge(err, ledger=True) from None
 
-    def begin_tool_calls(self, calls: Sequence[ToolCallRequest]) -> BeginResult:
-        """Registers one turn's calls atomically (all new, or none recorded)."""
+    def begin_tool_calls(
+        self, calls: Sequence[ToolCallRequest], *, turn: str = "", across_turns: bool = False
+    ) -> BeginResult:
+        """Registers one turn's calls atomically (all new, or none recorded).
+
+        ``turn`` names the turn (any string up to 256 bytes, e.g. the
+        provider's turn or message id): a duplicate is then looked for within
+        that turn only, so an id reused in a new turn is new. Without a turn,
+        an id is checked against every turn. ``across_turns`` checks every
+        turn even with a turn named (the calls are still recorded in it)."""
         if not calls:
             return BeginResult(calls=[], duplicate=False, duplicate_call_ids=[])
-        reply = self._ledger("BeginToolCalls", self._core.begin_request(calls))
+        reply = self._ledger("BeginToolCalls", self._core.begin_request(calls, turn, across_turns))
         return BeginResult(
             calls=[ToolCallRecord.from_pb(c) for c in reply.calls],
             duplicate=reply.duplicate,
             duplicate_call_ids=list(reply.duplicate_call_ids),
         )
 
-    def settle_tool_call(self, call_id: str, outcome: str, result: bytes = b"") -> ToolCallRecord:
+    def settle_tool_call(
+        self, call_id: str, outcome: str, result: bytes = b"", *, turn: str = ""
+    ) -> ToolCallRecord:
         """Records a call's outcome (``"succeeded"``, ``"failed"`` or
         ``"unknown"``) under this lease's fence; the first terminal outcome
-        wins and the winning record is returned."""
-        reply = self._ledger("SettleToolCall", self._core.settle_request(call_id, outcome, result))
+        wins and the winning record is returned. ``turn`` names the call's
+        turn; without it the one call with this id is settled, and an id
+        begun in several turns raises ``InvalidArgument``. Raises
+        ``NotFound`` for an id the ledger does not hold (in that turn)."""
+        reply = self._ledger(
+            "SettleToolCall", self._core.settle_request(call_id, outcome, result, turn)
+        )
         return ToolCallRecord.from_pb(reply.call)
 
     def unsettled_tool_calls_list(self) -> list[ToolCallRecord]:
         """The key's calls still recorded as running: a recoverer settles each
-        (usually as ``"unknown"``) before it continues."""
+        (usually as ``"unknown"``, with its ``turn``) before it continues."""
         reply = self._ledger("ListToolCalls", self._core.unsettled_request())
         return [ToolCallRecord.from_pb(c) for c in reply.calls]
 
-    def _register(self, calls: list[ToolCallRequest]) -> dict[str, ToolCallRecord]:
+    def _register(
+        self, calls: list[ToolCallRequest], turn: str, across_turns: bool
+    ) -> dict[str, ToolCallRecord]:
         """Registers ``calls`` (unique ids); returns the records the ledger
         already held. The others are now recorded as running."""
-        first = self.begin_tool_calls(calls)
+        first = self.begin_tool_calls(calls, turn=turn, across_turns=across_turns)
         if not first.duplicate:
             return {}
         known = {c.call_id: c for c in first.calls}
         fresh = [c for c in calls if c.call_id not in known]
         if fresh:
-            again = self.begin_tool_calls(fresh)
+            again = self.begin_tool_calls(fresh, turn=turn, across_turns=across_turns)
             if again.duplicate:
                 raise _core.concurrent_registration(again.duplicate_call_ids)
         return known
 
-    def run_tool_calls(self, calls: Sequence[ToolCallRequest], runner: Runner) -> list[ToolResult]:
+    def run_tool_calls(
+        self,
+        calls: Sequence[ToolCallRequest],
+        runner: Runner,
+        *,
+        turn: str = "",
+        across_turns: bool = False,
+    ) -> list[ToolResult]:
         """Runs one turn's tool calls through the server's ledger.
 
         All calls are registered before any runs; then each new call runs
         (one at a time, in order) and is settled as soon as it returns. A
-        call id the ledger already knows, from this turn or an earlier one,
-        is not run again: its stored outcome comes back with ``reused=True``.
-        Results come back in the provider's order.
+        call id the ledger already knows is not run again: its stored
+        outcome comes back with ``reused=True``. Results come back in the
+        provider's order.
+
+        ``turn`` names the turn, for models that reuse call ids in every turn
+        (``call_0``): an id is then a duplicate only within that turn, unless
+        ``across_turns`` (an id declared in any turn is reused, not run).
+        Without a turn, an id from any earlier turn is a duplicate.
 
         ``runner(invocation)`` returns the result (``bytes``/``str``: succeeded;
         a ``ToolOutcome`` to choose); an exception it raises settles the call
@@ -821,7 +956,7 @@ class Lease:
         """
         self._core.ensure_valid()
         unique = _core.unique_calls(calls)
-        known = self._register(unique)
+        known = self._register(unique, turn, across_turns)
         ran: dict[str, ToolCallRecord] = {}
         for call in unique:
             if call.call_id in known:
@@ -830,7 +965,8 @@ class Lease:
             invocation = ToolInvocation(
                 call=call,
                 fence=self.fence,
-                idempotency_key=_idempotency_key(self.key, call.call_id),
+                idempotency_key=_core.idempotency_key(self.key, call.call_id, turn),
+                turn=turn,
             )
             try:
                 outcome = _core.outcome_of(runner(invocation))
@@ -838,7 +974,9 @@ class Lease:
                 raise
             except Exception as err:
                 outcome = _core.failure_of(err)
-            ran[call.call_id] = self.settle_tool_call(call.call_id, outcome.outcome, outcome.result)
+            ran[call.call_id] = self.settle_tool_call(
+                call.call_id, outcome.outcome, outcome.result, turn=turn
+            )
         return _core.assemble(calls, known, ran)
 
 
@@ -868,9 +1006,7 @@ class Watch:
             first = self._receive()
         except Unavailable:
             if not timer.is_alive():
-                raise Unavailable(
-                    f"Watch got no first reply within {millis(timeout)} ms"
-                ) from None
+                raise Unavailable(f"Watch got no first reply within {millis(timeout)} ms") from None
             raise
         finally:
             timer.cancel()
@@ -941,9 +1077,13 @@ class Watch:
         self.close()
 
 
-def _idempotency_key(key: str, call_id: str) -> str:
-    """UUIDv5 of key + NUL + call id, as the server computes it."""
-    return str(uuid.uuid5(_LEDGER_NAMESPACE, f"{key}\0{call_id}"))
+def _idempotency_key(key: str, call_id: str, turn: str = "") -> str:
+    """As the server computes it (see ``_core.idempotency_key``)."""
+    return _core.idempotency_key(key, call_id, turn)
+
+
+class _Stopped(Exception):
+    """The lease was released or dropped while its renewal was out."""
 
 
 def _keep_alive(core: Standing, conn: _Connection, stop: threading.Event, first: float) -> None:
@@ -951,6 +1091,26 @@ def _keep_alive(core: Standing, conn: _Connection, stop: threading.Event, first:
     timing = core.timing
     next_renewal = first
     failures = 0
+
+    def renew_on(node: _Node) -> pb.SessionResponse:
+        request = core.renew_request()
+        stream, waiter = node.mux.submit(request)
+        attempt_sent = time.monotonic()
+        # Wake at the deadline while the renewal is out, to flag it.
+        while not waiter.done():
+            until = core.seconds_to_deadline()
+            left = timing.rpc_timeout - (time.monotonic() - attempt_sent)
+            if left <= 0:
+                break
+            concurrent.futures.wait([waiter], timeout=min(left, until or left, 0.25))
+            core.refresh()
+            if stop.is_set():
+                raise _Stopped
+        if not waiter.done():
+            stream.forget(request.id)
+            raise Unavailable(f"Renew got no reply within {millis(timing.rpc_timeout)} ms")
+        return _Mux.result("Renew", stream, request.id, waiter, 0.0)
+
     while core.final is None:
         until = core.seconds_to_deadline()
         wait = max(0.0, next_renewal - time.monotonic())
@@ -961,24 +1121,15 @@ def _keep_alive(core: Standing, conn: _Connection, stop: threading.Event, first:
         core.refresh()
         if time.monotonic() < next_renewal:
             continue
+        # The deadline rests on this send time, before any failover: the
+        # server that acknowledges the renewal extended the term after it.
         sent = time.monotonic()
-        request = core.renew_request()
         try:
-            stream, waiter = conn.mux.submit(request)
-            # Wake at the deadline while the renewal is out, to flag it.
-            while not waiter.done():
-                until = core.seconds_to_deadline()
-                left = timing.rpc_timeout - (time.monotonic() - sent)
-                if left <= 0:
-                    break
-                concurrent.futures.wait([waiter], timeout=min(left, until or left, 0.25))
-                core.refresh()
-                if stop.is_set():
-                    return _abandoned(core, conn)
-            if not waiter.done():
-                stream.forget(request.id)
-                raise Unavailable(f"Renew got no reply within {millis(timing.rpc_timeout)} ms")
-            reply = _Mux.result("Renew", stream, request.id, waiter, 0.0)
+            # Safe to resend on another server: a renewal applied twice
+            # extends the same term.
+            reply = conn.run(True, renew_on)
+        except _Stopped:
+            return _abandoned(core, conn)
         except Error as err:
             judged = core.judge(err)
             if isinstance(judged, LeaseLost) and judged.final:
@@ -998,11 +1149,8 @@ def _abandoned(core: Standing, conn: _Connection) -> None:
     if core.final is not None:
         return
     core.end(core.lost_error("ended", "the lease was dropped without release"))
+    request = core.release_request(True)
     try:
-        conn.mux.call("Release", core.release_request(True), core.timing.rpc_timeout)
+        conn.run(True, lambda node: node.mux.call("Release", request, core.timing.rpc_timeout))
     except Error:
         pass  # it expires at its TTL
-
-
-#: The server's namespace for idempotency keys (``src/ledger.rs``).
-_LEDGER_NAMESPACE = uuid.UUID("ab524bdc-58dc-56d8-b437-c4cf5ed10325")

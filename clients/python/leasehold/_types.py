@@ -272,8 +272,11 @@ class ToolCallRecord:
     settled_at_ms: int
     #: Registration order within the key.
     ordinal: int
-    #: Stable id for downstream deduplication (UUIDv5 of key + NUL + call id).
+    #: Stable id for downstream deduplication (UUIDv5 of key + NUL + call id;
+    #: with a turn, of key + NUL + turn + NUL + call id).
     idempotency_key: str
+    #: The turn the call was begun in ("" when none was named).
+    turn: str = ""
 
     @staticmethod
     def from_pb(call: pb.ToolCall) -> ToolCallRecord:
@@ -291,6 +294,7 @@ class ToolCallRecord:
             settled_at_ms=call.settled_at_ms,
             ordinal=call.ordinal,
             idempotency_key=call.idempotency_key,
+            turn=call.turn,
         )
 
 
@@ -314,8 +318,11 @@ class ToolInvocation:
     #: The fence the call was registered under; pass it to fenced storage.
     fence: int
     #: Stable across retries and duplicates: give it to downstream services
-    #: that deduplicate.
+    #: that deduplicate. It includes the turn, so an id reused in a new turn
+    #: gets a new key.
     idempotency_key: str
+    #: The turn the call was registered in ("" when none was named).
+    turn: str = ""
 
 
 @dataclass(frozen=True)

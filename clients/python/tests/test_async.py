@@ -197,6 +197,32 @@ async def test_tool_calls_run_concurrently_and_once_per_id(server: Server) -> No
     await client.close()
 
 
+async def test_turns_scope_call_ids(server: Server) -> None:
+    """asyncio: a reused id runs again in a new turn and once within it;
+    across_turns reuses an earlier turn's outcome; settle names the turn."""
+    client = leasehold.AsyncClient(server.address)
+    ran: list[str] = []
+
+    async def runner(invocation: ToolInvocation) -> str:
+        ran.append(f"{invocation.turn}:{invocation.call.call_id}")
+        return invocation.turn
+
+    call_0 = ToolCallRequest("call_0", "a")
+    async with client.acquire("session:t", ttl=5.0) as lease:
+        await lease.run_tool_calls([call_0], runner, turn="t1")
+        second = await lease.run_tool_calls([call_0, call_0], runner, turn="t2")
+        assert ran == ["t1:call_0", "t2:call_0"]
+        assert [(r.result, r.reused) for r in second] == [(b"t2", False), (b"t2", True)]
+        across = await lease.run_tool_calls([call_0], runner, turn="t3", across_turns=True)
+        assert len(ran) == 2 and across[0].reused and across[0].result == b"t1"
+        with pytest.raises(leasehold.InvalidArgument):
+            await lease.settle_tool_call("call_0", "unknown")
+        record = await lease.settle_tool_call("call_0", "unknown", turn="t2")
+        assert (record.turn, record.result) == ("t2", b"t2"), "the first outcome won"
+        assert lease.is_valid()
+    await client.close()
+
+
 async def test_losing_the_lease_cancels_running_tools(server: Server) -> None:
     """When the lease is lost mid-turn the runners are cancelled and their
     calls stay recorded as running for the recoverer."""

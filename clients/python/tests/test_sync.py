@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 
 import pytest
 from conftest import Server, wait_until
@@ -287,6 +288,93 @@ def test_tool_calls_run_once_per_id_within_a_turn_and_across_turns(server: Serve
             ("call_1", True, b"ran call_1"),
         ]
         assert lease.unsettled_tool_calls_list() == []
+
+
+def test_a_reused_id_runs_again_in_a_new_turn_and_once_within_it(server: Server) -> None:
+    """With ``turn``, an id reused in a new turn runs its side effect again
+    (with its own idempotency key); a duplicate within the turn runs once."""
+    client = leasehold.Client(server.address)
+    effects: list[tuple[str, str, str]] = []
+
+    def runner(inv: ToolInvocation) -> str:
+        effects.append((inv.turn, inv.call.call_id, inv.idempotency_key))
+        return f"{inv.turn}:{inv.call.call_id}"
+
+    with client.acquire("session:t", ttl=5.0) as lease:
+        call_0 = ToolCallRequest("call_0", "shell")
+        first = lease.run_tool_calls([call_0], runner, turn="t1")
+        second = lease.run_tool_calls([call_0, call_0], runner, turn="t2")
+        again = lease.run_tool_calls([call_0], runner, turn="t2")
+        assert [(t, c) for t, c, _ in effects] == [("t1", "call_0"), ("t2", "call_0")]
+        assert effects[0][2] != effects[1][2]
+        assert effects[1][2] == str(
+            uuid.uuid5(
+                uuid.UUID("ab524bdc-58dc-56d8-b437-c4cf5ed10325"), "session:t\0t2\0call_0"
+            )
+        )
+        assert [(r.result, r.reused) for r in first] == [(b"t1:call_0", False)]
+        assert [(r.result, r.reused) for r in second] == [
+            (b"t2:call_0", False),
+            (b"t2:call_0", True),
+        ]
+        assert [(r.result, r.reused) for r in again] == [(b"t2:call_0", True)]
+        known = lease.begin_tool_calls([call_0], turn="t2")
+        assert known.duplicate and known.calls[0].turn == "t2"
+        assert known.calls[0].idempotency_key == effects[1][2], "the server's key"
+
+
+def test_across_turns_refuses_an_id_from_an_earlier_turn(server: Server) -> None:
+    """``across_turns`` reuses the outcome of an id any earlier turn declared
+    instead of running it; so does a run that names no turn."""
+    client = leasehold.Client(server.address)
+    ran: list[str] = []
+
+    def runner(inv: ToolInvocation) -> str:
+        ran.append(f"{inv.turn}:{inv.call.call_id}")
+        return inv.turn
+
+    with client.acquire("session:a", ttl=5.0) as lease:
+        lease.run_tool_calls([ToolCallRequest("call_0", "x")], runner, turn="t1")
+        results = lease.run_tool_calls(
+            [ToolCallRequest("call_0", "x"), ToolCallRequest("call_1", "x")],
+            runner,
+            turn="t2",
+            across_turns=True,
+        )
+        assert ran == ["t1:call_0", "t2:call_1"]
+        assert [(r.call_id, r.result, r.reused) for r in results] == [
+            ("call_0", b"t1", True),
+            ("call_1", b"t2", False),
+        ]
+        begun = lease.begin_tool_calls(
+            [ToolCallRequest("call_1", "x")], turn="t3", across_turns=True
+        )
+        assert begun.duplicate and [c.turn for c in begun.calls] == ["t2"]
+        no_turn = lease.run_tool_calls([ToolCallRequest("call_1", "x")], runner)
+        assert no_turn[0].reused and len(ran) == 2
+
+
+def test_settling_an_id_begun_in_two_turns_names_the_turn(server: Server) -> None:
+    """An id running in two turns is settled by naming its turn; without
+    one the server refuses (InvalidArgument) and the lease stays valid."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:s", ttl=5.0) as lease:
+        for turn in ("t1", "t2"):
+            begun = lease.begin_tool_calls([ToolCallRequest("call_0", "x")], turn=turn)
+            assert not begun.duplicate and begun.calls[0].turn == turn
+        with pytest.raises(leasehold.InvalidArgument):
+            lease.settle_tool_call("call_0", "unknown")
+        assert lease.is_valid(), "a refused settle is about the call, not the lease"
+        record = lease.settle_tool_call("call_0", "succeeded", b"done", turn="t2")
+        assert (record.turn, record.state, record.result) == ("t2", "succeeded", b"done")
+        with pytest.raises(leasehold.NotFound):
+            lease.settle_tool_call("call_0", "unknown", turn="t9")
+        assert lease.is_valid()
+        left = lease.unsettled_tool_calls_list()
+        assert [(c.call_id, c.turn) for c in left] == [("call_0", "t1")]
+        lease.settle_tool_call("call_0", "unknown", turn="t1")
+        with pytest.raises(leasehold.InvalidArgument):
+            lease.run_tool_calls([ToolCallRequest("c", "x")], lambda inv: b"", turn="bad\nturn")
 
 
 def test_a_recoverer_sees_and_settles_calls_left_running(server: Server) -> None:

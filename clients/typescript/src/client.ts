@@ -6,6 +6,7 @@ import { hostname } from "node:os";
 import { createClient as createRpcClient, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, createGrpcWebTransport as createNodeGrpcWebTransport } from "@connectrpc/connect-node";
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
+import { Endpoints, FailoverOps, type Node } from "./endpoints.js";
 import { Leasehold, Transcripts } from "./gen/leasehold/v1/leasehold_pb.js";
 import { fromCallError, InvalidArgumentError, LeaseholdError, UnavailableError } from "./errors.js";
 import { Lease } from "./lease.js";
@@ -20,7 +21,7 @@ import {
   Watch,
   type WatchOptions,
 } from "./lifecycle.js";
-import { type LeaseholdRpc, type LeaseOps, StreamOps, UnaryOps } from "./ops.js";
+import { type LeaseOps, StreamOps, UnaryOps } from "./ops.js";
 import { now, retryPause, sleep, timing } from "./timing.js";
 import {
   toFinding,
@@ -33,8 +34,15 @@ import {
 
 /** Options of {@link createClient}. */
 export interface ClientOptions {
-  /** The server, e.g. `http://127.0.0.1:7420`, or `https://host:7420` for TLS (see `tls`). */
-  baseUrl: string;
+  /**
+   * The server, e.g. `http://127.0.0.1:7420`, or `https://host:7420` for TLS
+   * (see `tls`). Several servers on one PostgreSQL database (`leasehold serve
+   * --store postgres://…`), as an array or a comma-separated string, fail
+   * over from one to the next: calls go to one at a time and move on when it
+   * is unavailable, and only calls that are safe to send twice are resent
+   * (see the README's "Several servers").
+   */
+  baseUrl: string | readonly string[];
   /**
    * `"grpc"`: gRPC over HTTP/2 (Node's http2), with one pipelined Session
    * stream for every lease's renewals, checks and releases. `"grpc-web"`:
@@ -128,14 +136,14 @@ export class LeaseholdClient implements AsyncDisposable {
   readonly transport: "grpc" | "grpc-web";
   /** The default owner name. */
   readonly owner: string;
-  readonly #rpc: LeaseholdRpc;
-  readonly #transcripts;
+  /** Every server, in the order given. */
+  readonly baseUrls: readonly string[];
+  readonly #endpoints: Endpoints;
   readonly #ops: LeaseOps;
 
   constructor(options: ClientOptions) {
-    if (typeof options.baseUrl !== "string" || !/^https?:\/\//.test(options.baseUrl)) {
-      throw new InvalidArgumentError(`baseUrl must be an http:// or https:// URL, not ${String(options.baseUrl)}`);
-    }
+    const baseUrls = baseUrlsOf(options.baseUrl);
+    this.baseUrls = baseUrls;
     this.transport = options.transport ?? (isBun() ? "grpc-web" : "grpc");
     this.owner = options.owner ?? `${hostname()}:${process.pid}`;
     const interceptors: Interceptor[] = [...(options.interceptors ?? [])];
@@ -146,30 +154,26 @@ export class LeaseholdClient implements AsyncDisposable {
         return await next(req);
       });
     }
-    const tls = nodeTls(options.baseUrl, options.tls);
-    let transport: Transport;
-    if (this.transport === "grpc") {
-      transport = createGrpcTransport({
-        baseUrl: options.baseUrl,
-        pingIntervalMs: PING_INTERVAL_MS,
-        pingTimeoutMs: PING_TIMEOUT_MS,
-        interceptors,
-        ...(tls === undefined ? {} : { nodeOptions: tls }),
-      });
-    } else if (this.transport === "grpc-web") {
-      // fetch cannot be handed a CA or a client certificate per client (only
-      // a process-wide NODE_EXTRA_CA_CERTS), so TLS settings mean Node's own
-      // https module, still speaking gRPC-Web over HTTP/1.1.
-      transport =
-        tls === undefined
-          ? createGrpcWebTransport({ baseUrl: options.baseUrl, interceptors })
-          : createNodeGrpcWebTransport({ baseUrl: options.baseUrl, httpVersion: "1.1", nodeOptions: tls, interceptors });
-    } else {
+    if (this.transport !== "grpc" && this.transport !== "grpc-web") {
       throw new InvalidArgumentError(`transport must be "grpc" or "grpc-web", not ${String(this.transport)}`);
     }
-    this.#rpc = createRpcClient(Leasehold, transport);
-    this.#transcripts = createRpcClient(Transcripts, transport);
-    this.#ops = this.transport === "grpc" ? new StreamOps(this.#rpc) : new UnaryOps(this.#rpc);
+    const nodes: Node[] = baseUrls.map((baseUrl) => {
+      const transport = makeTransport(this.transport, baseUrl, nodeTls(baseUrl, options.tls), interceptors);
+      const rpc = createRpcClient(Leasehold, transport);
+      return {
+        url: baseUrl,
+        rpc,
+        transcripts: createRpcClient(Transcripts, transport),
+        ops: this.transport === "grpc" ? new StreamOps(rpc) : new UnaryOps(rpc),
+      };
+    });
+    this.#endpoints = new Endpoints(nodes);
+    this.#ops = new FailoverOps(this.#endpoints);
+  }
+
+  /** The server calls go to now: the first given, then the next after each failover. */
+  get currentBaseUrl(): string {
+    return this.#endpoints.current.url;
   }
 
   /**
@@ -213,8 +217,12 @@ export class LeaseholdClient implements AsyncDisposable {
     for (let attempt = 1; ; attempt++) {
       const sentAt = now();
       try {
-        const reply = await this.#rpc.acquire(request, { timeoutMs: waitMs + t.rpcTimeoutMs });
-        return await Lease.start({ rpc: this.#rpc, ops: this.#ops, timing: t, reply, sentAt });
+        // Safe to resend on another server: the request id makes the server
+        // replay a grant whose reply was lost.
+        const reply = await this.#endpoints.run("safe", "Acquire", (n) =>
+          n.rpc.acquire(request, { timeoutMs: waitMs + t.rpcTimeoutMs }),
+        );
+        return await Lease.start({ endpoints: this.#endpoints, ops: this.#ops, timing: t, reply, sentAt });
       } catch (err) {
         const mapped = fromCallError(err, "Acquire");
         if (mapped instanceof UnavailableError && attempt < ACQUIRE_ATTEMPTS) {
@@ -260,7 +268,7 @@ export class LeaseholdClient implements AsyncDisposable {
    */
   async get(key: string): Promise<KeyState> {
     try {
-      return toKeyState(key, await this.#rpc.get({ key }));
+      return toKeyState(key, await this.#endpoints.run("safe", "Get", (n) => n.rpc.get({ key })));
     } catch (err) {
       throw fromCallError(err, "Get");
     }
@@ -272,12 +280,13 @@ export class LeaseholdClient implements AsyncDisposable {
   ): Promise<KeyPage> {
     const filter = listFilter(options.filter ?? "all");
     try {
-      const reply = await this.#rpc.list({
+      const request = {
         prefix: options.prefix ?? "",
         filter,
         pageSize: options.pageSize ?? 0,
         pageToken: options.pageToken ?? "",
-      });
+      };
+      const reply = await this.#endpoints.run("safe", "List", (n) => n.rpc.list(request));
       return { keys: reply.keys.map((k) => toKeyState(k.key, k)), nextPageToken: reply.nextPageToken };
     } catch (err) {
       throw fromCallError(err, "List");
@@ -291,11 +300,12 @@ export class LeaseholdClient implements AsyncDisposable {
    */
   async history(key: string, options: { pageSize?: number; before?: bigint } = {}): Promise<HistoryPage> {
     try {
-      const reply = await this.#rpc.history({
+      const request = {
         key,
         pageSize: options.pageSize ?? 0,
         pageToken: options.before === undefined ? "" : options.before.toString(),
-      });
+      };
+      const reply = await this.#endpoints.run("safe", "History", (n) => n.rpc.history(request));
       return toHistoryPage(reply);
     } catch (err) {
       throw fromCallError(err, "History");
@@ -306,7 +316,8 @@ export class LeaseholdClient implements AsyncDisposable {
   async unquarantine(key: string): Promise<KeyState> {
     let reply;
     try {
-      reply = await this.#rpc.unquarantine({ key });
+      // Safe to resend: lifting a lifted quarantine changes nothing.
+      reply = await this.#endpoints.run("safe", "Unquarantine", (n) => n.rpc.unquarantine({ key }));
     } catch (err) {
       throw fromCallError(err, "Unquarantine");
     }
@@ -324,13 +335,14 @@ export class LeaseholdClient implements AsyncDisposable {
    *   server no longer holds; UnsupportedError on a backend without watch.
    */
   watch(options: WatchOptions = {}): Watch {
-    return new Watch(this.#rpc, options);
+    return new Watch(this.#endpoints.current.rpc, options);
   }
 
   /** Checks that every tool call in `messages` is paired the way the provider requires. */
   async checkTranscript(messages: Transcript, options: { format?: TranscriptFormat } = {}): Promise<TranscriptReport> {
     try {
-      const reply = await this.#transcripts.check({ transcript: transcriptText(messages), format: options.format ?? "" });
+      const request = { transcript: transcriptText(messages), format: options.format ?? "" };
+      const reply = await this.#endpoints.run("safe", "Transcripts.Check", (n) => n.transcripts.check(request));
       return {
         healthy: reply.healthy,
         format: reply.format,
@@ -354,11 +366,12 @@ export class LeaseholdClient implements AsyncDisposable {
   ): Promise<TranscriptRepair<T>> {
     let reply;
     try {
-      reply = await this.#transcripts.repair({
+      const request = {
         transcript: transcriptText(messages),
         format: options.format ?? "",
         placeholderMarkers: options.placeholderMarkers ?? [],
-      });
+      };
+      reply = await this.#endpoints.run("safe", "Transcripts.Repair", (n) => n.transcripts.repair(request));
     } catch (err) {
       throw fromCallError(err, "Transcripts.Repair");
     }
@@ -395,6 +408,46 @@ function parseArray(text: string): unknown[] {
   return parsed;
 }
 
+/** The servers a client was given: one URL, a comma-separated list, or an array. */
+function baseUrlsOf(baseUrl: string | readonly string[]): string[] {
+  const items = typeof baseUrl === "string" ? baseUrl.split(",") : Array.isArray(baseUrl) ? [...baseUrl] : undefined;
+  if (items === undefined) {
+    throw new InvalidArgumentError(`baseUrl must be an http:// or https:// URL or a list of them, not ${String(baseUrl)}`);
+  }
+  const urls = items.map((u) => (typeof u === "string" ? u.trim() : u)).filter((u) => u !== "");
+  if (urls.length === 0) throw new InvalidArgumentError("baseUrl names no server");
+  for (const u of urls) {
+    if (typeof u !== "string" || !/^https?:\/\//.test(u)) {
+      throw new InvalidArgumentError(`baseUrl must be an http:// or https:// URL, not ${String(u)}`);
+    }
+  }
+  return urls as string[];
+}
+
+/** The transport to one server. */
+function makeTransport(
+  kind: "grpc" | "grpc-web",
+  baseUrl: string,
+  tls: ReturnType<typeof nodeTls>,
+  interceptors: Interceptor[],
+): Transport {
+  if (kind === "grpc") {
+    return createGrpcTransport({
+      baseUrl,
+      pingIntervalMs: PING_INTERVAL_MS,
+      pingTimeoutMs: PING_TIMEOUT_MS,
+      interceptors,
+      ...(tls === undefined ? {} : { nodeOptions: tls }),
+    });
+  }
+  // fetch cannot be handed a CA or a client certificate per client (only a
+  // process-wide NODE_EXTRA_CA_CERTS), so TLS settings mean Node's own https
+  // module, still speaking gRPC-Web over HTTP/1.1.
+  return tls === undefined
+    ? createGrpcWebTransport({ baseUrl, interceptors })
+    : createNodeGrpcWebTransport({ baseUrl, httpVersion: "1.1", nodeOptions: tls, interceptors });
+}
+
 /** The TLS settings in Node's shape, after checking they make sense with `baseUrl`. */
 function nodeTls(
   baseUrl: string,
@@ -417,7 +470,7 @@ function nodeTls(
   return out;
 }
 
-/** Creates a client for the leasehold server at `options.baseUrl`. */
+/** Creates a client for the leasehold server (or servers, with failover) at `options.baseUrl`. */
 export function createClient(options: ClientOptions): LeaseholdClient {
   return new LeaseholdClient(options);
 }

@@ -5,7 +5,7 @@
 // (a bigint) for storage-side checks (see ./fence.js).
 
 export { createClient, LeaseholdClient, type AcquireOptions, type ClientOptions, type TlsOptions } from "./client.js";
-export { Lease, type Ended } from "./lease.js";
+export { Lease, type Ended, type ToolCallOptions } from "./lease.js";
 export {
   BusyError,
   CompactedError,

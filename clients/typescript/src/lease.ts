@@ -18,8 +18,9 @@ import {
   PermissionDeniedError,
   UnavailableError,
 } from "./errors.js";
+import type { Endpoints } from "./endpoints.js";
 import { type Ended, toEnded } from "./lifecycle.js";
-import type { Handoff, LeaseholdRpc, LeaseOps, Term } from "./ops.js";
+import type { Handoff, LeaseOps, Term } from "./ops.js";
 import { jitterRenewal, now, retryPause, sleep, type Timing, validFor } from "./timing.js";
 import {
   outcomeToWire,
@@ -35,11 +36,39 @@ import {
 /** How many times a release is sent when the server is unreachable. */
 const RELEASE_ATTEMPTS = 3;
 
+/** The turn options of {@link Lease.runToolCalls}. */
+export interface ToolCallOptions {
+  /**
+   * The turn the calls belong to (the provider's turn or message id, a
+   * counter: up to 256 bytes, no control characters). A duplicate is then
+   * looked for within (key, turn, call id) only. Default: none (an id is
+   * checked against every turn).
+   */
+  turn?: string;
+  /** Also treat an id declared in any earlier turn as a duplicate (the calls are still recorded in `turn`). */
+  acrossTurns?: boolean;
+}
+
+const utf8 = new TextEncoder();
+
+/** A turn as the server takes it, refused here before anything is sent. */
+function checkTurn(turn: string): string {
+  if (typeof turn !== "string") throw new InvalidArgumentError(`turn must be a string, not ${typeof turn}`);
+  if (utf8.encode(turn).length > 256) throw new InvalidArgumentError("turn must be at most 256 bytes");
+  // Unicode Cc, as the server's check (char::is_control).
+  if (/[\u0000-\u001f\u007f-\u009f]/.test(turn)) {
+    throw new InvalidArgumentError("turn must not contain control characters");
+  }
+  return turn;
+}
+
 export { type Ended, toEnded } from "./lifecycle.js";
 
 /** What the client hands a new lease. */
 export interface LeaseInit {
-  readonly rpc: LeaseholdRpc;
+  /** The client's servers, for the tool-call ledger. */
+  readonly endpoints: Endpoints;
+  /** Renew, Check and Release (failing over between the servers). */
   readonly ops: LeaseOps;
   readonly timing: Timing;
   readonly reply: AcquireResponse;
@@ -81,7 +110,7 @@ export class Lease implements AsyncDisposable {
   readonly signal: AbortSignal;
 
   readonly #leaseId: string;
-  readonly #rpc: LeaseholdRpc;
+  readonly #endpoints: Endpoints;
   readonly #ops: LeaseOps;
   readonly #timing: Timing;
   readonly #abort = new AbortController();
@@ -102,7 +131,7 @@ export class Lease implements AsyncDisposable {
     this.fence = lease.fence;
     this.ttlMs = init.timing.ttlMs;
     this.#leaseId = lease.leaseId;
-    this.#rpc = init.rpc;
+    this.#endpoints = init.endpoints;
     this.#ops = init.ops;
     this.#timing = init.timing;
     const previous = init.reply.previous;
@@ -251,19 +280,32 @@ export class Lease implements AsyncDisposable {
    * turn) is not run again: its stored outcome comes back with `reused`.
    * If the lease is lost meanwhile, runners see `signal` abort, nothing more
    * is settled, and this throws LeaseLostError.
+   *
+   * `turn` names the turn, for models that reuse call ids in every turn
+   * (`call_0`): an id is then a duplicate only within that turn (an id
+   * reused in a new turn runs again), unless `acrossTurns` (an id declared
+   * in any turn is reused, not run). Without a turn, an id from any earlier
+   * turn is a duplicate.
+   * @throws LeaseLostError; InvalidArgumentError for a malformed turn; UnavailableError.
    */
   runToolCalls(
     calls: readonly ToolCallRequest[],
     runner: ToolRunner,
-    options: { concurrency?: number } = {},
+    options: ToolCallOptions & { concurrency?: number } = {},
   ): Promise<ToolResult[]> {
+    const turn = options.turn ?? "";
+    const acrossTurns = options.acrossTurns ?? false;
     return runToolCalls(
       {
         fence: this.fence,
+        turn,
         signal: this.signal,
-        ensureValid: () => this.#ensureValid(),
-        register: (c) => this.#register(c),
-        settle: (id, outcome) => this.settleToolCall(id, outcome),
+        ensureValid: () => {
+          this.#ensureValid();
+          checkTurn(turn);
+        },
+        register: (c) => this.#register(c, turn, acrossTurns),
+        settle: (id, outcome) => this.settleToolCall(id, outcome, { turn }),
         lostError: () => this.#lostError(),
       },
       calls,
@@ -275,38 +317,48 @@ export class Lease implements AsyncDisposable {
   /**
    * Records a call's outcome under this lease's fence; the first terminal
    * outcome wins and the winning record is returned. A recoverer settles the
-   * calls a dead holder left running, usually as `{ state: "unknown" }`.
+   * calls a dead holder left running, usually as `{ state: "unknown" }`
+   * (with the record's `turn`). Without `turn`, settles the one call with
+   * this id, whatever its turn.
+   * @throws InvalidArgumentError when no turn is named and the id was begun
+   *   in several turns (the lease stays valid); LeaseholdError "not_found"
+   *   for an id the ledger does not hold (in that turn); LeaseLostError when
+   *   the fence is refused.
    */
-  async settleToolCall(callId: string, outcome: ToolOutcome): Promise<ToolCallRecord> {
+  async settleToolCall(callId: string, outcome: ToolOutcome, options: { turn?: string } = {}): Promise<ToolCallRecord> {
     const wire = outcomeToWire(outcome);
+    const turn = checkTurn(options.turn ?? "");
+    const request = {
+      key: this.key,
+      fence: this.fence,
+      leaseId: this.#leaseId,
+      callId,
+      outcome: wire.state,
+      result: wire.result,
+      turn,
+    };
     try {
-      const reply = await this.#rpc.settleToolCall(
-        {
-          key: this.key,
-          fence: this.fence,
-          leaseId: this.#leaseId,
-          callId,
-          outcome: wire.state,
-          result: wire.result,
-        },
-        { timeoutMs: this.#timing.rpcTimeoutMs },
+      // Safe to resend on another server: the first outcome wins, and a
+      // resend gets the stored record back.
+      const reply = await this.#endpoints.run("safe", "SettleToolCall", (n) =>
+        n.rpc.settleToolCall(request, { timeoutMs: this.#timing.rpcTimeoutMs }),
       );
       if (reply.call === undefined) throw new LeaseholdError("internal", "SettleToolCall reply carried no call");
       return toRecord(reply.call);
     } catch (err) {
-      throw this.#judge(fromCallError(err, "SettleToolCall"));
+      throw this.#judgeLedger(fromCallError(err, "SettleToolCall"));
     }
   }
 
   /** The key's tool calls, in order of registration (only those still running with `unsettled`). */
   async listToolCalls(options: { unsettled?: boolean } = {}): Promise<ToolCallRecord[]> {
+    const request = {
+      key: this.key,
+      filter: options.unsettled === true ? ListToolCallsRequest_Filter.UNSETTLED : ListToolCallsRequest_Filter.ALL,
+    };
     try {
-      const reply = await this.#rpc.listToolCalls(
-        {
-          key: this.key,
-          filter: options.unsettled === true ? ListToolCallsRequest_Filter.UNSETTLED : ListToolCallsRequest_Filter.ALL,
-        },
-        { timeoutMs: this.#timing.rpcTimeoutMs },
+      const reply = await this.#endpoints.run("safe", "ListToolCalls", (n) =>
+        n.rpc.listToolCalls(request, { timeoutMs: this.#timing.rpcTimeoutMs }),
       );
       return reply.calls.map(toRecord);
     } catch (err) {
@@ -321,31 +373,39 @@ export class Lease implements AsyncDisposable {
 
   // ---- internals ----
 
-  async #beginBatch(calls: readonly ToolCallRequest[]) {
+  async #beginBatch(calls: readonly ToolCallRequest[], turn: string, acrossTurns: boolean) {
+    const request = {
+      key: this.key,
+      fence: this.fence,
+      leaseId: this.#leaseId,
+      calls: calls.map((c) => ({ callId: c.callId, name: c.name, inputDigest: c.inputDigest ?? "" })),
+      turn,
+      acrossTurns,
+    };
     try {
-      return await this.#rpc.beginToolCalls(
-        {
-          key: this.key,
-          fence: this.fence,
-          leaseId: this.#leaseId,
-          calls: calls.map((c) => ({ callId: c.callId, name: c.name, inputDigest: c.inputDigest ?? "" })),
-        },
-        { timeoutMs: this.#timing.rpcTimeoutMs },
+      // Not resent on another server: a registration applied twice looks
+      // like another holder of this term.
+      return await this.#endpoints.run("unsafe", "BeginToolCalls", (n) =>
+        n.rpc.beginToolCalls(request, { timeoutMs: this.#timing.rpcTimeoutMs }),
       );
     } catch (err) {
-      throw this.#judge(fromCallError(err, "BeginToolCalls"));
+      throw this.#judgeLedger(fromCallError(err, "BeginToolCalls"));
     }
   }
 
-  async #register(calls: readonly ToolCallRequest[]): Promise<{ known: PbToolCall[]; fresh: PbToolCall[] }> {
+  async #register(
+    calls: readonly ToolCallRequest[],
+    turn: string,
+    acrossTurns: boolean,
+  ): Promise<{ known: PbToolCall[]; fresh: PbToolCall[] }> {
     if (calls.length === 0) return { known: [], fresh: [] };
-    const reply = await this.#beginBatch(calls);
+    const reply = await this.#beginBatch(calls, turn, acrossTurns);
     if (!reply.duplicate) return { known: [], fresh: reply.calls };
     // All or nothing: nothing was recorded. Register the new ones alone.
     const known = reply.calls;
     const fresh = calls.filter((c) => !known.some((k) => k.callId === c.callId));
     if (fresh.length === 0) return { known, fresh: [] };
-    const again = await this.#beginBatch(fresh);
+    const again = await this.#beginBatch(fresh, turn, acrossTurns);
     if (again.duplicate) {
       // Only this term's holder can register calls, so another process
       // holds this fence and lease id.
@@ -401,6 +461,17 @@ export class Lease implements AsyncDisposable {
       err instanceof LeaseLostError ? err.reason : err instanceof PermissionDeniedError ? "permission_denied" : "unknown";
     this.#lose(reason, err);
     return this.#lostError();
+  }
+
+  /**
+   * {@link #judge} for a tool-call ledger answer: only a stale fence or a
+   * wrong lease id ends the term. An invalid argument or an unknown call id
+   * is about the call (an over-long result, an id begun in several turns
+   * settled without its turn), not about the term.
+   */
+  #judgeLedger(err: LeaseholdError): LeaseholdError {
+    if (err instanceof LeaseLostError || err instanceof PermissionDeniedError) return this.#judge(err);
+    return err;
   }
 
   #clearTimers(): void {

@@ -25,8 +25,13 @@ export interface ToolInvocation {
   readonly call: ToolCallRequest;
   /** The fence the call was registered under: pass it to fenced storage. */
   readonly fence: bigint;
-  /** Stable across retries and duplicates: give it to downstream services that deduplicate. */
+  /**
+   * Stable across retries and duplicates: give it to downstream services that
+   * deduplicate. It includes the turn, so an id reused in a new turn gets a new key.
+   */
   readonly idempotencyKey: string;
+  /** The turn the call was registered in ("" when none was named). */
+  readonly turn: string;
   /** Aborted when the lease is lost: pass it to the tool's own I/O. */
   readonly signal: AbortSignal;
 }
@@ -75,6 +80,8 @@ export interface ToolCallRecord {
   readonly settledAtMs: number;
   readonly ordinal: bigint;
   readonly idempotencyKey: string;
+  /** The turn the call was begun in ("" when none was named). */
+  readonly turn: string;
 }
 
 const encoder = new TextEncoder();
@@ -107,6 +114,7 @@ export function toRecord(c: PbToolCall): ToolCallRecord {
     settledAtMs: msToNumber(c.settledAtMs),
     ordinal: c.ordinal,
     idempotencyKey: c.idempotencyKey,
+    turn: c.turn,
   };
 }
 
@@ -151,6 +159,8 @@ export function failedOutcome(err: unknown): ToolOutcome {
 /** What the loop needs from a lease. */
 export interface ToolHost {
   readonly fence: bigint;
+  /** The turn the calls are registered and settled in ("" for none). */
+  readonly turn: string;
   readonly signal: AbortSignal;
   ensureValid(): void;
   /** Registers unique calls; returns the ledger's records for those it already held. */
@@ -197,6 +207,7 @@ export async function runToolCalls(
           call,
           fence: host.fence,
           idempotencyKey: keys.get(call.callId) ?? "",
+          turn: host.turn,
           signal: host.signal,
         }),
       );

@@ -11,6 +11,8 @@ export interface TestServer {
   readonly baseUrl: string;
   readonly pid: number;
   readonly dbPath: string;
+  /** SIGKILL (kill -9): no drain, connections reset; resolves once it exited. */
+  kill(): Promise<void>;
   /** SIGSTOP: the server freezes (as in a long GC pause or a stopped VM). */
   freeze(): void;
   /** SIGCONT. */
@@ -31,14 +33,22 @@ export function serverBinary(): string {
 
 /**
  * Starts a server; with `dir`, on the database already in that directory;
- * with `listen`, on that loopback address instead of a free port.
+ * with `listen`, on that loopback address instead of a free port; with
+ * `store`, on that store instead of the SQLite file (e.g. `["--store",
+ * "postgres://…", "--pg-schema", "s"]`).
  */
-export async function startServer(dir?: string, listen = "127.0.0.1:0", extraArgs: string[] = []): Promise<TestServer> {
+export async function startServer(
+  dir?: string,
+  listen = "127.0.0.1:0",
+  extraArgs: string[] = [],
+  store?: string[],
+): Promise<TestServer> {
   if (!listen.startsWith("127.0.0.1:")) throw new Error(`tests listen on loopback only, not ${listen}`);
   const bin = serverBinary();
   const home = dir ?? mkdtempSync(join(tmpdir(), "leasehold-ts-"));
   const dbPath = join(home, "x.db");
-  const child: ChildProcess = spawn(bin, ["serve", "--listen", listen, "--db", dbPath, "--drain-timeout-ms", "200", ...extraArgs], {
+  const storeArgs = store ?? ["--db", dbPath];
+  const child: ChildProcess = spawn(bin, ["serve", "--listen", listen, ...storeArgs, "--drain-timeout-ms", "200", ...extraArgs], {
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stderr = "";
@@ -85,6 +95,11 @@ export async function startServer(dir?: string, listen = "127.0.0.1:0", extraArg
     baseUrl: `http://${addr}`,
     pid,
     dbPath,
+    kill: async () => {
+      stopped = true;
+      child.kill("SIGKILL");
+      await exited;
+    },
     freeze: () => process.kill(pid, "SIGSTOP"),
     thaw: () => process.kill(pid, "SIGCONT"),
     stop,

@@ -3,7 +3,13 @@
 
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
-import { createClient, LeaseholdClient, LeaseLostError, type ToolInvocation } from "../src/index.js";
+import {
+  createClient,
+  InvalidArgumentError,
+  LeaseholdClient,
+  LeaseLostError,
+  type ToolInvocation,
+} from "../src/index.js";
 import { startServer, type TestServer } from "./server.js";
 
 const text = (b: Uint8Array): string => new TextDecoder().decode(b);
@@ -81,6 +87,64 @@ for (const transport of ["grpc", "grpc-web"] as const) {
           ],
         );
       });
+    });
+
+    it("scopes call ids to turns: a reused id runs again in a new turn, once within it", async () => {
+      const lease = await lh.acquire(`turns:${transport}`, { ttlMs: 5_000 });
+      const ran: ToolInvocation[] = [];
+      const runner = async (inv: ToolInvocation): Promise<string> => {
+        ran.push(inv);
+        return inv.turn;
+      };
+      const call0 = { callId: "call_0", name: "shell" };
+      await lease.runToolCalls([call0], runner, { turn: "t1" });
+      const second = await lease.runToolCalls([call0, call0], runner, { turn: "t2" });
+      assert.deepEqual(
+        ran.map((i) => [i.turn, i.call.callId]),
+        [
+          ["t1", "call_0"],
+          ["t2", "call_0"],
+        ],
+      );
+      assert.notEqual(ran[0]?.idempotencyKey, ran[1]?.idempotencyKey, "each turn has its own key");
+      assert.deepEqual(
+        second.map((r) => r.outcome.state === "succeeded" && text(r.outcome.result)),
+        ["t2", "t2"],
+      );
+      const again = await lease.runToolCalls([call0], runner, { turn: "t2" });
+      assert.equal(ran.length, 2, "a duplicate within t2 did not run");
+      assert.equal(again[0]?.reused, true);
+
+      // acrossTurns: an id an earlier turn declared is reused, not run.
+      const across = await lease.runToolCalls([call0, { callId: "call_1", name: "x" }], runner, {
+        turn: "t3",
+        acrossTurns: true,
+      });
+      assert.deepEqual(
+        ran.map((i) => i.call.callId),
+        ["call_0", "call_0", "call_1"],
+      );
+      assert.equal(across[0]?.reused, true);
+      assert.equal(across[0]?.outcome.state === "succeeded" && text(across[0].outcome.result), "t1");
+
+      // call_0 is in three turns: settling it needs the turn.
+      await assert.rejects(lease.settleToolCall("call_0", { state: "unknown" }), InvalidArgumentError);
+      assert.equal(lease.isValid(), true, "a refused settle is about the call, not the lease");
+      const settled = await lease.settleToolCall("call_0", { state: "unknown" }, { turn: "t2" });
+      assert.equal(settled.turn, "t2");
+      assert.equal(settled.state, "succeeded", "the first outcome won");
+      const all = await lease.listToolCalls();
+      assert.deepEqual(
+        all.map((c) => [c.turn, c.callId]),
+        [
+          ["t1", "call_0"],
+          ["t2", "call_0"],
+          ["t3", "call_1"],
+        ],
+      );
+      assert.equal(all[1]?.idempotencyKey, ran[1]?.idempotencyKey, "the server computes the same key");
+      await assert.rejects(lease.runToolCalls([call0], runner, { turn: "bad\nturn" }), InvalidArgumentError);
+      await lease.release();
     });
 
     it("a call cut off by losing the lease stays running for the recoverer, who settles it", async () => {

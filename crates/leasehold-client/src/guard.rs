@@ -110,6 +110,19 @@ impl Shared {
         }
     }
 
+    /// [`Shared::judge`] for a tool-call ledger answer: only a stale fence
+    /// or a wrong lease id ends the term. An invalid argument or an unknown
+    /// call id is about the call (an over-long payload, an id begun in
+    /// several turns settled without its turn), not about the term.
+    pub(crate) fn judge_ledger(&self, err: ClientError) -> ClientError {
+        match err {
+            ClientError::Server(
+                Error::InvalidArgument(_) | Error::NotFound(_) | Error::ToolCallNotFound { .. },
+            ) => err,
+            other => self.judge(other),
+        }
+    }
+
     async fn renew_once(&self) -> Result<Lease, ClientError> {
         let op = Op::Renew(pb::RenewRequest {
             key: self.key.as_str().to_owned(),

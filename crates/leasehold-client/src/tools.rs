@@ -6,6 +6,28 @@
 //! caller allows), settle each as it finishes, and return one result per call
 //! in the provider's call order. A call id the ledger already knows gets its
 //! stored outcome instead of a second run.
+//!
+//! # Turns
+//! Some models reuse call ids in every turn (`call_0`). Name the turn with
+//! [`SessionGuard::tool_calls`], and a duplicate is looked for within that
+//! turn only (or, with [`ToolCalls::across_turns`], in every turn):
+//!
+//! ```no_run
+//! # use leasehold_client::{SessionGuard, ToolCallRequest, ToolOutcome, ClientError};
+//! # async fn turn(guard: &SessionGuard, calls: Vec<ToolCallRequest>) -> Result<(), ClientError> {
+//! let results = guard
+//!     .tool_calls()
+//!     .turn("turn-7")
+//!     .run(calls, 4, |_invocation| async move { ToolOutcome::Succeeded(vec![]) })
+//!     .await?;
+//! # let _ = results;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Without a turn (what [`SessionGuard::run_tool_calls`] does) an id is
+//! checked against every turn, as before turns existed. Which to use when:
+//! `docs/tool-calls.md`.
 
 use std::future::Future;
 
@@ -17,7 +39,7 @@ use super::guard::SessionGuard;
 
 use leasehold_core::Error;
 use leasehold_core::lease::Fence;
-use leasehold_core::ledger::{ToolCall, idempotency_key};
+use leasehold_core::ledger::{ToolCall, idempotency_key_in_turn, validate_turn};
 use leasehold_wire::convert;
 use leasehold_wire::pb;
 
@@ -50,8 +72,11 @@ pub struct ToolInvocation {
     /// The fence the call was registered under; pass it to fenced storage.
     pub fence: Fence,
     /// Stable across retries and duplicates: give it to downstream services
-    /// that deduplicate (see `docs/tool-calls.md`).
+    /// that deduplicate (see `docs/tool-calls.md`). It includes the turn, so
+    /// an id reused in a new turn gets a new key.
     pub idempotency_key: String,
+    /// The turn the call was registered in (empty: none).
+    pub turn: String,
 }
 
 /// How a call ended.
@@ -90,18 +115,25 @@ impl ToolOutcome {
 }
 
 impl SessionGuard {
-    /// Runs one turn's tool calls through the ledger; see the [module docs](self).
-    ///
-    /// Calls are registered all at once before any handler runs. Up to
-    /// `concurrency` handlers run at a time; each new call is settled as soon
-    /// as its handler returns. An id repeated within the turn runs once and
-    /// every occurrence gets its outcome. If the lease is lost while handlers
-    /// run, they are dropped (cancelled) and the error is returned: their
-    /// calls stay recorded as running, for whoever recovers the key.
+    /// The tool-call ledger of this guard's key, for one turn: set
+    /// [`ToolCalls::turn`] (and [`ToolCalls::across_turns`]), then
+    /// [`ToolCalls::run`] or [`ToolCalls::settle`]. Without a turn it is
+    /// what [`SessionGuard::run_tool_calls`] and
+    /// [`SessionGuard::settle_tool_call`] do.
+    pub fn tool_calls(&self) -> ToolCalls<'_> {
+        ToolCalls {
+            guard: self,
+            turn: String::new(),
+            across_turns: false,
+        }
+    }
+
+    /// Runs one turn's tool calls through the ledger, with no turn named (a
+    /// call id is checked against every earlier call of the key); see
+    /// [`ToolCalls::run`], and [`SessionGuard::tool_calls`] to name the turn.
     ///
     /// # Errors
-    /// [`ClientError::Lost`] when the guard is not valid or the server
-    /// refuses its fence; server errors from the ledger calls.
+    /// As [`ToolCalls::run`].
     pub async fn run_tool_calls<F, Fut>(
         &self,
         calls: Vec<ToolCallRequest>,
@@ -112,7 +144,115 @@ impl SessionGuard {
         F: Fn(ToolInvocation) -> Fut,
         Fut: Future<Output = ToolOutcome>,
     {
-        self.ensure_valid()?;
+        self.tool_calls().run(calls, concurrency, handler).await
+    }
+
+    /// Records a call's outcome under this guard's fence (the first terminal
+    /// outcome wins; the winning record is returned). A recoverer uses it to
+    /// settle the calls a dead holder left running, usually as
+    /// [`ToolOutcome::Unknown`]. An id begun in several turns needs its
+    /// turn: [`ToolCalls::settle`].
+    ///
+    /// # Errors
+    /// As [`ToolCalls::settle`]; [`Error::InvalidArgument`] when the id was
+    /// begun in several turns.
+    pub async fn settle_tool_call(
+        &self,
+        call_id: &str,
+        outcome: &ToolOutcome,
+    ) -> Result<ToolCall, ClientError> {
+        self.tool_calls().settle(call_id, outcome).await
+    }
+
+    /// The key's calls still recorded as running: after taking over a key,
+    /// settle each before continuing.
+    ///
+    /// # Errors
+    /// Server errors from `ListToolCalls`.
+    pub async fn unsettled_tool_calls(&self) -> Result<Vec<ToolCall>, ClientError> {
+        let shared = &self.shared;
+        let message = pb::ListToolCallsRequest {
+            key: shared.key.as_str().to_owned(),
+            filter: pb::list_tool_calls_request::Filter::Unsettled as i32,
+        };
+        let timeout = shared.timing.rpc_timeout;
+        let reply = unary!(
+            shared.endpoints,
+            Resend::Safe,
+            "ListToolCalls",
+            timeout,
+            list_tool_calls,
+            message
+        )?;
+        let calls = reply
+            .calls
+            .into_iter()
+            .map(|c| convert::tool_call_from_pb(c).map(|(_, call)| call))
+            .collect::<Result<_, _>>()?;
+        Ok(calls)
+    }
+}
+
+/// A guard's tool-call ledger for one turn: from [`SessionGuard::tool_calls`].
+#[derive(Debug, Clone)]
+#[must_use = "set the turn, then call run() or settle()"]
+pub struct ToolCalls<'g> {
+    /// The guard whose fence and lease id every ledger call presents.
+    guard: &'g SessionGuard,
+    /// The turn; empty means none (ids checked against every turn).
+    turn: String,
+    /// Refuse an id declared in any turn, not only this one.
+    across_turns: bool,
+}
+
+impl ToolCalls<'_> {
+    /// The turn these calls belong to (the provider's turn or message id, a
+    /// counter: any string up to 256 bytes without control characters).
+    /// A duplicate is then looked for within `(key, turn, call_id)` only,
+    /// so an id reused in a new turn runs again.
+    pub fn turn(mut self, turn: impl Into<String>) -> Self {
+        self.turn = turn.into();
+        self
+    }
+
+    /// Also treat an id declared in *any* earlier turn as a duplicate (its
+    /// stored record comes back and the handler does not run), while the
+    /// calls are still recorded under [`ToolCalls::turn`]. For providers
+    /// whose ids are unique per conversation, to catch a replayed old id.
+    pub fn across_turns(mut self) -> Self {
+        self.across_turns = true;
+        self
+    }
+
+    /// Runs one turn's tool calls through the ledger; see the [module docs](self).
+    ///
+    /// Calls are registered all at once before any handler runs. Up to
+    /// `concurrency` handlers run at a time; each new call is settled (in
+    /// this turn) as soon as its handler returns. An id repeated within the
+    /// turn runs once and every occurrence gets its outcome. An id the
+    /// ledger already holds (in this turn; in any turn with no turn named
+    /// or with [`ToolCalls::across_turns`]) is not run: its stored outcome
+    /// comes back with `reused = true`. If the lease is lost while handlers
+    /// run, they are dropped (cancelled) and the error is returned: their
+    /// calls stay recorded as running, for whoever recovers the key.
+    ///
+    /// # Errors
+    /// [`ClientError::Lost`] when the guard is not valid or the server
+    /// refuses its fence; [`Error::InvalidArgument`] for a malformed turn;
+    /// server errors from the ledger calls.
+    pub async fn run<F, Fut>(
+        &self,
+        calls: Vec<ToolCallRequest>,
+        concurrency: usize,
+        handler: F,
+    ) -> Result<Vec<ToolResult>, ClientError>
+    where
+        F: Fn(ToolInvocation) -> Fut,
+        Fut: Future<Output = ToolOutcome>,
+    {
+        let guard = self.guard;
+        guard.ensure_valid()?;
+        validate_turn(&self.turn)?;
         let mut unique: Vec<ToolCallRequest> = Vec::new();
         for call in &calls {
             if !unique.iter().any(|u| u.call_id == call.call_id) {
@@ -125,20 +265,25 @@ impl SessionGuard {
             .filter(|c| !known.iter().any(|k| k.call_id == c.call_id))
             .collect();
 
-        let fence = self.fence();
-        let key = self.key().to_owned();
+        let fence = guard.fence();
+        let key = guard.key().to_owned();
         let running = stream::iter(fresh)
             .map(|call| {
                 let invocation = ToolInvocation {
-                    idempotency_key: idempotency_key(key.as_str(), &call.call_id),
+                    idempotency_key: idempotency_key_in_turn(
+                        key.as_str(),
+                        &self.turn,
+                        &call.call_id,
+                    ),
                     fence,
+                    turn: self.turn.clone(),
                     call,
                 };
                 let handler = &handler;
                 async move {
                     let call_id = invocation.call.call_id.clone();
                     let outcome = handler(invocation).await;
-                    self.settle_tool_call(&call_id, &outcome).await?;
+                    self.settle(&call_id, &outcome).await?;
                     Ok::<_, ClientError>((call_id, outcome))
                 }
             })
@@ -146,10 +291,9 @@ impl SessionGuard {
             .collect::<Vec<_>>();
         let ran = tokio::select! {
             ran = running => ran,
-            reason = self.lost() => return Err(self.shared.lost_error(reason)),
+            reason = guard.lost() => return Err(guard.shared.lost_error(reason)),
         };
         let ran = ran.into_iter().collect::<Result<Vec<_>, _>>()?;
-
         Ok(calls
             .iter()
             .map(|call| {
@@ -207,7 +351,7 @@ impl SessionGuard {
         if calls.is_empty() {
             return Ok(pb::BeginToolCallsResponse::default());
         }
-        let shared = &self.shared;
+        let shared = &self.guard.shared;
         let message = pb::BeginToolCallsRequest {
             key: shared.key.as_str().to_owned(),
             fence: shared.fence.0,
@@ -220,8 +364,8 @@ impl SessionGuard {
                     input_digest: c.input_digest.clone(),
                 })
                 .collect(),
-            across_turns: Default::default(),
-            turn: Default::default(),
+            turn: self.turn.clone(),
+            across_turns: self.across_turns,
         };
         let timeout = shared.timing.rpc_timeout;
         // Not resent on another server: a registration applied twice looks
@@ -234,19 +378,20 @@ impl SessionGuard {
             begin_tool_calls,
             message
         )
-        .map_err(|err| shared.judge(err))
+        .map_err(|err| shared.judge_ledger(err))
     }
 
-    /// Records a call's outcome under this guard's fence (the first terminal
-    /// outcome wins; the winning record is returned). A recoverer uses it to
-    /// settle the calls a dead holder left running, usually as
-    /// [`ToolOutcome::Unknown`].
+    /// Records a call's outcome in this turn under the guard's fence (the
+    /// first terminal outcome wins; the winning record is returned). With
+    /// no turn named, settles the one call with this id, whatever its turn.
     ///
     /// # Errors
     /// [`ClientError::Lost`] when the fence is refused;
-    /// [`Error::InvalidArgument`] for [`ToolOutcome::StillRunning`] or an
-    /// over-long payload; [`Error::ToolCallNotFound`] for an unknown call id.
-    pub async fn settle_tool_call(
+    /// [`Error::InvalidArgument`] for [`ToolOutcome::StillRunning`], an
+    /// over-long payload, a malformed turn, or no turn named for an id begun
+    /// in several turns; [`Error::ToolCallNotFound`] for an unknown call id
+    /// (in this turn).
+    pub async fn settle(
         &self,
         call_id: &str,
         outcome: &ToolOutcome,
@@ -261,7 +406,8 @@ impl SessionGuard {
                 )));
             }
         };
-        let shared = &self.shared;
+        validate_turn(&self.turn)?;
+        let shared = &self.guard.shared;
         let message = pb::SettleToolCallRequest {
             key: shared.key.as_str().to_owned(),
             fence: shared.fence.0,
@@ -270,7 +416,7 @@ impl SessionGuard {
             outcome: state as i32,
             result_digest: String::new(),
             result,
-            turn: Default::default(),
+            turn: self.turn.clone(),
         };
         let timeout = shared.timing.rpc_timeout;
         // Safe to resend: the first outcome wins, and a resend gets the
@@ -283,40 +429,12 @@ impl SessionGuard {
             settle_tool_call,
             message
         )
-        .map_err(|err| shared.judge(err))?;
+        .map_err(|err| shared.judge_ledger(err))?;
         let call = reply.call.ok_or_else(|| {
             ClientError::Server(Error::Storage(
                 "SettleToolCall reply carried no call".into(),
             ))
         })?;
         Ok(convert::tool_call_from_pb(call)?.1)
-    }
-
-    /// The key's calls still recorded as running: after taking over a key,
-    /// settle each before continuing.
-    ///
-    /// # Errors
-    /// Server errors from `ListToolCalls`.
-    pub async fn unsettled_tool_calls(&self) -> Result<Vec<ToolCall>, ClientError> {
-        let shared = &self.shared;
-        let message = pb::ListToolCallsRequest {
-            key: shared.key.as_str().to_owned(),
-            filter: pb::list_tool_calls_request::Filter::Unsettled as i32,
-        };
-        let timeout = shared.timing.rpc_timeout;
-        let reply = unary!(
-            shared.endpoints,
-            Resend::Safe,
-            "ListToolCalls",
-            timeout,
-            list_tool_calls,
-            message
-        )?;
-        let calls = reply
-            .calls
-            .into_iter()
-            .map(|c| convert::tool_call_from_pb(c).map(|(_, call)| call))
-            .collect::<Result<_, _>>()?;
-        Ok(calls)
     }
 }

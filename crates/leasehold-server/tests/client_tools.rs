@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::TestServer;
-use leasehold_client::{Client, ClientError, ToolCallRequest, ToolOutcome};
+use leasehold_client::{Client, ClientError, Error, ToolCallRequest, ToolOutcome};
 
 async fn client_of(server: &TestServer) -> Client {
     Client::connect(format!("http://{}", server.addr))
@@ -150,4 +150,169 @@ async fn a_lost_lease_cancels_the_run_and_leaves_the_call_for_recovery() {
         .await;
     assert!(matches!(late, Err(ClientError::Lost { .. })), "{late:?}");
     assert!(recoverer.unsettled_tool_calls().await.unwrap().is_empty());
+}
+
+/// A handler that counts its runs and answers with the call's turn.
+fn counting(
+    runs: &Arc<AtomicU32>,
+) -> impl Fn(leasehold_client::ToolInvocation) -> std::future::Ready<ToolOutcome> + '_ {
+    move |invocation| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(ToolOutcome::Succeeded(invocation.turn.into_bytes()))
+    }
+}
+
+/// With a turn named, an id reused in a new turn runs its side effect again
+/// (with a new idempotency key), a duplicate within the turn runs once, and
+/// the records carry their turn.
+#[tokio::test]
+async fn a_reused_id_runs_again_in_a_new_turn_and_once_within_it() {
+    let server = TestServer::start().await;
+    let client = client_of(&server).await;
+    let guard = client
+        .acquire("s")
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    let keys = std::sync::Mutex::new(Vec::new());
+    let handler = |invocation: leasehold_client::ToolInvocation| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        keys.lock()
+            .unwrap()
+            .push(invocation.idempotency_key.clone());
+        std::future::ready(ToolOutcome::Succeeded(invocation.turn.into_bytes()))
+    };
+    let first = guard
+        .tool_calls()
+        .turn("t1")
+        .run(calls(&["call_0"]), 1, handler)
+        .await
+        .unwrap();
+    assert!(!first[0].reused);
+    let second = guard
+        .tool_calls()
+        .turn("t2")
+        .run(calls(&["call_0", "call_0"]), 2, handler)
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "once per turn");
+    assert_eq!(second[0].outcome, ToolOutcome::Succeeded(b"t2".to_vec()));
+    assert_eq!(second[0].outcome, second[1].outcome);
+    let keys = keys.into_inner().unwrap();
+    assert_ne!(keys[0], keys[1], "each turn has its own idempotency key");
+    assert_eq!(
+        keys[1],
+        leasehold_core::ledger::idempotency_key_in_turn("s", "t2", "call_0")
+    );
+
+    let again = guard
+        .tool_calls()
+        .turn("t2")
+        .run(calls(&["call_0"]), 1, counting(&runs))
+        .await
+        .unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "a duplicate within t2 did not run"
+    );
+    assert!(again[0].reused);
+    assert_eq!(again[0].outcome, ToolOutcome::Succeeded(b"t2".to_vec()));
+    guard.release().await.unwrap();
+}
+
+/// `across_turns` refuses an id an earlier turn declared: the handler does
+/// not run and the earlier turn's outcome comes back; so does a run that
+/// names no turn.
+#[tokio::test]
+async fn across_turns_refuses_an_id_from_an_earlier_turn() {
+    let server = TestServer::start().await;
+    let client = client_of(&server).await;
+    let guard = client
+        .acquire("s")
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    guard
+        .tool_calls()
+        .turn("t1")
+        .run(calls(&["call_0"]), 1, counting(&runs))
+        .await
+        .unwrap();
+    let across = guard
+        .tool_calls()
+        .turn("t2")
+        .across_turns()
+        .run(calls(&["call_0", "call_1"]), 2, counting(&runs))
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "only call_1 ran");
+    assert!(across[0].reused);
+    assert_eq!(across[0].outcome, ToolOutcome::Succeeded(b"t1".to_vec()));
+    assert!(!across[1].reused);
+    assert_eq!(across[1].outcome, ToolOutcome::Succeeded(b"t2".to_vec()));
+    let no_turn = guard
+        .run_tool_calls(calls(&["call_1"]), 1, counting(&runs))
+        .await
+        .unwrap();
+    assert!(
+        no_turn[0].reused,
+        "no turn named: checked across every turn"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// An id begun in two turns is settled by naming its turn; without one the
+/// server cannot tell which call is meant.
+#[tokio::test]
+async fn settling_an_id_in_two_turns_needs_the_turn() {
+    let server = TestServer::start().await;
+    let client = client_of(&server).await;
+    let guard = client
+        .acquire("s")
+        .ttl(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    for turn in ["t1", "t2"] {
+        guard
+            .tool_calls()
+            .turn(turn)
+            .run(calls(&["call_0"]), 1, counting(&runs))
+            .await
+            .unwrap();
+    }
+    let ambiguous = guard
+        .settle_tool_call("call_0", &ToolOutcome::Unknown)
+        .await;
+    assert!(
+        matches!(
+            ambiguous,
+            Err(ClientError::Server(Error::InvalidArgument(_)))
+        ),
+        "{ambiguous:?}"
+    );
+    let t1 = guard
+        .tool_calls()
+        .turn("t1")
+        .settle("call_0", &ToolOutcome::Unknown)
+        .await
+        .unwrap();
+    assert_eq!(t1.turn, "t1");
+    assert_eq!(t1.result, b"t1", "the first outcome of t1's call won");
+    let missing = guard
+        .tool_calls()
+        .turn("t3")
+        .settle("call_0", &ToolOutcome::Unknown)
+        .await;
+    assert!(
+        matches!(
+            missing,
+            Err(ClientError::Server(Error::ToolCallNotFound { .. }))
+        ),
+        "{missing:?}"
+    );
+    assert!(guard.is_valid(), "a refused settle is not a lost lease");
 }
