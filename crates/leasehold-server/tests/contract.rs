@@ -18,7 +18,7 @@ mod backends;
 use std::time::Duration;
 
 use backends::Backend;
-use common::{acquire, lease_of};
+use common::requests::*;
 use leasehold_client::{Error, StaleReason};
 use leasehold_wire::pb;
 use leasehold_wire::status::from_status;
@@ -48,93 +48,6 @@ contract!(
     bad_lifecycle_fields_are_invalid_arguments,
     the_rust_client_hands_off_reads_history_and_lifts_quarantine,
 );
-
-fn renew(lease: &pb::Lease, ttl_ms: u64) -> pb::RenewRequest {
-    pb::RenewRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        ttl_ms,
-    }
-}
-
-fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        suspend,
-        ..Default::default()
-    }
-}
-
-fn check(key: &str, fence: u64) -> pb::CheckRequest {
-    pb::CheckRequest {
-        key: key.into(),
-        fence,
-    }
-}
-
-fn get(key: &str) -> pb::GetRequest {
-    pb::GetRequest { key: key.into() }
-}
-
-fn waiting(key: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        wait_ms,
-        ..acquire(key, owner, ttl_ms)
-    }
-}
-
-fn release_to(lease: &pb::Lease, suspend: bool, successor: &str, ms: u64) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        successor: successor.into(),
-        handoff_ms: ms,
-        ..release(lease, suspend)
-    }
-}
-
-fn with_delay(key: &str, owner: &str, ttl_ms: u64, lock_delay_ms: u64) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        lock_delay_ms,
-        ..acquire(key, owner, ttl_ms)
-    }
-}
-
-fn limited(key: &str, owner: &str, ttl_ms: u64, max_recoveries: u32) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        max_recoveries,
-        ..acquire(key, owner, ttl_ms)
-    }
-}
-
-/// `leasehold-reason` of a refusal ("" when absent).
-fn reason(status: &tonic::Status) -> &str {
-    status
-        .metadata()
-        .get("leasehold-reason")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-}
-
-/// `leasehold-remaining-ms` of a refusal.
-fn remaining_ms(status: &tonic::Status) -> u64 {
-    status
-        .metadata()
-        .get("leasehold-remaining-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .expect("leasehold-remaining-ms")
-}
-
-/// The stale reason of a FAILED_PRECONDITION status.
-fn stale_reason(status: &tonic::Status) -> StaleReason {
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-    match from_status(status) {
-        Error::StaleFence { reason, .. } => reason,
-        other => panic!("not a stale fence: {other:?}"),
-    }
-}
 
 /// A term's life: the grant (key, fence, owner, a UUID lease id, server
 /// times), Check (never showing the lease id), renew (longer; a shorter TTL

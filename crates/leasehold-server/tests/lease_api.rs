@@ -8,35 +8,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{T0, TestServer, acquire, lease_of};
+use common::requests::*;
+use common::{T0, TestServer};
 use leasehold_wire::pb;
 use tonic::Code;
-
-fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        suspend,
-        ..Default::default()
-    }
-}
-
-fn renew(lease: &pb::Lease, ttl_ms: u64) -> pb::RenewRequest {
-    pb::RenewRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        ttl_ms,
-    }
-}
-
-fn check(key: &str, fence: u64) -> pb::CheckRequest {
-    pb::CheckRequest {
-        key: key.into(),
-        fence,
-    }
-}
 
 /// A clean restart keeps fences rising and gives live leases their full TTL again.
 #[tokio::test]

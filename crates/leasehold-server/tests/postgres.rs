@@ -22,62 +22,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{acquire, lease_of};
+use common::requests::*;
 use leasehold_core::error::{Error, StaleReason};
 use leasehold_server::postgres::{PgBackend, PgConfig};
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
-use leasehold_wire::status::from_status;
 use pg_harness::{PgServer, Schema, database};
 use tokio::task::JoinHandle;
 use tonic::Code;
 use tonic::transport::Channel;
-
-fn renew(lease: &pb::Lease, ttl_ms: u64) -> pb::RenewRequest {
-    pb::RenewRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        ttl_ms,
-    }
-}
-
-fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        suspend,
-        ..Default::default()
-    }
-}
-
-fn check(key: &str, fence: u64) -> pb::CheckRequest {
-    pb::CheckRequest {
-        key: key.into(),
-        fence,
-    }
-}
-
-fn get(key: &str) -> pb::GetRequest {
-    pb::GetRequest { key: key.into() }
-}
-
-fn waiting(key: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        wait_ms,
-        ..acquire(key, owner, ttl_ms)
-    }
-}
-
-/// The stale reason of a FAILED_PRECONDITION status.
-fn stale_reason(status: &tonic::Status) -> StaleReason {
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-    match from_status(status) {
-        Error::StaleFence { reason, .. } => reason,
-        other => panic!("not a stale fence: {other:?}"),
-    }
-}
 
 /// A retry (same owner and request id) sent while the original still waits
 /// in line gets the same grant, replayed, when the original is served.

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use common::{TestServer, acquire, lease_of};
+use common::TestServer;
+use common::requests::*;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use tonic::Code;
@@ -80,25 +81,6 @@ fn settle(
         result_digest: String::new(),
         result: b"ok".to_vec(),
         turn: Default::default(),
-    }
-}
-
-fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        suspend,
-        ..Default::default()
-    }
-}
-
-/// The stale reason of a FAILED_PRECONDITION status.
-fn stale_reason(status: &tonic::Status) -> StaleReason {
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
-    match leasehold_wire::status::from_status(status) {
-        leasehold_client::Error::StaleFence { reason, .. } => reason,
-        other => panic!("not a stale fence: {other:?}"),
     }
 }
 

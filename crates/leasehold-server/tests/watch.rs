@@ -8,22 +8,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ServerProcess, T0, TestServer, acquire, lease_of};
+use common::requests::*;
+use common::{ServerProcess, T0, TestServer};
 use futures_util::StreamExt;
 use leasehold_client::{Client, ClientError, Error, Event, EventKind, Selector, Watch};
 use leasehold_server::EngineConfig;
 use leasehold_wire::pb;
 use tonic::Code;
-
-fn release(lease: &pb::Lease, suspend: bool) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        suspend,
-        ..Default::default()
-    }
-}
 
 /// The next `n` events of `watch`, failing the test if they do not come.
 async fn next_events(watch: &mut Watch, n: usize) -> Vec<Event> {

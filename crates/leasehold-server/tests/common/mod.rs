@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod client_support;
+pub mod requests;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
