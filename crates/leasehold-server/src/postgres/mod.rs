@@ -692,9 +692,6 @@ impl Backend for PgBackend {
         lease_id: LeaseId,
         specs: Vec<CallSpec>,
     ) -> Pending<BeginOutcome> {
-        if specs.iter().any(|s| !s.turn.is_empty()) {
-            return unsupported("turn-scoped tool calls (turn)");
-        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner.begin_tool_calls(&k, fence, lease_id, specs).await
@@ -708,9 +705,6 @@ impl Backend for PgBackend {
         lease_id: LeaseId,
         settlement: Settlement,
     ) -> Pending<(ToolCall, bool)> {
-        if !settlement.turn.is_empty() {
-            return unsupported("turn-scoped tool calls (turn)");
-        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner
@@ -851,5 +845,45 @@ mod tests {
         };
         assert_eq!(ids, ["b"]);
         assert!(existing.is_empty());
+    }
+
+    #[test]
+    fn duplicates_follow_the_turn_rule() {
+        let spec = |id: &str, turn: &str, across_turns: bool| CallSpec {
+            call_id: id.into(),
+            name: "n".into(),
+            input_digest: String::new(),
+            across_turns,
+            turn: turn.into(),
+        };
+        let known = |turn: &str| ToolCall {
+            turn: turn.into(),
+            call_id: "call_0".into(),
+            name: "n".into(),
+            input_digest: String::new(),
+            fence: Fence(1),
+            state: leasehold_core::ledger::CallState::Running,
+            settled_fence: None,
+            result_digest: String::new(),
+            result: Vec::new(),
+            begun_at: 0,
+            settled_at: None,
+            ordinal: 1,
+        };
+        // Another turn's call_0 is no duplicate of this turn's...
+        assert_eq!(
+            duplicates(&[spec("call_0", "t2", false)], vec![known("t1")]),
+            None
+        );
+        // ...but is when asked across turns, or when no turn is named.
+        for s in [spec("call_0", "t2", true), spec("call_0", "", false)] {
+            let Some(BeginOutcome::Duplicate { existing, .. }) =
+                duplicates(&[s], vec![known("t1")])
+            else {
+                panic!("expected a duplicate");
+            };
+            assert_eq!(existing[0].turn, "t1");
+        }
+        assert!(duplicates(&[spec("call_0", "t1", false)], vec![known("t1")]).is_some());
     }
 }

@@ -268,7 +268,7 @@ pub fn tool_call(row: &Row) -> Result<ToolCall> {
             .map_err(storage)?
             .map(millis),
         ordinal: row.try_get::<_, i64>("ordinal").map_err(storage)? as u64,
-        turn: Default::default(),
+        turn: row.try_get("turn").map_err(storage)?,
     })
 }
 

@@ -545,32 +545,46 @@ pub const LIST_QUARANTINED: &str = "WITH n AS (SELECT now_ms() AS ms)
      ) r ORDER BY r.key LIMIT $5";
 
 /// Locks the live term for the rest of the transaction, so no release or
-/// grant can commit between this check and the ledger write: `$1` key,
-/// `$2` fence, `$3` lease_id. Returns `now` when the term is live.
+/// grant can commit between this check and the ledger write, and so begins
+/// on one key take turns: `$1` key, `$2` fence, `$3` lease_id. Returns `now`
+/// when the term is live.
+///
+/// The lock is exclusive among begins (`FOR NO KEY UPDATE`, which still lets
+/// readers and foreign keys through): since calls may name turns, an id is a
+/// duplicate of rows under *other* primary keys (another turn, for a begin
+/// without a turn or with `across_turns`), which no unique index can catch.
+/// A begin that waited for another reads the ledger after the other
+/// committed (each statement of a READ COMMITTED transaction reads afresh),
+/// so the duplicate rule is checked against every call begun before it.
 pub const LOCK_LIVE_TERM: &str = "SELECT n.ms AS now FROM keys k, (SELECT now_ms() AS ms) n
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
-     FOR SHARE OF k";
+     FOR NO KEY UPDATE OF k";
 
-/// The key's calls among `$2` (call ids): `$1` key.
-pub const CALLS_BY_ID: &str = "SELECT * FROM tool_calls WHERE key = $1 AND call_id = ANY($2)";
+/// The key's calls with an id among `$2` (call ids), in every turn, in
+/// registration order: `$1` key.
+pub const CALLS_BY_ID: &str =
+    "SELECT * FROM tool_calls WHERE key = $1 AND call_id = ANY($2) ORDER BY ordinal";
 
 /// Draws `$1` registration ordinals, in order.
 pub const ORDINALS: &str =
     "SELECT nextval('tool_call_ordinals') AS ordinal FROM generate_series(1, $1::int) ORDER BY 1";
 
 /// Records calls as running: `$1` key, `$2` call ids, `$3` names, `$4` input
-/// digests, `$5` ordinals, `$6` fence, `$7` begun_at.
+/// digests, `$5` ordinals, `$6` fence, `$7` begun_at, `$8` turns ('' for
+/// none).
 pub const INSERT_CALLS: &str =
-    "INSERT INTO tool_calls (key, call_id, ordinal, name, input_digest, fence, state,
+    "INSERT INTO tool_calls (key, turn, call_id, ordinal, name, input_digest, fence, state,
                              result_digest, result, begun_at_ms)
-     SELECT $1, c.call_id, c.ordinal, c.name, c.input_digest, $6, 1, '', ''::bytea, $7
-     FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[])
-          AS c(call_id, name, input_digest, ordinal)";
+     SELECT $1, c.turn, c.call_id, c.ordinal, c.name, c.input_digest, $6, 1, '', ''::bytea, $7
+     FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $8::text[])
+          AS c(call_id, name, input_digest, ordinal, turn)";
 
 /// Settles a running call under the live term, in one statement that locks
 /// the term first: `$1` key, `$2` fence, `$3` lease_id, `$4` call id, `$5`
-/// state, `$6` result digest, `$7` result. Returns the call, or nothing
-/// when the term is not live or the call is not running.
+/// state, `$6` result digest, `$7` result, `$8` the call's turn ('': the
+/// one call with this id, whatever its turn; nothing is settled when the id
+/// is in several turns). Returns the call, or nothing when the term is not
+/// live or the call is not running (or is ambiguous).
 pub const SETTLE: &str = "WITH n AS (SELECT now_ms() AS ms),
      term AS (SELECT k.key FROM keys k, n
               WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3
@@ -580,10 +594,15 @@ pub const SETTLE: &str = "WITH n AS (SELECT now_ms() AS ms),
                              settled_at_ms = n.ms
      FROM term, n
      WHERE t.key = term.key AND t.call_id = $4 AND t.state = 1
+       AND (t.turn = $8
+            OR ($8 = '' AND (SELECT count(*) FROM tool_calls u
+                             WHERE u.key = $1 AND u.call_id = $4) = 1))
      RETURNING t.*";
 
-/// One call: `$1` key, `$2` call id.
-pub const CALL: &str = "SELECT * FROM tool_calls WHERE key = $1 AND call_id = $2";
+/// The calls of one id (in the turn `$3`, or in every turn when `$3` is
+/// ''), in registration order: `$1` key, `$2` call id.
+pub const CALLS_WITH_ID: &str = "SELECT * FROM tool_calls
+     WHERE key = $1 AND call_id = $2 AND ($3 = '' OR turn = $3) ORDER BY ordinal";
 
 /// Whether the key has a row: `$1` key.
 pub const KEY_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM keys WHERE key = $1)";
