@@ -993,26 +993,6 @@ async fn two_servers_hand_off_and_quarantine_under_contention() {
     assert!(handed.load(Ordering::Relaxed) > 0, "no handoff was taken");
 }
 
-/// Watch is not on this backend yet: it answers UNIMPLEMENTED naming it,
-/// never an empty stream.
-#[tokio::test]
-async fn watch_is_unimplemented_and_says_so() {
-    let schema = schema_or_skip!();
-    let server = PgServer::start(&schema).await;
-    let mut client = server.client().await;
-    let watched = client
-        .watch(pb::WatchRequest {
-            key: "k".into(),
-            ..Default::default()
-        })
-        .await;
-    let Err(refused) = watched else {
-        panic!("a Watch stream on PostgreSQL");
-    };
-    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
-    assert!(refused.message().contains("Watch"), "{refused:?}");
-}
-
 fn calls_in_turn(
     lease: &pb::Lease,
     ids: &[&str],

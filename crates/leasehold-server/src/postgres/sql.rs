@@ -103,7 +103,8 @@ macro_rules! handoff_to {
 /// Two CTEs that record the ended term of each row of CTE `$rows` (a
 /// `keys` row after the write) in `term_history`, once per (key, fence)
 /// however often it is offered, and trim the key's history to the newest
-/// `$len` entries when one was added. `$which` narrows the rows offered (a
+/// `$len` entries when one was added. `history_added` returns the entries
+/// added: the terms this statement ended (see [`queue_grant_events`]). `$which` narrows the rows offered (a
 /// grant only ever ends an expired term: `r.ended_end = 3` spares the hot
 /// path of a key released and taken again a look at the history).
 macro_rules! record_history {
@@ -126,7 +127,7 @@ macro_rules! record_history {
             $which,
             "
                 ON CONFLICT (key, fence) DO NOTHING
-                RETURNING key),
+                RETURNING key, fence, owner, ended_at_ms, end_kind),
              history_trimmed AS (
                 DELETE FROM term_history x USING history_added a
                 WHERE x.key = a.key
@@ -134,6 +135,50 @@ macro_rules! record_history {
                                   ORDER BY y.fence DESC OFFSET (",
             $len,
             "::bigint - 1) LIMIT 1))"
+        )
+    };
+}
+
+/// A CTE that queues the Watch event of each term that ended in CTE `$rows`
+/// (`keys` rows after a write that ended their live term: a release or an
+/// expiry), for the sequencer to give it a revision (see `events`). The
+/// statement that moves a term to ended is the only one to queue its end:
+/// the row lock makes that happen once.
+macro_rules! queue_end_events {
+    ($rows:literal) => {
+        concat!(
+            "events_queued AS (
+                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
+                SELECT r.key, r.ended_end + 1, r.ended_fence, r.ended_owner, r.ended_at_ms
+                FROM ",
+            $rows,
+            " r)"
+        )
+    };
+}
+
+/// A CTE that queues the Watch events of a grant (CTE `$rows`, the granted
+/// `keys` rows): the end of the expired term it replaced, if it replaced
+/// one, then the grant, in that order (the queue's ids follow the sorted
+/// rows). Whether a grant ended a term is whether it added that term's
+/// history entry (`history_added`, which only the statement that ends a
+/// term can add): an expired term moved earlier (by the sweeper, say) was
+/// queued by whoever moved it.
+macro_rules! queue_grant_events {
+    ($rows:literal) => {
+        concat!(
+            "events_queued AS (
+                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
+                SELECT e.key, e.kind, e.fence, e.owner, e.at_ms FROM (
+                    SELECT 0 AS step, h.key, h.end_kind + 1 AS kind, h.fence, h.owner,
+                           h.ended_at_ms AS at_ms
+                    FROM history_added h
+                    UNION ALL
+                    SELECT 1, g.key, 1, g.live_fence, g.live_owner, g.live_acquired_at_ms
+                    FROM ",
+            $rows,
+            " g) e
+                ORDER BY e.step)"
         )
     };
 }
@@ -220,6 +265,9 @@ pub const GRANT: &str = concat!(
     "),
      ",
     record_history!("granted", "$9", "r.ended_end = 3"),
+    ",
+     ",
+    queue_grant_events!("granted"),
     "
      SELECT * FROM granted"
 );
@@ -282,6 +330,9 @@ pub const SERVE_FIRST: &str = concat!(
          RETURNING w.id),
      ",
     record_history!("served", "$3", "r.ended_end = 3"),
+    ",
+     ",
+    queue_grant_events!("served"),
     "
      SELECT waiter_id, live_fence, live_lease_id, live_acquired_at_ms, live_expires_at_ms,
             live_handed_off
@@ -366,6 +417,9 @@ pub const RELEASE: &str = concat!(
      RETURNING k.*),
      ",
     record_history!("released", "$7"),
+    ",
+     ",
+    queue_end_events!("released"),
     "
      SELECT * FROM released"
 );
@@ -421,6 +475,9 @@ pub const SWEEP_EXPIRED: &str = concat!(
          RETURNING k.*),
      ",
     record_history!("moved", "$2"),
+    ",
+     ",
+    queue_end_events!("moved"),
     "
      SELECT moved.key, pg_notify($1, moved.key) FROM moved"
 );
@@ -440,6 +497,9 @@ pub const EXPIRE_KEY: &str = concat!(
          RETURNING k.*),
      ",
     record_history!("moved", "$2"),
+    ",
+     ",
+    queue_end_events!("moved"),
     "
      SELECT moved.key FROM moved"
 );
@@ -468,16 +528,19 @@ pub const PRUNE_SETTLED_CALLS: &str = "DELETE FROM tool_calls t USING keys k
        AND k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)";
 
 /// Retention, step 2: forgets keys released cleanly at least `$1` ms ago
-/// that have no running tool calls and nobody in line, with their history.
-/// The fence sequence lives apart from the rows, so a forgotten key's
-/// fences are never reused.
+/// that have no running tool calls and nobody in line, with their history,
+/// and queues their FORGOTTEN events (with the last term's fence and
+/// owner). The fence sequence lives apart from the rows, so a forgotten
+/// key's fences are never reused.
 pub const FORGET_RELEASED: &str = "WITH gone AS (
          DELETE FROM keys k
          WHERE k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)
            AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
            AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)
-         RETURNING k.key)
-     DELETE FROM term_history h USING gone WHERE h.key = gone.key";
+         RETURNING k.key, k.ended_fence, k.ended_owner),
+     history_gone AS (DELETE FROM term_history h USING gone WHERE h.key = gone.key)
+     INSERT INTO event_queue (key, kind, fence, owner, at_ms)
+     SELECT gone.key, 5, gone.ended_fence, gone.ended_owner, now_ms() FROM gone";
 
 /// Waiter rows whose server stopped keeping them alive (or whose grant was
 /// never picked up) for a minute.
@@ -613,6 +676,55 @@ pub const CALLS: &str = "SELECT * FROM tool_calls WHERE key = $1 ORDER BY ordina
 /// The key's running calls in registration order: `$1` key.
 pub const RUNNING_CALLS: &str =
     "SELECT * FROM tool_calls WHERE key = $1 AND state = 1 ORDER BY ordinal";
+
+/// Whether any event waits for a revision (the sequencer's cheap first look).
+pub const EVENTS_QUEUED: &str = "SELECT EXISTS (SELECT 1 FROM event_queue)";
+
+/// The sequencer, in one statement: locks the one `event_head` row (waiting
+/// for another server's sequencer to commit), gives the next revisions to
+/// the oldest `$1` queued events, in queue order, and moves them to the log.
+/// Returns the new head and how many events it numbered.
+///
+/// One statement, so a server that dies or drops it midway never leaves a
+/// transaction holding the lock. Its snapshot is older than the lock: an
+/// event the sequencer before it took is skipped (deleting a row another
+/// transaction deleted and committed is a no-op under READ COMMITTED), and
+/// an event committed after the snapshot waits for the next run, numbered
+/// after these (for one key, any later change committed later still). The
+/// lock is a one-time filter of the `DELETE`, taken before any queued row
+/// is touched, so two sequencers never delete at once.
+pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head FOR UPDATE),
+     moved AS (
+         DELETE FROM event_queue q
+         WHERE (SELECT revision FROM head) IS NOT NULL
+           AND q.id IN (SELECT id FROM event_queue ORDER BY id LIMIT $1)
+         RETURNING q.*),
+     numbered AS (
+         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id) AS revision,
+                key, kind, fence, owner, at_ms
+         FROM moved),
+     added AS (
+         INSERT INTO events (revision, key, kind, fence, owner, at_ms)
+         SELECT revision, key, kind, fence, owner, at_ms FROM numbered
+         RETURNING revision)
+     UPDATE event_head
+     SET revision = (SELECT coalesce(max(a.revision), (SELECT revision FROM head)) FROM added a)
+     RETURNING revision, (SELECT count(*) FROM added) AS numbered";
+
+/// Trims the log to the newest `$1` revisions (idempotent; needs no lock).
+pub const TRIM_EVENTS: &str =
+    "DELETE FROM events WHERE revision <= (SELECT revision FROM event_head) - $1::bigint";
+
+/// The head and the oldest revision kept (NULL: the log is empty), and up to
+/// `$2` events after revision `$1` in revision order (a row with NULL
+/// `revision` when there are none), as of one snapshot.
+pub const READ_EVENTS: &str = "SELECT h.revision AS head,
+            (SELECT min(x.revision) FROM events x) AS oldest,
+            e.revision, e.key, e.kind, e.fence, e.owner, e.at_ms
+     FROM event_head h
+     LEFT JOIN LATERAL (SELECT * FROM events WHERE revision > $1::bigint
+                        ORDER BY revision LIMIT $2) e ON true
+     ORDER BY e.revision";
 
 /// Migrations, step 0: the schema and the table of versions applied. `{schema}`
 /// is a checked plain identifier (see `check_schema_name`).
