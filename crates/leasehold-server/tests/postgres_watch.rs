@@ -278,10 +278,11 @@ async fn a_resumed_watch_misses_and_repeats_nothing() {
     assert_eq!(all[4..], after[..]);
 }
 
-/// Two servers on one schema, writers on both, keys contended across them:
-/// a watcher on each sees every change exactly once, in one and the same
-/// order of dense revisions, and each key's changes in the order they
-/// happened (grant, release, grant with a higher fence, …).
+/// Two servers on one schema, writers on both, keys contended across them,
+/// and an expiry both servers' sweepers race to move: a watcher on each sees
+/// every change exactly once (the expiry too), in one and the same order of
+/// dense revisions, and each key's changes in the order they happened
+/// (grant, release, grant with a higher fence, …).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_give_one_order_without_gaps_or_duplicates() {
     let schema = schema_or_skip!();
@@ -299,6 +300,8 @@ async fn two_servers_give_one_order_without_gaps_or_duplicates() {
         .watch(Selector::Prefix(String::new()), 0)
         .await
         .unwrap();
+    let mut c = LeaseholdClient::connect(two.url()).await.unwrap();
+    let lapsing = take(&mut c, "lapses", "gone", 200).await;
     const WRITERS: usize = 4;
     const CYCLES: usize = 12;
     let mut writers = Vec::new();
@@ -327,7 +330,7 @@ async fn two_servers_give_one_order_without_gaps_or_duplicates() {
     for writer in writers {
         writer.await.unwrap();
     }
-    let total = WRITERS * CYCLES * 2;
+    let total = WRITERS * CYCLES * 2 + 2;
     let seen_one = next_events(&mut watch_one, total).await;
     let seen_two = next_events(&mut watch_two, total).await;
     assert_dense(&seen_one, 1);
@@ -340,13 +343,20 @@ async fn two_servers_give_one_order_without_gaps_or_duplicates() {
                 let before = last.get(key).map_or(0, |l| l.1);
                 assert!(event.fence.0 > before, "{event:?} after fence {before}");
             }
-            (Some((EventKind::Granted, fence)), EventKind::Released) => {
+            (Some((EventKind::Granted, fence)), EventKind::Released | EventKind::Expired) => {
                 assert_eq!(event.fence.0, *fence, "{event:?}");
             }
             (previous, _) => panic!("{event:?} after {previous:?}"),
         }
         last.insert(key, (event.kind, event.fence.0));
     }
+    let expired: Vec<_> = seen_one
+        .iter()
+        .filter(|e| e.kind == EventKind::Expired)
+        .collect();
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_eq!(expired[0].fence.0, lapsing.fence);
+    assert_eq!(expired[0].at, lapsing.expires_at_ms);
     quiet(&mut watch_one).await;
     quiet(&mut watch_two).await;
 }
@@ -526,4 +536,52 @@ async fn a_slow_watcher_is_cut_off_with_the_revision_to_resume_from() {
     let rest = next_events(&mut watch, (10 - resume) as usize).await;
     assert_dense(&rest, resume);
     assert_eq!(rest.last().unwrap().revision, 9);
+}
+
+/// A log trimmed past what a server's feed has read (a burst longer than
+/// the log between two reads) never skips events silently: the server's
+/// watchers go back to the log, which answers OUT_OF_RANGE with the oldest
+/// kept, and watching from there works.
+#[tokio::test]
+async fn a_log_trimmed_past_the_feed_ends_its_watchers_with_out_of_range() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start_with(PgConfig {
+        event_log_len: 2,
+        watch_poll: Duration::from_secs(1),
+        ..schema.config_without_sweeper()
+    })
+    .await;
+    let mut c = server.client().await;
+    cycle(&mut c, "first").await;
+    let client = Client::connect(server.url()).await.unwrap();
+    // Following the feed from revision 2 (the catch-up reads it itself).
+    let mut watch = client
+        .watch(Selector::Prefix(String::new()), 2)
+        .await
+        .unwrap();
+    assert_eq!(next_events(&mut watch, 1).await[0].revision, 2);
+    for i in 0..10 {
+        cycle(&mut c, &format!("k{i}")).await;
+    }
+    let outcome = loop {
+        match tokio::time::timeout(Duration::from_secs(10), watch.next())
+            .await
+            .expect("an outcome within 10 s")
+            .expect("an error, not the end")
+        {
+            // Events read before the burst outran the log may come first.
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    let ClientError::Server(Error::Compacted { requested, oldest }) = outcome else {
+        panic!("expected OUT_OF_RANGE, got {outcome:?}");
+    };
+    assert_eq!(requested, watch.next_revision());
+    assert_eq!(oldest, 21, "the last two of 22 revisions are kept");
+    let mut again = client
+        .watch(Selector::Prefix(String::new()), oldest)
+        .await
+        .unwrap();
+    assert_dense(&next_events(&mut again, 2).await, 21);
 }

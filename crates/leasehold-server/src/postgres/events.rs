@@ -43,9 +43,9 @@
 //! naming the revision to resume from, as on SQLite.
 //!
 //! # Bounds
-//! The sequencer trims the log to the newest `--event-log-len` revisions of
-//! the server that runs it; the oldest revision reported is the oldest row
-//! left. A feed that finds the log trimmed past its position restarts, and
+//! The log is trimmed to the newest `--event-log-len` revisions of the
+//! server that trims: at every sweep, and by a feed after it numbered
+//! events; the oldest revision reported is the oldest row left. A feed that finds the log trimmed past its position restarts, and
 //! its watchers go back to the log, which tells them OUT_OF_RANGE.
 
 use std::sync::{Arc, Mutex};
@@ -154,13 +154,15 @@ struct Page {
 }
 
 impl Inner {
-    /// Gives revisions to the queued events (see the module docs), trimming
-    /// the log to this server's length. When it returns, every event
-    /// committed before it was called has a revision.
+    /// Gives revisions to the queued events (see the module docs); returns
+    /// how many it numbered. When it returns, every event committed before
+    /// it was called has a revision (short of a backlog over
+    /// [`SEQUENCE_BATCH`] numbered meanwhile by another server, which the
+    /// next run takes).
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the database cannot be reached.
-    pub(super) async fn sequence(&self, client: &Client) -> Result<()> {
+    pub(super) async fn sequence(&self, client: &Client) -> Result<i64> {
         let queued = client
             .prepare_cached(sql::EVENTS_QUEUED)
             .await
@@ -171,30 +173,39 @@ impl Inner {
             .map_err(db_error)?
             .get::<_, bool>(0)
         {
-            return Ok(());
+            return Ok(0);
         }
         let number = client
             .prepare_cached(sql::SEQUENCE_EVENTS)
             .await
             .map_err(db_error)?;
+        let mut total = 0;
         loop {
             let numbered: i64 = client
                 .query_one(&number, &[&SEQUENCE_BATCH])
                 .await
                 .map_err(db_error)?
                 .get("numbered");
-            if numbered > 0 {
-                let len = self.config.event_log_len.clamp(1, i64::MAX as usize) as i64;
-                let trim = client
-                    .prepare_cached(sql::TRIM_EVENTS)
-                    .await
-                    .map_err(db_error)?;
-                client.execute(&trim, &[&len]).await.map_err(db_error)?;
-            }
+            total += numbered;
             if numbered < SEQUENCE_BATCH {
-                return Ok(());
+                return Ok(total);
             }
         }
+    }
+
+    /// Trims the log to this server's `--event-log-len` (one index probe
+    /// when there is nothing to trim).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the database cannot be reached.
+    pub(super) async fn trim_events(&self, client: &Client) -> Result<()> {
+        let len = self.config.event_log_len.clamp(1, i64::MAX as usize) as i64;
+        let trim = client
+            .prepare_cached(sql::TRIM_EVENTS)
+            .await
+            .map_err(db_error)?;
+        client.execute(&trim, &[&len]).await.map_err(db_error)?;
+        Ok(())
     }
 
     /// The log after revision `after`: its head, its oldest revision, and a
@@ -285,7 +296,9 @@ impl Inner {
     /// One poll of the feed.
     async fn feed(&self) -> Result<()> {
         let client = self.client().await?;
-        self.sequence(&client).await?;
+        if self.sequence(&client).await? > 0 {
+            self.trim_events(&client).await?;
+        }
         for _ in 0..PAGES_PER_POLL {
             let Some(from) = self.tail.position() else {
                 return Ok(());

@@ -336,8 +336,9 @@ impl PgBackend {
     }
 
     /// Runs one sweep now: moves expired terms to ended, forgets keys past
-    /// their retention and numbers queued Watch events (the background task
-    /// does this every [`PgConfig::sweep_interval`]).
+    /// their retention, numbers queued Watch events and trims their log to
+    /// this server's length (the background task does this every
+    /// [`PgConfig::sweep_interval`]).
     ///
     /// # Errors
     /// [`Error::Unavailable`] when the database cannot be reached.
