@@ -484,6 +484,8 @@ async fn run(command: Command) -> ExitCode {
                         retention_ms,
                         history_len,
                         default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
+                        event_log_len,
+                        watch_buffer,
                         ..PgConfig::new(url)
                     };
                     serve_postgres(config, edge).await

@@ -819,22 +819,161 @@ async fn two_servers_hand_off_and_quarantine_under_contention() {
     assert!(handed.load(Ordering::Relaxed) > 0, "no handoff was taken");
 }
 
-/// Watch is not on this backend yet: it answers UNIMPLEMENTED naming it,
-/// never an empty stream.
+fn calls_in_turn(
+    lease: &pb::Lease,
+    ids: &[&str],
+    turn: &str,
+    across_turns: bool,
+) -> pb::BeginToolCallsRequest {
+    pb::BeginToolCallsRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        calls: ids
+            .iter()
+            .map(|id| pb::ToolCallSpec {
+                call_id: (*id).into(),
+                name: "shell".into(),
+                input_digest: String::new(),
+            })
+            .collect(),
+        turn: turn.into(),
+        across_turns,
+    }
+}
+
+fn settle_in_turn(lease: &pb::Lease, id: &str, turn: &str) -> pb::SettleToolCallRequest {
+    pb::SettleToolCallRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        call_id: id.into(),
+        outcome: pb::ToolCallState::Succeeded as i32,
+        turn: turn.into(),
+        ..Default::default()
+    }
+}
+
+/// Turn-scoped call ids on PostgreSQL, as on SQLite: a reused id runs in a
+/// new turn, is refused within its turn, is refused across turns when asked
+/// (or when no turn is named); settling an id begun in several turns needs
+/// the turn; and another server on the schema applies the same rules.
 #[tokio::test]
-async fn watch_is_unimplemented_and_says_so() {
+async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
     let schema = schema_or_skip!();
-    let server = PgServer::start(&schema).await;
-    let mut client = server.client().await;
-    let watched = client
-        .watch(pb::WatchRequest {
-            key: "k".into(),
-            ..Default::default()
-        })
-        .await;
-    let Err(refused) = watched else {
-        panic!("a Watch stream on PostgreSQL");
+    let one = PgServer::start(&schema).await;
+    let mut client = one.client().await;
+    let lease = lease_of(client.acquire(acquire("s", "w", 60_000)).await.unwrap());
+    let mut begin = async |turn: &str, across: bool| {
+        client
+            .begin_tool_calls(calls_in_turn(&lease, &["call_0"], turn, across))
+            .await
+            .unwrap()
+            .into_inner()
     };
-    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
-    assert!(refused.message().contains("Watch"), "{refused:?}");
+    let first = begin("t1", false).await;
+    assert!(!first.duplicate);
+    assert_eq!(first.calls[0].turn, "t1");
+    let second = begin("t2", false).await;
+    assert!(!second.duplicate, "a new turn runs the reused id");
+    assert_eq!(second.calls[0].turn, "t2");
+    assert_eq!(
+        second.calls[0].idempotency_key,
+        leasehold_core::ledger::idempotency_key_in_turn("s", "t2", "call_0")
+    );
+    assert_ne!(
+        first.calls[0].idempotency_key, second.calls[0].idempotency_key,
+        "each turn's call has its own idempotency key"
+    );
+    let again = begin("t2", false).await;
+    assert!(again.duplicate, "twice in one turn is refused");
+    assert_eq!(again.duplicate_call_ids, ["call_0"]);
+    assert_eq!(again.calls[0].turn, "t2");
+    let across = begin("t3", true).await;
+    assert!(across.duplicate, "across_turns sees the earlier turns");
+    assert_eq!(across.calls[0].turn, "t1", "the first declaration");
+    let unscoped = begin("", false).await;
+    assert!(unscoped.duplicate, "no turn named: every turn counts");
+
+    let ambiguous = client
+        .settle_tool_call(settle_in_turn(&lease, "call_0", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(ambiguous.code(), Code::InvalidArgument, "{ambiguous:?}");
+    assert!(
+        ambiguous.message().contains("several turns"),
+        "{ambiguous:?}"
+    );
+    let settled = client
+        .settle_tool_call(settle_in_turn(&lease, "call_0", "t1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!settled.already_settled);
+    assert_eq!(settled.call.unwrap().turn, "t1");
+    let missing = client
+        .settle_tool_call(settle_in_turn(&lease, "call_0", "t9"))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+
+    // Another server on the schema sees the same ledger and rules.
+    let two = PgServer::start(&schema).await;
+    let mut other = two.client().await;
+    let calls = other
+        .list_tool_calls(pb::ListToolCallsRequest {
+            key: "s".into(),
+            filter: 2, // ALL
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .calls;
+    let turns: Vec<(&str, i32)> = calls.iter().map(|c| (c.turn.as_str(), c.state)).collect();
+    assert_eq!(
+        turns,
+        [
+            ("t1", pb::ToolCallState::Succeeded as i32),
+            ("t2", pb::ToolCallState::Running as i32)
+        ]
+    );
+    let dup = other
+        .begin_tool_calls(calls_in_turn(&lease, &["call_0"], "t2", false))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(dup.duplicate, "refused through the other server too");
+    let settled = other
+        .settle_tool_call(settle_in_turn(&lease, "call_0", "t2"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(settled.call.unwrap().turn, "t2");
+}
+
+/// Begins of one id racing through two servers, one asking `across_turns`
+/// in a turn and one naming no turn, never both record: each checks every
+/// turn, whichever comes second sees the first (they cannot both read the
+/// ledger before either wrote), though no unique index covers the pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_begins_in_different_turns_respect_the_unscoped_rule() {
+    let schema = schema_or_skip!();
+    let (one, two) = (
+        PgServer::start(&schema).await,
+        PgServer::start(&schema).await,
+    );
+    let (mut a, mut b) = (one.client().await, two.client().await);
+    let lease = lease_of(a.acquire(acquire("race", "w", 60_000)).await.unwrap());
+    for round in 0..30 {
+        let id = format!("call_{round}");
+        let (scoped, unscoped) = tokio::join!(
+            a.begin_tool_calls(calls_in_turn(&lease, &[&id], "t1", true)),
+            b.begin_tool_calls(calls_in_turn(&lease, &[&id], "", false)),
+        );
+        let recorded = [scoped, unscoped]
+            .into_iter()
+            .filter(|r| !r.as_ref().unwrap().get_ref().duplicate)
+            .count();
+        assert_eq!(recorded, 1, "round {round}: both or neither recorded {id}");
+    }
 }

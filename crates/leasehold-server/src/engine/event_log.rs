@@ -24,7 +24,20 @@ use leasehold_core::error::{Error, Result};
 use leasehold_core::events::{Event, Selector};
 
 /// One commit's events, shared by every watcher.
-type Commit = Arc<[Event]>;
+pub(crate) type Commit = Arc<[Event]>;
+
+/// The refusal that ends a watcher that fell more than `buffer` commits
+/// behind, naming the revision to resume from (shared with the PostgreSQL
+/// backend's watchers, so both say the same).
+pub(crate) fn cut_off(buffer: usize, resume: u64) -> Error {
+    Error::ResourceExhausted {
+        limit: "watch_buffer".into(),
+        detail: format!(
+            "the watcher fell more than {buffer} commits behind; \
+             watch again from revision {resume}"
+        ),
+    }
+}
 
 /// A watcher's view: the revision it starts after, and its events (one item
 /// per commit that touched a watched key).
@@ -146,14 +159,7 @@ impl EventLog {
                             }
                         }
                         Err(broadcast::error::RecvError::Lagged(_)) => {
-                            let cut = Error::ResourceExhausted {
-                                limit: "watch_buffer".into(),
-                                detail: format!(
-                                    "the watcher fell more than {buffer} commits behind; \
-                                     watch again from revision {}",
-                                    seen + 1
-                                ),
-                            };
+                            let cut = cut_off(buffer, seen + 1);
                             return Some((Err(cut), (live, selector, seen, true)));
                         }
                         Err(broadcast::error::RecvError::Closed) => return None,

@@ -33,6 +33,7 @@ mod writer;
 
 use event_log::EventLog;
 pub use event_log::Watching;
+pub(crate) use event_log::{Commit, cut_off};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

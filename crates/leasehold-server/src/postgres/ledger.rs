@@ -1,7 +1,10 @@
 //! The tool-call ledger under the live term: begun all or none and settled
 //! first-wins, each in a statement or transaction that holds the term's row
-//! (`FOR SHARE`), so no release or grant commits between the check that the
-//! term is live and the ledger write.
+//! (begins exclusively, one after the other; see [`sql::LOCK_LIVE_TERM`]),
+//! so no release or grant commits between the check that the term is live
+//! and the ledger write. A call's identity is (key, turn, call_id), with the
+//! duplicate rule of `leasehold_core::ledger` (a call naming no turn, or
+//! asking `across_turns`, is checked against every turn).
 
 use super::terms::raced;
 use super::*;
@@ -63,6 +66,7 @@ impl Inner {
                 .collect();
             let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
             let digests: Vec<&str> = specs.iter().map(|s| s.input_digest.as_str()).collect();
+            let turns: Vec<&str> = specs.iter().map(|s| s.turn.as_str()).collect();
             let insert = tx
                 .prepare_cached(sql::INSERT_CALLS)
                 .await
@@ -78,12 +82,14 @@ impl Inner {
                         &ordinals,
                         &(fence.0 as i64),
                         &(now as i64),
+                        &turns,
                     ],
                 )
                 .await;
             match inserted {
                 Ok(_) => {}
-                // Another server began one of these ids just now: look again.
+                // Cannot happen while begins hold the term's row in turn;
+                // should it, look again rather than fail.
                 Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => continue,
                 Err(e) => return Err(db_error(e)),
             }
@@ -103,7 +109,7 @@ impl Inner {
                     begun_at: now,
                     settled_at: None,
                     ordinal: ordinal as u64,
-                    turn: Default::default(),
+                    turn: spec.turn,
                 })
                 .collect();
             return Ok(BeginOutcome::Recorded(calls));
@@ -121,7 +127,10 @@ impl Inner {
         validate_settlement(&settlement)?;
         let mut client = self.client().await?;
         let settle = client.prepare_cached(sql::SETTLE).await.map_err(db_error)?;
-        let call = client.prepare_cached(sql::CALL).await.map_err(db_error)?;
+        let calls = client
+            .prepare_cached(sql::CALLS_WITH_ID)
+            .await
+            .map_err(db_error)?;
         for _ in 0..RACE_RETRIES {
             let settled = client
                 .query_opt(
@@ -134,6 +143,7 @@ impl Inner {
                         &row::call_state_code(settlement.outcome),
                         &settlement.result_digest,
                         &settlement.result,
+                        &settlement.turn,
                     ],
                 )
                 .await
@@ -147,24 +157,29 @@ impl Inner {
             {
                 return Err(refusal);
             }
-            // The term is live: the call is unknown or settled already.
-            match client
-                .query_opt(&call, &[&key.as_str(), &settlement.call_id])
+            // The term is live: the call is unknown, ambiguous (an id in
+            // several turns, settled without naming one) or settled already.
+            let found = client
+                .query(
+                    &calls,
+                    &[&key.as_str(), &settlement.call_id, &settlement.turn],
+                )
                 .await
-                .map_err(db_error)?
-            {
-                None => {
+                .map_err(db_error)?;
+            match &found[..] {
+                [] => {
                     return Err(Error::ToolCallNotFound {
                         key: key.clone(),
                         call_id: settlement.call_id,
                     });
                 }
-                Some(row) => {
-                    let call = row::tool_call(&row)?;
+                [row] => {
+                    let call = row::tool_call(row)?;
                     if call.state.is_settled() {
                         return Ok((call, true));
                     }
                 }
+                _ => return Err(ambiguous(&settlement.call_id)),
             }
         }
         Err(raced(key))
@@ -203,14 +218,28 @@ impl Inner {
     }
 }
 
-/// The Ledger's duplicate rule over the stored calls `known`: ids already
-/// recorded, or repeated within the batch.
+/// The refusal of a settle that names no turn for an id begun in several,
+/// worded as the Ledger's.
+fn ambiguous(call_id: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "tool call {call_id:?} was begun in several turns; name the turn to settle"
+    ))
+}
+
+/// The Ledger's duplicate rule over the stored calls `known` (in
+/// registration order): an id already recorded in the spec's turn (in any
+/// turn, when the spec names none or asks `across_turns`), or repeated
+/// within the batch.
 pub(super) fn duplicates(specs: &[CallSpec], known: Vec<ToolCall>) -> Option<BeginOutcome> {
     let mut seen = std::collections::HashSet::new();
     let mut ids: Vec<String> = Vec::new();
     let mut existing = Vec::new();
     for spec in specs {
-        if let Some(call) = known.iter().find(|c| c.call_id == spec.call_id) {
+        let across = spec.turn.is_empty() || spec.across_turns;
+        let earlier = known
+            .iter()
+            .find(|c| c.call_id == spec.call_id && (across || c.turn == spec.turn));
+        if let Some(call) = earlier {
             if !ids.contains(&spec.call_id) {
                 ids.push(spec.call_id.clone());
                 existing.push(call.clone());

@@ -18,6 +18,8 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../migrations/postgres/0001_leases.sql"),
     include_str!("../../../../migrations/postgres/0002_tool_calls.sql"),
     include_str!("../../../../migrations/postgres/0003_lifecycle.sql"),
+    include_str!("../../../../migrations/postgres/0004_tool_call_turns.sql"),
+    include_str!("../../../../migrations/postgres/0005_events.sql"),
 ];
 
 /// Creates `schema` if needed and brings it to the newest version.

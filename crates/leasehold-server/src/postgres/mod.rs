@@ -34,6 +34,12 @@
 //! term, readers derive what its end does from the row (`row::KeyRow::at`),
 //! and History, Unquarantine and refusals move it first (`sql::EXPIRE_KEY`).
 //!
+//! # Watch
+//! The statements that change ownership also queue their events; a
+//! sequencer step that any server runs, one at a time, gives them revisions
+//! in commit order, and each server's watchers read the numbered log (see
+//! `events`).
+//!
 //! # Order
 //! Operations take effect in the order they are called on this server for
 //! each key (the Session stream pipelines on it): each operation on a key
@@ -48,6 +54,7 @@
 //! - `line`: Acquire and waiting in line; `listen`: the NOTIFY wake-ups;
 //! - `renewals`: concurrent renewals batched into one statement;
 //! - `ledger`: the tool-call ledger; `order`: per-key call order;
+//! - `events`: Watch (the event log's sequencer and each server's feed);
 //! - `row`: rows to domain values, and the refusals a row implies.
 //!
 //! # Durability
@@ -58,6 +65,7 @@
 //! `docs/deploy.md`). When the database cannot be reached every request is
 //! refused with UNAVAILABLE; nothing is guessed.
 
+mod events;
 mod ledger;
 mod line;
 mod listen;
@@ -80,6 +88,7 @@ use tokio_postgres::error::SqlState;
 
 use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result};
+use leasehold_core::events::{DEFAULT_EVENT_LOG_LEN, Selector};
 use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, TermEnd, Ttl};
 use leasehold_core::ledger::{
     BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
@@ -140,6 +149,15 @@ pub struct PgConfig {
     /// The most renewals one statement applies (see `renewals`); 1 sends
     /// each renewal alone.
     pub renew_batch: usize,
+    /// How many Watch events the log keeps (`--event-log-len`): whichever
+    /// server numbers new events trims the log to its own length.
+    pub event_log_len: usize,
+    /// How many feed items a watcher may fall behind before it is cut off
+    /// (`--watch-buffer`).
+    pub watch_buffer: usize,
+    /// How often a server with watchers numbers queued events and reads new
+    /// ones for them (see `events`).
+    pub watch_poll: Duration,
 }
 
 impl PgConfig {
@@ -159,6 +177,9 @@ impl PgConfig {
             default_max_recoveries: None,
             health_interval: Duration::from_millis(500),
             renew_batch: 256,
+            event_log_len: DEFAULT_EVENT_LOG_LEN,
+            watch_buffer: 4096,
+            watch_poll: Duration::from_millis(50),
         }
     }
 }
@@ -200,6 +221,8 @@ struct Inner {
     /// Batch statements run, and the renewals they carried (metrics).
     renew_batches: std::sync::atomic::AtomicU64,
     renew_batched: std::sync::atomic::AtomicU64,
+    /// This server's feed of new events to its watchers.
+    tail: events::Tail,
     config: PgConfig,
 }
 
@@ -294,12 +317,14 @@ impl PgBackend {
             renewals,
             renew_batches: Default::default(),
             renew_batched: Default::default(),
+            tail: events::Tail::new(config.watch_buffer),
             config,
         });
         let listener = tokio::spawn(listen::run(pg, channel, wakes)).abort_handle();
         let sweeper = tokio::spawn(inner.clone().sweep_loop()).abort_handle();
         let prober = tokio::spawn(inner.clone().probe_loop()).abort_handle();
-        let mut tasks = vec![listener, sweeper, prober];
+        let feed = tokio::spawn(inner.clone().feed_loop()).abort_handle();
+        let mut tasks = vec![listener, sweeper, prober, feed];
         if let Some(queued) = renewal_queue {
             tasks.push(tokio::spawn(inner.clone().batch_renewals(queued, batch)).abort_handle());
         }
@@ -310,8 +335,9 @@ impl PgBackend {
         })
     }
 
-    /// Runs one sweep now: moves expired terms to ended and forgets keys
-    /// past their retention (the background task does this every
+    /// Runs one sweep now: moves expired terms to ended, forgets keys past
+    /// their retention, numbers queued Watch events and trims their log to
+    /// this server's length (the background task does this every
     /// [`PgConfig::sweep_interval`]).
     ///
     /// # Errors
@@ -589,16 +615,6 @@ impl PgBackend {
     }
 }
 
-/// The refusal of a feature this backend does not have yet (Watch,
-/// turn-scoped tool calls): said
-/// plainly rather than ignored.
-fn unsupported<T: Send + 'static>(feature: &str) -> Pending<T> {
-    let err = Error::Unsupported(format!(
-        "{feature} is not available on the PostgreSQL backend yet (it is on SQLite)"
-    ));
-    Box::pin(std::future::ready(Err(err)))
-}
-
 impl Backend for PgBackend {
     fn acquire(&self, request: Acquire) -> Pending<Grant> {
         // The next operation on the key starts once this one is granted,
@@ -648,12 +664,10 @@ impl Backend for PgBackend {
         })
     }
 
-    fn watch(
-        &self,
-        _selector: leasehold_core::events::Selector,
-        _start: u64,
-    ) -> Pending<crate::engine::Watching> {
-        unsupported("Watch")
+    fn watch(&self, selector: Selector, start: u64) -> Pending<crate::engine::Watching> {
+        let inner = self.inner.clone();
+        let limit = inner.config.op_timeout;
+        Box::pin(in_time(limit, inner.watch(selector, start)))
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {
@@ -692,9 +706,6 @@ impl Backend for PgBackend {
         lease_id: LeaseId,
         specs: Vec<CallSpec>,
     ) -> Pending<BeginOutcome> {
-        if specs.iter().any(|s| !s.turn.is_empty()) {
-            return unsupported("turn-scoped tool calls (turn)");
-        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner.begin_tool_calls(&k, fence, lease_id, specs).await
@@ -708,9 +719,6 @@ impl Backend for PgBackend {
         lease_id: LeaseId,
         settlement: Settlement,
     ) -> Pending<(ToolCall, bool)> {
-        if !settlement.turn.is_empty() {
-            return unsupported("turn-scoped tool calls (turn)");
-        }
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner
@@ -754,6 +762,17 @@ impl Backend for PgBackend {
             } else {
                 0.0
             },
+        );
+        let (watchers, revision) = self.inner.tail.stats();
+        out.gauge(
+            "leasehold_watchers",
+            "Watch streams following this server's live event feed.",
+            watchers as f64,
+        );
+        out.gauge(
+            "leasehold_revision",
+            "The highest event revision this server published to its watchers (0 while none follow).",
+            revision as f64,
         );
         out.counter(
             "leasehold_pg_renew_batches_total",
@@ -851,5 +870,45 @@ mod tests {
         };
         assert_eq!(ids, ["b"]);
         assert!(existing.is_empty());
+    }
+
+    #[test]
+    fn duplicates_follow_the_turn_rule() {
+        let spec = |id: &str, turn: &str, across_turns: bool| CallSpec {
+            call_id: id.into(),
+            name: "n".into(),
+            input_digest: String::new(),
+            across_turns,
+            turn: turn.into(),
+        };
+        let known = |turn: &str| ToolCall {
+            turn: turn.into(),
+            call_id: "call_0".into(),
+            name: "n".into(),
+            input_digest: String::new(),
+            fence: Fence(1),
+            state: leasehold_core::ledger::CallState::Running,
+            settled_fence: None,
+            result_digest: String::new(),
+            result: Vec::new(),
+            begun_at: 0,
+            settled_at: None,
+            ordinal: 1,
+        };
+        // Another turn's call_0 is no duplicate of this turn's...
+        assert_eq!(
+            duplicates(&[spec("call_0", "t2", false)], vec![known("t1")]),
+            None
+        );
+        // ...but is when asked across turns, or when no turn is named.
+        for s in [spec("call_0", "t2", true), spec("call_0", "", false)] {
+            let Some(BeginOutcome::Duplicate { existing, .. }) =
+                duplicates(&[s], vec![known("t1")])
+            else {
+                panic!("expected a duplicate");
+            };
+            assert_eq!(existing[0].turn, "t1");
+        }
+        assert!(duplicates(&[spec("call_0", "t1", false)], vec![known("t1")]).is_some());
     }
 }

@@ -8,6 +8,7 @@
 
 use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result, StaleReason};
+use leasehold_core::events::{Event, EventKind};
 use leasehold_core::lease::{
     EndedTerm, Fence, HistoryEntry, Key, LeaseId, Lifecycle, Owner, RequestId, Reservation, Term,
     TermEnd, Ttl,
@@ -268,7 +269,7 @@ pub fn tool_call(row: &Row) -> Result<ToolCall> {
             .map_err(storage)?
             .map(millis),
         ordinal: row.try_get::<_, i64>("ordinal").map_err(storage)? as u64,
-        turn: Default::default(),
+        turn: row.try_get("turn").map_err(storage)?,
     })
 }
 
@@ -308,6 +309,30 @@ pub fn term_end(code: i16) -> Result<TermEnd> {
         3 => Ok(TermEnd::Expired),
         other => Err(Error::Storage(format!("unknown stored term end {other}"))),
     }
+}
+
+/// Reads an `events` row (see `events`).
+///
+/// # Errors
+/// [`Error::Storage`] for a value outside the domain.
+pub fn event(row: &Row) -> Result<Event> {
+    let kind = match row.try_get::<_, i16>("kind").map_err(storage)? {
+        1 => EventKind::Granted,
+        2 => EventKind::Released,
+        3 => EventKind::Suspended,
+        4 => EventKind::Expired,
+        5 => EventKind::Forgotten,
+        other => return Err(Error::Storage(format!("unknown stored event kind {other}"))),
+    };
+    let key: String = row.try_get("key").map_err(storage)?;
+    Ok(Event {
+        revision: row.try_get::<_, i64>("revision").map_err(storage)?.max(0) as u64,
+        key: Key::parse(key).map_err(|e| Error::Storage(format!("stored key: {e}")))?,
+        kind,
+        fence: fence_of(row.try_get("fence").map_err(storage)?),
+        owner: owner_of(row.try_get("owner").map_err(storage)?)?,
+        at: millis(row.try_get("at_ms").map_err(storage)?),
+    })
 }
 
 fn owner_of(owner: String) -> Result<Owner> {

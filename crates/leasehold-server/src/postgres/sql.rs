@@ -103,7 +103,8 @@ macro_rules! handoff_to {
 /// Two CTEs that record the ended term of each row of CTE `$rows` (a
 /// `keys` row after the write) in `term_history`, once per (key, fence)
 /// however often it is offered, and trim the key's history to the newest
-/// `$len` entries when one was added. `$which` narrows the rows offered (a
+/// `$len` entries when one was added. `history_added` returns the entries
+/// added: the terms this statement ended (see [`queue_grant_events`]). `$which` narrows the rows offered (a
 /// grant only ever ends an expired term: `r.ended_end = 3` spares the hot
 /// path of a key released and taken again a look at the history).
 macro_rules! record_history {
@@ -126,7 +127,7 @@ macro_rules! record_history {
             $which,
             "
                 ON CONFLICT (key, fence) DO NOTHING
-                RETURNING key),
+                RETURNING key, fence, owner, ended_at_ms, end_kind),
              history_trimmed AS (
                 DELETE FROM term_history x USING history_added a
                 WHERE x.key = a.key
@@ -134,6 +135,50 @@ macro_rules! record_history {
                                   ORDER BY y.fence DESC OFFSET (",
             $len,
             "::bigint - 1) LIMIT 1))"
+        )
+    };
+}
+
+/// A CTE that queues the Watch event of each term that ended in CTE `$rows`
+/// (`keys` rows after a write that ended their live term: a release or an
+/// expiry), for the sequencer to give it a revision (see `events`). The
+/// statement that moves a term to ended is the only one to queue its end:
+/// the row lock makes that happen once.
+macro_rules! queue_end_events {
+    ($rows:literal) => {
+        concat!(
+            "events_queued AS (
+                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
+                SELECT r.key, r.ended_end + 1, r.ended_fence, r.ended_owner, r.ended_at_ms
+                FROM ",
+            $rows,
+            " r)"
+        )
+    };
+}
+
+/// A CTE that queues the Watch events of a grant (CTE `$rows`, the granted
+/// `keys` rows): the end of the expired term it replaced, if it replaced
+/// one, then the grant, in that order (the queue's ids follow the sorted
+/// rows). Whether a grant ended a term is whether it added that term's
+/// history entry (`history_added`, which only the statement that ends a
+/// term can add): an expired term moved earlier (by the sweeper, say) was
+/// queued by whoever moved it.
+macro_rules! queue_grant_events {
+    ($rows:literal) => {
+        concat!(
+            "events_queued AS (
+                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
+                SELECT e.key, e.kind, e.fence, e.owner, e.at_ms FROM (
+                    SELECT 0 AS step, h.key, h.end_kind + 1 AS kind, h.fence, h.owner,
+                           h.ended_at_ms AS at_ms
+                    FROM history_added h
+                    UNION ALL
+                    SELECT 1, g.key, 1, g.live_fence, g.live_owner, g.live_acquired_at_ms
+                    FROM ",
+            $rows,
+            " g) e
+                ORDER BY e.step)"
         )
     };
 }
@@ -220,6 +265,9 @@ pub const GRANT: &str = concat!(
     "),
      ",
     record_history!("granted", "$9", "r.ended_end = 3"),
+    ",
+     ",
+    queue_grant_events!("granted"),
     "
      SELECT * FROM granted"
 );
@@ -282,6 +330,9 @@ pub const SERVE_FIRST: &str = concat!(
          RETURNING w.id),
      ",
     record_history!("served", "$3", "r.ended_end = 3"),
+    ",
+     ",
+    queue_grant_events!("served"),
     "
      SELECT waiter_id, live_fence, live_lease_id, live_acquired_at_ms, live_expires_at_ms,
             live_handed_off
@@ -366,6 +417,9 @@ pub const RELEASE: &str = concat!(
      RETURNING k.*),
      ",
     record_history!("released", "$7"),
+    ",
+     ",
+    queue_end_events!("released"),
     "
      SELECT * FROM released"
 );
@@ -421,6 +475,9 @@ pub const SWEEP_EXPIRED: &str = concat!(
          RETURNING k.*),
      ",
     record_history!("moved", "$2"),
+    ",
+     ",
+    queue_end_events!("moved"),
     "
      SELECT moved.key, pg_notify($1, moved.key) FROM moved"
 );
@@ -440,6 +497,9 @@ pub const EXPIRE_KEY: &str = concat!(
          RETURNING k.*),
      ",
     record_history!("moved", "$2"),
+    ",
+     ",
+    queue_end_events!("moved"),
     "
      SELECT moved.key FROM moved"
 );
@@ -468,16 +528,19 @@ pub const PRUNE_SETTLED_CALLS: &str = "DELETE FROM tool_calls t USING keys k
        AND k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)";
 
 /// Retention, step 2: forgets keys released cleanly at least `$1` ms ago
-/// that have no running tool calls and nobody in line, with their history.
-/// The fence sequence lives apart from the rows, so a forgotten key's
-/// fences are never reused.
+/// that have no running tool calls and nobody in line, with their history,
+/// and queues their FORGOTTEN events (with the last term's fence and
+/// owner). The fence sequence lives apart from the rows, so a forgotten
+/// key's fences are never reused.
 pub const FORGET_RELEASED: &str = "WITH gone AS (
          DELETE FROM keys k
          WHERE k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)
            AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
            AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)
-         RETURNING k.key)
-     DELETE FROM term_history h USING gone WHERE h.key = gone.key";
+         RETURNING k.key, k.ended_fence, k.ended_owner),
+     history_gone AS (DELETE FROM term_history h USING gone WHERE h.key = gone.key)
+     INSERT INTO event_queue (key, kind, fence, owner, at_ms)
+     SELECT gone.key, 5, gone.ended_fence, gone.ended_owner, now_ms() FROM gone";
 
 /// Waiter rows whose server stopped keeping them alive (or whose grant was
 /// never picked up) for a minute.
@@ -545,32 +608,46 @@ pub const LIST_QUARANTINED: &str = "WITH n AS (SELECT now_ms() AS ms)
      ) r ORDER BY r.key LIMIT $5";
 
 /// Locks the live term for the rest of the transaction, so no release or
-/// grant can commit between this check and the ledger write: `$1` key,
-/// `$2` fence, `$3` lease_id. Returns `now` when the term is live.
+/// grant can commit between this check and the ledger write, and so begins
+/// on one key take turns: `$1` key, `$2` fence, `$3` lease_id. Returns `now`
+/// when the term is live.
+///
+/// The lock is exclusive among begins (`FOR NO KEY UPDATE`, which still lets
+/// readers and foreign keys through): since calls may name turns, an id is a
+/// duplicate of rows under *other* primary keys (another turn, for a begin
+/// without a turn or with `across_turns`), which no unique index can catch.
+/// A begin that waited for another reads the ledger after the other
+/// committed (each statement of a READ COMMITTED transaction reads afresh),
+/// so the duplicate rule is checked against every call begun before it.
 pub const LOCK_LIVE_TERM: &str = "SELECT n.ms AS now FROM keys k, (SELECT now_ms() AS ms) n
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
-     FOR SHARE OF k";
+     FOR NO KEY UPDATE OF k";
 
-/// The key's calls among `$2` (call ids): `$1` key.
-pub const CALLS_BY_ID: &str = "SELECT * FROM tool_calls WHERE key = $1 AND call_id = ANY($2)";
+/// The key's calls with an id among `$2` (call ids), in every turn, in
+/// registration order: `$1` key.
+pub const CALLS_BY_ID: &str =
+    "SELECT * FROM tool_calls WHERE key = $1 AND call_id = ANY($2) ORDER BY ordinal";
 
 /// Draws `$1` registration ordinals, in order.
 pub const ORDINALS: &str =
     "SELECT nextval('tool_call_ordinals') AS ordinal FROM generate_series(1, $1::int) ORDER BY 1";
 
 /// Records calls as running: `$1` key, `$2` call ids, `$3` names, `$4` input
-/// digests, `$5` ordinals, `$6` fence, `$7` begun_at.
+/// digests, `$5` ordinals, `$6` fence, `$7` begun_at, `$8` turns ('' for
+/// none).
 pub const INSERT_CALLS: &str =
-    "INSERT INTO tool_calls (key, call_id, ordinal, name, input_digest, fence, state,
+    "INSERT INTO tool_calls (key, turn, call_id, ordinal, name, input_digest, fence, state,
                              result_digest, result, begun_at_ms)
-     SELECT $1, c.call_id, c.ordinal, c.name, c.input_digest, $6, 1, '', ''::bytea, $7
-     FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[])
-          AS c(call_id, name, input_digest, ordinal)";
+     SELECT $1, c.turn, c.call_id, c.ordinal, c.name, c.input_digest, $6, 1, '', ''::bytea, $7
+     FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $8::text[])
+          AS c(call_id, name, input_digest, ordinal, turn)";
 
 /// Settles a running call under the live term, in one statement that locks
 /// the term first: `$1` key, `$2` fence, `$3` lease_id, `$4` call id, `$5`
-/// state, `$6` result digest, `$7` result. Returns the call, or nothing
-/// when the term is not live or the call is not running.
+/// state, `$6` result digest, `$7` result, `$8` the call's turn ('': the
+/// one call with this id, whatever its turn; nothing is settled when the id
+/// is in several turns). Returns the call, or nothing when the term is not
+/// live or the call is not running (or is ambiguous).
 pub const SETTLE: &str = "WITH n AS (SELECT now_ms() AS ms),
      term AS (SELECT k.key FROM keys k, n
               WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3
@@ -580,10 +657,15 @@ pub const SETTLE: &str = "WITH n AS (SELECT now_ms() AS ms),
                              settled_at_ms = n.ms
      FROM term, n
      WHERE t.key = term.key AND t.call_id = $4 AND t.state = 1
+       AND (t.turn = $8
+            OR ($8 = '' AND (SELECT count(*) FROM tool_calls u
+                             WHERE u.key = $1 AND u.call_id = $4) = 1))
      RETURNING t.*";
 
-/// One call: `$1` key, `$2` call id.
-pub const CALL: &str = "SELECT * FROM tool_calls WHERE key = $1 AND call_id = $2";
+/// The calls of one id (in the turn `$3`, or in every turn when `$3` is
+/// ''), in registration order: `$1` key, `$2` call id.
+pub const CALLS_WITH_ID: &str = "SELECT * FROM tool_calls
+     WHERE key = $1 AND call_id = $2 AND ($3 = '' OR turn = $3) ORDER BY ordinal";
 
 /// Whether the key has a row: `$1` key.
 pub const KEY_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM keys WHERE key = $1)";
@@ -594,6 +676,55 @@ pub const CALLS: &str = "SELECT * FROM tool_calls WHERE key = $1 ORDER BY ordina
 /// The key's running calls in registration order: `$1` key.
 pub const RUNNING_CALLS: &str =
     "SELECT * FROM tool_calls WHERE key = $1 AND state = 1 ORDER BY ordinal";
+
+/// Whether any event waits for a revision (the sequencer's cheap first look).
+pub const EVENTS_QUEUED: &str = "SELECT EXISTS (SELECT 1 FROM event_queue)";
+
+/// The sequencer, in one statement: locks the one `event_head` row (waiting
+/// for another server's sequencer to commit), gives the next revisions to
+/// the oldest `$1` queued events, in queue order, and moves them to the log.
+/// Returns the new head and how many events it numbered.
+///
+/// One statement, so a server that dies or drops it midway never leaves a
+/// transaction holding the lock. Its snapshot is older than the lock: an
+/// event the sequencer before it took is skipped (deleting a row another
+/// transaction deleted and committed is a no-op under READ COMMITTED), and
+/// an event committed after the snapshot waits for the next run, numbered
+/// after these (for one key, any later change committed later still). The
+/// lock is a one-time filter of the `DELETE`, taken before any queued row
+/// is touched, so two sequencers never delete at once.
+pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head FOR UPDATE),
+     moved AS (
+         DELETE FROM event_queue q
+         WHERE (SELECT revision FROM head) IS NOT NULL
+           AND q.id IN (SELECT id FROM event_queue ORDER BY id LIMIT $1)
+         RETURNING q.*),
+     numbered AS (
+         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id) AS revision,
+                key, kind, fence, owner, at_ms
+         FROM moved),
+     added AS (
+         INSERT INTO events (revision, key, kind, fence, owner, at_ms)
+         SELECT revision, key, kind, fence, owner, at_ms FROM numbered
+         RETURNING revision)
+     UPDATE event_head
+     SET revision = (SELECT coalesce(max(a.revision), (SELECT revision FROM head)) FROM added a)
+     RETURNING revision, (SELECT count(*) FROM added) AS numbered";
+
+/// Trims the log to the newest `$1` revisions (idempotent; needs no lock).
+pub const TRIM_EVENTS: &str =
+    "DELETE FROM events WHERE revision <= (SELECT revision FROM event_head) - $1::bigint";
+
+/// The head and the oldest revision kept (NULL: the log is empty), and up to
+/// `$2` events after revision `$1` in revision order (a row with NULL
+/// `revision` when there are none), as of one snapshot.
+pub const READ_EVENTS: &str = "SELECT h.revision AS head,
+            (SELECT min(x.revision) FROM events x) AS oldest,
+            e.revision, e.key, e.kind, e.fence, e.owner, e.at_ms
+     FROM event_head h
+     LEFT JOIN LATERAL (SELECT * FROM events WHERE revision > $1::bigint
+                        ORDER BY revision LIMIT $2) e ON true
+     ORDER BY e.revision";
 
 /// Migrations, step 0: the schema and the table of versions applied. `{schema}`
 /// is a checked plain identifier (see `check_schema_name`).

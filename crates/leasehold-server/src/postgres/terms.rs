@@ -262,7 +262,8 @@ impl Inner {
     }
 
     /// Moves expired terms to ended (waking their waiters), forgets keys
-    /// past their retention, and drops waiter rows long dead.
+    /// past their retention, drops waiter rows long dead, numbers the
+    /// queued Watch events and trims their log.
     pub(super) async fn sweep(&self) -> Result<()> {
         let client = self.client().await?;
         let expire = client
@@ -300,7 +301,11 @@ impl Inner {
             .await
             .map_err(db_error)?;
         client.execute(&dead, &[]).await.map_err(db_error)?;
-        Ok(())
+        // Number the events queued since, with or without watchers, so the
+        // queue stays short and expiries reach watchers within a sweep; and
+        // keep the log to this server's length.
+        self.sequence(&client).await?;
+        self.trim_events(&client).await
     }
 
     pub(super) async fn sweep_loop(self: Arc<Self>) {

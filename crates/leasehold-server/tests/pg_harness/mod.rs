@@ -217,3 +217,63 @@ impl PgServer {
         }
     }
 }
+
+/// A `leasehold serve --store postgres://…` process on a test schema,
+/// killed (SIGKILL) when dropped: for what only a real process shows
+/// (`kill -9`).
+pub struct ServeProcess {
+    child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl ServeProcess {
+    /// Starts the binary on 127.0.0.1:0 over `schema` (with `args` added)
+    /// and waits until it listens.
+    pub fn start(schema: &Schema, args: &[&str]) -> ServeProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--drain-timeout-ms",
+                "300",
+            ])
+            .args(["--store", &schema.url, "--pg-schema", &schema.name])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .env_remove("LEASEHOLD_DB")
+            .env_remove("LEASEHOLD_STORE")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn leasehold serve");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .parse()
+            .expect("address");
+        ServeProcess { child, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `kill -9`: no drain, no goodbye to its clients.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

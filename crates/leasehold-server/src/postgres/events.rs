@@ -1,0 +1,412 @@
+//! Watch on PostgreSQL: the event log in the database, its sequencer, and
+//! each server's feed to its watchers.
+//!
+//! # Revisions in commit order
+//! Every statement that changes a key's ownership (a grant, a release, the
+//! move of an expired term, forgetting a key) also queues the change's
+//! events in `event_queue`, in the same statement, so an event exists
+//! exactly when its change committed. Queued events have no revision yet:
+//! a sequence drawn inside the writing transaction would not follow commit
+//! order (one transaction draws 7, another draws 8 and commits first; a
+//! watcher that saw 8 could never be given 7). Revisions are given by the
+//! **sequencer** ([`Inner::sequence`], one statement: [`sql::SEQUENCE_EVENTS`]),
+//! which any server runs, one at a time (it locks the single `event_head`
+//! row): it moves every queued event its statement can see to `events` with
+//! the next revisions. What it sees has
+//! committed; a transaction still running is invisible to it and gets
+//! later revisions once it commits. Watchers read `events` only, so the
+//! revisions they can see are always a prefix `1..=head`, and a watcher
+//! that saw revision R never later meets an event numbered R or less.
+//!
+//! Two changes of one key are numbered in the order they committed: the
+//! second locked the key's row after the first committed, and queued its
+//! events (drawing their ids) after that, and the sequencer numbers in id
+//! order. Changes of different keys made at overlapping times are numbered
+//! in one of their possible orders. No two leasehold servers ever need to
+//! agree on anything: the sequencer's lock and the rows decide.
+//!
+//! # When events appear
+//! Every server sequences at each sweep (so the queue stays short with
+//! nobody watching), and a server with watchers also sequences and reads
+//! the log every [`PgConfig::watch_poll`]. An expiry is an event once a
+//! statement moves the term (the sweeper, within its period, or whoever
+//! touches the key first); that statement alone queues it.
+//!
+//! # The feed
+//! Each server reads the log once for all its watchers ([`Tail`]), and only
+//! while it has some. A watcher first reads the log itself from its start
+//! revision (a compacted start is OUT_OF_RANGE with the oldest kept), then
+//! subscribes to the feed and reads the log once more, so whatever the feed
+//! published before it subscribed is covered; it skips revisions it has
+//! seen, so nothing comes twice. A watcher that falls more than
+//! `--watch-buffer` feed items behind is cut off with RESOURCE_EXHAUSTED
+//! naming the revision to resume from, as on SQLite.
+//!
+//! # Bounds
+//! The log is trimmed to the newest `--event-log-len` revisions of the
+//! server that trims: at every sweep, and by a feed after it numbered
+//! events; the oldest revision reported is the oldest row left. A feed that finds the log trimmed past its position restarts, and
+//! its watchers go back to the log, which tells them OUT_OF_RANGE.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::stream::{self, StreamExt};
+use tokio::sync::broadcast;
+
+use leasehold_core::events::{Event, Selector};
+
+use super::*;
+use crate::engine::{Commit, Watching, cut_off};
+
+/// Events read from the log by one statement (and so at most one feed item).
+const PAGE: usize = 256;
+
+/// Queued events one sequencer statement numbers at most.
+const SEQUENCE_BATCH: i64 = 10_000;
+
+/// Pages the feed reads per poll at most, so one poll cannot run long.
+const PAGES_PER_POLL: usize = 16;
+
+/// This server's feed of new events, shared by its watchers.
+pub(super) struct Tail {
+    state: Mutex<TailState>,
+    /// How many items the feed holds for a slow watcher.
+    buffer: usize,
+}
+
+struct TailState {
+    /// The highest revision published on `live`; `None` while nobody
+    /// follows (the feed then reads nothing, and the first watcher to
+    /// subscribe says where to start).
+    position: Option<u64>,
+    live: broadcast::Sender<Commit>,
+}
+
+impl Tail {
+    pub(super) fn new(buffer: usize) -> Tail {
+        let buffer = buffer.max(1);
+        Tail {
+            state: Mutex::new(TailState {
+                position: None,
+                live: broadcast::channel(buffer).0,
+            }),
+            buffer,
+        }
+    }
+
+    /// Follows the feed. When nobody followed it, it starts after `head`, a
+    /// head of the log the caller read (so at most the database's head now:
+    /// the caller's own read of the log after this covers the rest).
+    fn subscribe(&self, head: u64) -> broadcast::Receiver<Commit> {
+        let mut state = self.state.lock().expect("tail lock");
+        if state.position.is_none() {
+            state.position = Some(head);
+        }
+        state.live.subscribe()
+    }
+
+    /// Where the feed reads from next, or `None` when nobody follows it (it
+    /// then forgets its position).
+    fn position(&self) -> Option<u64> {
+        let mut state = self.state.lock().expect("tail lock");
+        if state.live.receiver_count() == 0 {
+            state.position = None;
+        }
+        state.position
+    }
+
+    /// Publishes the events read after `from`, if the feed is still there.
+    fn publish(&self, from: u64, events: Vec<Event>) {
+        let Some(last) = events.last().map(|e| e.revision) else {
+            return;
+        };
+        let mut state = self.state.lock().expect("tail lock");
+        if state.position == Some(from) {
+            state.position = Some(last);
+            // No receiver is fine: the last watcher just left.
+            let _ = state.live.send(events.into());
+        }
+    }
+
+    /// Closes the feed (its followers go back to the log) and starts a new
+    /// one with nobody following.
+    fn restart(&self) {
+        let mut state = self.state.lock().expect("tail lock");
+        state.position = None;
+        state.live = broadcast::channel(self.buffer).0;
+    }
+
+    /// Watchers following the feed, and the highest revision it published.
+    pub(super) fn stats(&self) -> (usize, u64) {
+        let state = self.state.lock().expect("tail lock");
+        (state.live.receiver_count(), state.position.unwrap_or(0))
+    }
+}
+
+/// One read of the log.
+struct Page {
+    /// The highest revision given.
+    head: u64,
+    /// The oldest revision kept (`head + 1` when the log is empty).
+    oldest: u64,
+    /// Up to [`PAGE`] events after the revision asked for, in order.
+    events: Vec<Event>,
+}
+
+impl Inner {
+    /// Gives revisions to the queued events (see the module docs); returns
+    /// how many it numbered. When it returns, every event committed before
+    /// it was called has a revision (short of a backlog over
+    /// [`SEQUENCE_BATCH`] numbered meanwhile by another server, which the
+    /// next run takes).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the database cannot be reached.
+    pub(super) async fn sequence(&self, client: &Client) -> Result<i64> {
+        let queued = client
+            .prepare_cached(sql::EVENTS_QUEUED)
+            .await
+            .map_err(db_error)?;
+        if !client
+            .query_one(&queued, &[])
+            .await
+            .map_err(db_error)?
+            .get::<_, bool>(0)
+        {
+            return Ok(0);
+        }
+        let number = client
+            .prepare_cached(sql::SEQUENCE_EVENTS)
+            .await
+            .map_err(db_error)?;
+        let mut total = 0;
+        loop {
+            let numbered: i64 = client
+                .query_one(&number, &[&SEQUENCE_BATCH])
+                .await
+                .map_err(db_error)?
+                .get("numbered");
+            total += numbered;
+            if numbered < SEQUENCE_BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Trims the log to this server's `--event-log-len` (one index probe
+    /// when there is nothing to trim).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when the database cannot be reached.
+    pub(super) async fn trim_events(&self, client: &Client) -> Result<()> {
+        let len = self.config.event_log_len.clamp(1, i64::MAX as usize) as i64;
+        let trim = client
+            .prepare_cached(sql::TRIM_EVENTS)
+            .await
+            .map_err(db_error)?;
+        client.execute(&trim, &[&len]).await.map_err(db_error)?;
+        Ok(())
+    }
+
+    /// The log after revision `after`: its head, its oldest revision, and a
+    /// page of events, as of one snapshot.
+    async fn read_events(&self, client: &Client, after: u64, limit: usize) -> Result<Page> {
+        let stmt = client
+            .prepare_cached(sql::READ_EVENTS)
+            .await
+            .map_err(db_error)?;
+        let after = after.min(i64::MAX as u64) as i64;
+        let rows = client
+            .query(&stmt, &[&after, &(limit as i64)])
+            .await
+            .map_err(db_error)?;
+        let first = rows
+            .first()
+            .ok_or_else(|| Error::Storage("the event log has no head row".into()))?;
+        let head = first.get::<_, i64>("head").max(0) as u64;
+        let oldest = first
+            .get::<_, Option<i64>>("oldest")
+            .map_or(head + 1, |r| r.max(0) as u64);
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if row.get::<_, Option<i64>>("revision").is_some() {
+                events.push(row::event(row)?);
+            }
+        }
+        Ok(Page {
+            head,
+            oldest,
+            events,
+        })
+    }
+
+    /// Starts a watch of `selector` from revision `start` (0: from now on).
+    ///
+    /// # Errors
+    /// [`Error::Compacted`] when `start` is older than the log keeps;
+    /// [`Error::Unavailable`] when the database cannot be reached.
+    pub(super) async fn watch(self: Arc<Self>, selector: Selector, start: u64) -> Result<Watching> {
+        let client = self.client().await?;
+        let now = self.read_events(&client, u64::MAX, 0).await?;
+        drop(client);
+        if start != 0 && start < now.oldest {
+            return Err(Error::Compacted {
+                requested: start,
+                oldest: now.oldest,
+            });
+        }
+        let watcher = Watcher {
+            seen: if start == 0 { now.head } else { start - 1 },
+            inner: self,
+            selector,
+            phase: Phase::CatchUp(None),
+        };
+        let events = stream::unfold(watcher, |mut watcher| async move {
+            let item = watcher.next().await?;
+            Some((item, watcher))
+        });
+        Ok(Watching {
+            revision: now.head,
+            events: events.boxed(),
+        })
+    }
+
+    /// Feeds this server's watchers: every [`PgConfig::watch_poll`] while
+    /// anyone follows the feed, sequences and publishes what is new.
+    pub(super) async fn feed_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.config.watch_poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tick.tick().await;
+            if self.tail.position().is_none() {
+                continue;
+            }
+            match in_time(self.config.op_timeout, self.feed()).await {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "reading the event log failed; trying again");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// One poll of the feed.
+    async fn feed(&self) -> Result<()> {
+        let client = self.client().await?;
+        if self.sequence(&client).await? > 0 {
+            self.trim_events(&client).await?;
+        }
+        for _ in 0..PAGES_PER_POLL {
+            let Some(from) = self.tail.position() else {
+                return Ok(());
+            };
+            let page = self.read_events(&client, from, PAGE).await?;
+            if from + 1 < page.oldest {
+                // Trimmed past the feed (it was stopped longer than the log
+                // is long): its watchers must hear it from the log.
+                self.tail.restart();
+                return Ok(());
+            }
+            let full = page.events.len() == PAGE;
+            self.tail.publish(from, page.events);
+            if !full {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One Watch stream.
+struct Watcher {
+    inner: Arc<Inner>,
+    selector: Selector,
+    /// Every event up to this revision was delivered (or not selected).
+    seen: u64,
+    phase: Phase,
+}
+
+enum Phase {
+    /// Reading the log after `seen`; once subscribed to the feed (`Some`),
+    /// one more pass to the head, then [`Phase::Live`].
+    CatchUp(Option<broadcast::Receiver<Commit>>),
+    Live(broadcast::Receiver<Commit>),
+    Done,
+}
+
+impl Watcher {
+    /// The next batch of selected events, or the error that ends the watch.
+    async fn next(&mut self) -> Option<Result<Vec<Event>>> {
+        loop {
+            match &mut self.phase {
+                Phase::Done => return None,
+                Phase::CatchUp(_) => match self.catch_up().await {
+                    Ok(Some(events)) => return Some(Ok(events)),
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.phase = Phase::Done;
+                        return Some(Err(e));
+                    }
+                },
+                Phase::Live(live) => match live.recv().await {
+                    Ok(commit) => {
+                        let last = commit.last().map_or(self.seen, |e| e.revision);
+                        let events: Vec<Event> = commit
+                            .iter()
+                            .filter(|e| e.revision > self.seen && self.selector.matches(&e.key))
+                            .cloned()
+                            .collect();
+                        self.seen = self.seen.max(last);
+                        if !events.is_empty() {
+                            return Some(Ok(events));
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        self.phase = Phase::Done;
+                        return Some(Err(cut_off(self.inner.tail.buffer, self.seen + 1)));
+                    }
+                    // The feed restarted: back to the log from where we are.
+                    Err(broadcast::error::RecvError::Closed) => self.phase = Phase::CatchUp(None),
+                },
+            }
+        }
+    }
+
+    /// Reads one page of the log after `seen`; returns the selected events
+    /// (`None`: none in this page).
+    async fn catch_up(&mut self) -> Result<Option<Vec<Event>>> {
+        let page = in_time(self.inner.config.op_timeout, async {
+            let client = self.inner.client().await?;
+            self.inner.read_events(&client, self.seen, PAGE).await
+        })
+        .await?;
+        if self.seen + 1 < page.oldest {
+            return Err(Error::Compacted {
+                requested: self.seen + 1,
+                oldest: page.oldest,
+            });
+        }
+        let full = page.events.len() == PAGE;
+        let mut selected = Vec::new();
+        for event in page.events {
+            self.seen = self.seen.max(event.revision);
+            if self.selector.matches(&event.key) {
+                selected.push(event);
+            }
+        }
+        if !full {
+            // Read to the head: follow the feed (after one more pass, which
+            // covers what it published before we subscribed).
+            self.seen = self.seen.max(page.head);
+            self.phase = match std::mem::replace(&mut self.phase, Phase::Done) {
+                Phase::CatchUp(None) => Phase::CatchUp(Some(self.inner.tail.subscribe(page.head))),
+                Phase::CatchUp(Some(live)) => Phase::Live(live),
+                other => other,
+            };
+        }
+        Ok((!selected.is_empty()).then_some(selected))
+    }
+}
