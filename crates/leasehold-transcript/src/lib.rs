@@ -71,14 +71,15 @@
 //! all of this; `docs/benchmarks.md` has numbers.
 
 // Module order, each importing only modules before it (and the crate
-// root's `TranscriptError`): view, text, format, pairing, placeholder,
-// diagnose, repair.
+// root's `TranscriptError`): view, validate, text, format, pairing,
+// placeholder, diagnose, repair.
 mod diagnose;
 mod format;
 mod pairing;
 mod placeholder;
 mod repair;
 mod text;
+mod validate;
 mod view;
 
 pub use diagnose::{Finding, FindingKind, Report, diagnose, render_human};

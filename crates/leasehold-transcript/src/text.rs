@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 
 use super::TranscriptError;
+use super::validate;
 use super::view::Validated;
 
 /// How a transcript is laid out as text.
@@ -357,7 +358,7 @@ fn parse_lines(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
         if line.trim().is_empty() {
             continue;
         }
-        if serde_json::from_str::<Validated>(line).is_err() {
+        if !validate::is_one_value(line) && serde_json::from_str::<Validated>(line).is_err() {
             // The error `Value` parsing gives, as it always has.
             let error = serde_json::from_str::<Value>(line).err();
             if let Some(source) = error {
@@ -427,10 +428,17 @@ fn scan_array(body: &str, offset: usize) -> Option<Vec<Message>> {
     let mut messages = Vec::new();
     if bytes.get(at) != Some(&b']') {
         loop {
-            let rest = body.get(at..)?;
-            let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Validated>();
-            stream.next()?.ok()?;
-            let end = at + stream.byte_offset();
+            let end = match validate::value_end(body, at) {
+                Some(end) => end,
+                // Not certainly valid: serde_json decides.
+                None => {
+                    let rest = body.get(at..)?;
+                    let mut stream =
+                        serde_json::Deserializer::from_str(rest).into_iter::<Validated>();
+                    stream.next()?.ok()?;
+                    at + stream.byte_offset()
+                }
+            };
             messages.push(Message::parsed(&body[at..end], offset + at, None));
             at = skip_space(end);
             match bytes.get(at) {
