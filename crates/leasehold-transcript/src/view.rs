@@ -252,6 +252,23 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// Skips the string that starts here, without slicing it out.
+    fn skip_string(&mut self) -> Result<(), Malformed> {
+        let bytes = self.text.as_bytes();
+        let mut at = self.at + 1;
+        loop {
+            at = quote_or_backslash(bytes, at);
+            match bytes.get(at) {
+                Some(b'"') => {
+                    self.at = at + 1;
+                    return Ok(());
+                }
+                Some(_) => at += 2,
+                None => return Err(Malformed),
+            }
+        }
+    }
+
     /// Reads a field pairing reads as a string.
     fn text(&mut self) -> Result<Text<'a>, Malformed> {
         if self.peek() != Some(b'"') {
@@ -267,7 +284,7 @@ impl<'a> Cursor<'a> {
     /// Skips the value that starts here.
     fn skip_value(&mut self) -> Result<(), Malformed> {
         match self.peek() {
-            Some(b'"') => self.string().map(drop),
+            Some(b'"') => self.skip_string(),
             Some(b'{' | b'[') => self.skip_container(),
             Some(_) => {
                 // A number, `true`, `false` or `null`: up to the next
@@ -294,7 +311,7 @@ impl<'a> Cursor<'a> {
         while let Some(&byte) = bytes.get(self.at) {
             match byte {
                 b'"' => {
-                    self.string()?;
+                    self.skip_string()?;
                     continue;
                 }
                 b'{' | b'[' => depth += 1,
