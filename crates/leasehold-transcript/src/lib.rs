@@ -58,14 +58,18 @@
 //!
 //! [`Transcript::parse`] validates the text (exactly as parsing into
 //! `serde_json::Value`s would) and records where each message is, without
-//! building the messages' trees. Diagnosis reads each message through a
-//! borrowed view that keeps only what pairing needs (role or item type, call
-//! ids, result ids, block types) and skips everything else with
-//! `serde::de::IgnoredAny`; format detection happens in the same pass. It
-//! is one pass over the messages, with a hash map keyed by call id whose
-//! entries count calls and results. A message's `Value` is built only when
-//! asked for ([`Transcript::messages`], [`Transcript::message`]) or when a
-//! repair rewrites it; untouched messages are written back from their text.
+//! building the messages' trees: a byte-level validator accepts the common
+//! case, and serde_json itself decides anything it is not sure of (numbers
+//! with an exponent, surrogate escapes, deep nesting). Diagnosis reads each
+//! message through a borrowed view that keeps only what pairing needs (role
+//! or item type, call ids, result ids, block types), found by a scanner
+//! that relies on that validation and only looks for where things end;
+//! format detection happens in the same pass. It is one pass over the
+//! messages, with a hash map keyed by call id whose entries count calls and
+//! results, and small fixed-size records per message, call and result. A
+//! message's `Value` is built only when asked for
+//! ([`Transcript::messages`], [`Transcript::message`]) or when a repair
+//! rewrites it; untouched messages are written back from their text.
 //! Use [`Transcript::parse_owned`] when the text is no longer needed, so the
 //! transcript keeps it instead of a copy. `benches/transcript.rs` measures
 //! all of this; `docs/benchmarks.md` has numbers.

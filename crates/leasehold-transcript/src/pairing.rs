@@ -205,10 +205,13 @@ pub(crate) struct Pairing<'a> {
     /// Every result, in message order.
     pub(crate) results: Vec<ResultSite<'a>>,
     pub(crate) turns: Vec<Turn>,
-    /// How many ids to make room for at the first one: one per two
-    /// messages, about what a transcript of parallel calls holds, so the
-    /// table is not rebuilt (briefly holding two copies) as it grows.
-    /// Room that is never used is only address space.
+    /// How many ids to make room for at the first one: three per four
+    /// messages, what an Anthropic transcript of three parallel calls a
+    /// turn holds (Chat's holds three per five, Responses' one per three),
+    /// so the table is not rebuilt (briefly holding two copies) as it grows.
+    /// Room that is never used is only address space; the hash table's
+    /// size is a power of two, so at a million messages this is the same
+    /// table as one id per two messages.
     expected_ids: usize,
 }
 
@@ -259,7 +262,7 @@ impl<'a> Builder<'a> {
                 items: Vec::new(),
                 results: Vec::new(),
                 turns: Vec::new(),
-                expected_ids: messages / 2,
+                expected_ids: messages / 4 * 3,
             },
             walk: Walk {
                 current_turn: None,
