@@ -291,6 +291,9 @@ struct ServeLimits {
     /// The largest request message, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     max_message_bytes: usize,
+    /// The largest transcript a `Transcripts` request may carry, in bytes.
+    #[arg(long, default_value_t = leasehold_server::grpc::transcripts::DEFAULT_MAX_TRANSCRIPT_BYTES)]
+    max_transcript_bytes: usize,
     /// Keys one principal (under --auth) may hold at once: its live terms
     /// and Acquires in flight; 0 is no limit.
     #[arg(long, default_value_t = 10_000)]
@@ -462,6 +465,7 @@ async fn run(command: Command) -> ExitCode {
                 auth,
                 drain_timeout,
                 limits: limits.limits(),
+                max_transcript_bytes: limits.max_transcript_bytes,
             };
             match store.unwrap_or(Store::Sqlite(db)) {
                 Store::Sqlite(db) => {
@@ -511,6 +515,7 @@ struct Edge {
     auth: Option<Arc<leasehold_server::auth::AuthConfig>>,
     drain_timeout: Duration,
     limits: leasehold_server::limits::Limits,
+    max_transcript_bytes: usize,
 }
 
 /// Checks and loads the TLS and auth set-up; `None` (after saying why on
@@ -623,6 +628,7 @@ async fn serve_backend(
         auth,
         drain_timeout,
         limits,
+        max_transcript_bytes,
     } = edge;
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
@@ -657,6 +663,7 @@ async fn serve_backend(
     let options = server::ServeOptions {
         drain_timeout,
         limits,
+        max_transcript_bytes,
         ..server::ServeOptions::default()
     };
     let listeners = server::Listeners {

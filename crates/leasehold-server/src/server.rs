@@ -18,7 +18,7 @@ use crate::auth::AuthConfig;
 use crate::backend::Backend;
 use crate::engine::{Engine, EngineConfig};
 use crate::grpc::LeaseholdService;
-use crate::grpc::transcripts::{MAX_TRANSCRIPT_BYTES, TranscriptsService};
+use crate::grpc::transcripts::{DEFAULT_MAX_TRANSCRIPT_BYTES, TranscriptsService};
 use crate::limits::Limits;
 use crate::metrics::{Exposition, ServiceMetrics};
 use crate::sqlite::{SqliteStore, SyncMode};
@@ -85,6 +85,10 @@ pub struct ServeOptions {
     pub keep_alive_timeout: Duration,
     /// Limits against greedy clients (per connection, per caller).
     pub limits: Limits,
+    /// The largest `Transcripts` request (and reply), in bytes: transcripts
+    /// are far larger than any lease request, so they have a limit of their
+    /// own instead of `limits.max_message_bytes`.
+    pub max_transcript_bytes: usize,
 }
 
 impl Default for ServeOptions {
@@ -94,6 +98,7 @@ impl Default for ServeOptions {
             keep_alive_interval: Duration::from_secs(10),
             keep_alive_timeout: Duration::from_secs(10),
             limits: Limits::default(),
+            max_transcript_bytes: DEFAULT_MAX_TRANSCRIPT_BYTES,
         }
     }
 }
@@ -229,11 +234,14 @@ pub async fn serve_on(
             service_metrics.clone(),
         ))
     });
-    // The transcript check touches no key: any authenticated caller may use it.
+    // The transcript check touches no key: any authenticated caller may use
+    // it. An oversized transcript is refused like any oversized request.
     let transcripts = tonic::service::interceptor::InterceptedService::new(
-        pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
-            .max_decoding_message_size(MAX_TRANSCRIPT_BYTES)
-            .max_encoding_message_size(MAX_TRANSCRIPT_BYTES),
+        crate::grpc::OversizeIsExhausted(
+            pb::transcripts_server::TranscriptsServer::new(TranscriptsService)
+                .max_decoding_message_size(options.max_transcript_bytes)
+                .max_encoding_message_size(options.max_transcript_bytes),
+        ),
         move |request: tonic::Request<()>| {
             if let Some(auth) = &auth {
                 crate::grpc::identify(auth, &request).map_err(leasehold_wire::status::to_status)?;

@@ -1,11 +1,23 @@
 //! The transcript API around the corpus: reading and writing text, errors,
-//! configurable placeholder markers, and the report's human and JSON forms.
+//! configurable placeholder markers, and the report's human and JSON forms;
+//! and the size limit of the gRPC `Transcripts` service.
 
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use common::{TestServer, binary, test_options};
+use leasehold_server::server::ServeOptions;
 use leasehold_transcript::{
     Format, Layout, PLACEHOLDER_MARKER, RepairOptions, Transcript, TranscriptError, detect,
     diagnose, render_human, repair,
 };
+use leasehold_wire::pb;
+use leasehold_wire::pb::transcripts_client::TranscriptsClient;
 use serde_json::{Value, json};
+use tonic::Code;
+use tonic::transport::Channel;
 
 fn parse(text: &str) -> Transcript {
     Transcript::parse(text).unwrap_or_else(|e| panic!("{e}"))
@@ -253,4 +265,137 @@ fn format_names_match_the_cli() {
         assert_eq!(format.to_string(), name);
         assert_eq!(serde_json::to_value(format).ok(), Some(json!(name)));
     }
+}
+
+/// A healthy Chat transcript of about `bytes` bytes: call and result pairs.
+fn chat_of_size(bytes: usize) -> String {
+    let mut messages = Vec::new();
+    let mut size = 0;
+    while size < bytes {
+        let id = format!("call_{}", messages.len());
+        for message in [chat_call(&id), chat_tool(&id, &"x".repeat(200))] {
+            size += message.to_string().len() + 1;
+            messages.push(message);
+        }
+    }
+    jsonl(&messages)
+}
+
+/// Checks `transcript` (and repairs it) over gRPC: the check's verdict, or
+/// the refusal, which must be the same for both calls.
+async fn check_over_grpc(
+    client: &mut TranscriptsClient<Channel>,
+    transcript: &str,
+) -> Result<bool, tonic::Status> {
+    let repaired = client
+        .repair(pb::TranscriptRepairRequest {
+            transcript: transcript.to_string(),
+            format: String::new(),
+            placeholder_markers: vec![],
+        })
+        .await;
+    let checked = client
+        .check(pb::TranscriptCheckRequest {
+            transcript: transcript.to_string(),
+            format: String::new(),
+        })
+        .await;
+    match (checked, repaired) {
+        (Ok(checked), Ok(repaired)) => {
+            assert_eq!(checked.get_ref().healthy, repaired.get_ref().healthy);
+            Ok(checked.into_inner().healthy)
+        }
+        (Err(checked), Err(repaired)) => {
+            assert_eq!(checked.code(), repaired.code(), "{repaired:?}");
+            Err(checked)
+        }
+        (checked, repaired) => panic!("check {checked:?} but repair {repaired:?}"),
+    }
+}
+
+/// The refusal of a request over a size limit.
+fn assert_message_limit(refusal: &tonic::Status) {
+    assert_eq!(refusal.code(), Code::ResourceExhausted, "{refusal:?}");
+    assert_eq!(
+        refusal
+            .metadata()
+            .get("leasehold-limit")
+            .and_then(|limit| limit.to_str().ok()),
+        Some("message_bytes")
+    );
+}
+
+/// A transcript over the service's own limit is refused before it is
+/// decoded, as RESOURCE_EXHAUSTED naming `message_bytes` like every other
+/// oversized request; one under it is checked, even when it is larger than
+/// the lease requests' limit.
+#[tokio::test]
+async fn the_transcripts_service_has_its_own_size_limit() {
+    const LIMIT: usize = 256 * 1024;
+    let mut options = test_options();
+    options.limits.max_message_bytes = 64 * 1024;
+    options.max_transcript_bytes = LIMIT;
+    let server = TestServer::builder().options(options).start().await;
+    let mut client = TranscriptsClient::connect(format!("http://{}", server.addr))
+        .await
+        .unwrap();
+    let under = chat_of_size(LIMIT - 16 * 1024);
+    assert!(under.len() > 64 * 1024 && under.len() < LIMIT);
+    assert!(check_over_grpc(&mut client, &under).await.unwrap());
+    let over = chat_of_size(LIMIT + 1024);
+    assert_message_limit(&check_over_grpc(&mut client, &over).await.unwrap_err());
+    // The connection and the service are still fine.
+    assert!(check_over_grpc(&mut client, &under).await.unwrap());
+}
+
+/// By default a transcript may be 128 MiB: a 200,000-message transcript in
+/// any of the three formats (34 to 68 MB) fits.
+#[test]
+fn the_default_transcript_limit_fits_long_sessions() {
+    assert_eq!(
+        ServeOptions::default().max_transcript_bytes,
+        128 * 1024 * 1024
+    );
+}
+
+/// `leasehold serve --max-transcript-bytes` sets the limit.
+#[tokio::test]
+async fn serve_takes_the_transcript_limit_as_a_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout-ms",
+            "300",
+        ])
+        .args(["--max-transcript-bytes", "65536", "--db"])
+        .arg(dir.path().join("leasehold.db"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn leasehold serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect(&line)
+        .to_string();
+    let mut client = TranscriptsClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let under = chat_of_size(32 * 1024);
+    let over = chat_of_size(80 * 1024);
+    let results = (
+        check_over_grpc(&mut client, &under).await,
+        check_over_grpc(&mut client, &over).await,
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(results.0.unwrap());
+    assert_message_limit(&results.1.unwrap_err());
 }

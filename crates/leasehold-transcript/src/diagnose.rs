@@ -134,7 +134,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
     };
 
     for (position, site) in pairing.calls.iter().enumerate() {
-        let id = site.call.id;
+        let id = site.id;
         let entry = pairing.entries[site.entry as usize];
         if entry.calls > 1 {
             let first = entry.first_call.get().unwrap_or(position);
@@ -148,21 +148,26 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
                 push(
                     FindingKind::DuplicateCallId,
                     id,
-                    site.index,
+                    site.index(),
                     format!(
                         "call id {id} is already used by the call at message {} ({turn}); {} calls and {} results use it",
-                        first.index, entry.calls, entry.results
+                        first.index(),
+                        entry.calls,
+                        entry.results
                     ),
-                    format::duplicate_call_error(format, &site.call, site.index),
+                    format::duplicate_call_error(format, &pairing.call_ref(position), site.index()),
                 );
             }
         } else if entry.results == 0 {
             push(
                 FindingKind::Missing,
                 id,
-                site.index,
-                format!("the call at message {} has no result anywhere", site.index),
-                format::missing_result_error(format, id, site.index),
+                site.index(),
+                format!(
+                    "the call at message {} has no result anywhere",
+                    site.index()
+                ),
+                format::missing_result_error(format, id, site.index()),
             );
         }
     }
@@ -170,12 +175,12 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
     for (position, site) in pairing.results.iter().enumerate() {
         let id = site.id;
         let entry = pairing.entries[site.entry as usize];
-        let unexpected = || format::unexpected_result_error(format, id, site.index, site.block);
+        let unexpected = || format::unexpected_result_error(format, id, site.index(), site.block());
         let Some(call) = entry.first_call.get().map(|call| &pairing.calls[call]) else {
             push(
                 FindingKind::Orphan,
                 id,
-                site.index,
+                site.index(),
                 format!("no call uses id {id:?}"),
                 unexpected(),
             );
@@ -192,25 +197,29 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
             push(
                 FindingKind::DuplicateResult,
                 id,
-                site.index,
+                site.index(),
                 format!(
                     "the call at message {} already has a result at message {}{}",
-                    call.index,
-                    first.index,
-                    placeholder_note(transcript, format, first.index, first.block, site)
+                    call.index(),
+                    first.index(),
+                    placeholder_note(transcript, format, first.index(), first.block(), site)
                 ),
                 unexpected(),
             );
         }
+        if site.placement == Placement::InPlace {
+            continue;
+        }
         // A provider reads in message order: a call left unanswered in its
         // reply fails first, unless this result comes before the call or
-        // another copy does answer it, in which case this copy fails.
+        // another copy does answer it, in which case this copy fails. (Built
+        // only here: a healthy transcript's results never format an error.)
         let error = if entry.answered_in_place || site.placement == Placement::BeforeCall {
             unexpected()
         } else {
-            format::missing_result_error(format, id, call.index)
+            format::missing_result_error(format, id, call.index())
         };
-        let call_at = call.index;
+        let call_at = call.index();
         let (kind, detail) = match site.placement {
             Placement::InPlace => continue,
             Placement::TextBefore => (
@@ -223,7 +232,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
                 FindingKind::ResultsSplitAcrossMessages,
                 format!(
                     "the result is in message {}, but every result for the call at message {call_at} must be in message {}",
-                    site.index,
+                    site.index(),
                     call_at + 1
                 ),
             ),
@@ -248,7 +257,7 @@ pub(crate) fn report_from(transcript: &Transcript, pairing: &Pairing<'_>) -> Rep
                 ),
             ),
         };
-        push(kind, id, site.index, detail, error);
+        push(kind, id, site.index(), detail, error);
     }
 
     // Calls and results are each in message order; merge them. The sort is
@@ -277,7 +286,7 @@ fn placeholder_note(
     };
     match (
         looks_like_placeholder(first_index, first_block),
-        looks_like_placeholder(site.index, site.block),
+        looks_like_placeholder(site.index(), site.block()),
     ) {
         (true, false) => {
             format!("; message {first_index} holds a placeholder and this one looks real")

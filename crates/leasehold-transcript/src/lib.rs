@@ -58,27 +58,32 @@
 //!
 //! [`Transcript::parse`] validates the text (exactly as parsing into
 //! `serde_json::Value`s would) and records where each message is, without
-//! building the messages' trees. Diagnosis reads each message through a
-//! borrowed view that keeps only what pairing needs (role or item type, call
-//! ids, result ids, block types) and skips everything else with
-//! `serde::de::IgnoredAny`; format detection happens in the same pass. It
-//! is one pass over the messages, with a hash map keyed by call id whose
-//! entries count calls and results. A message's `Value` is built only when
-//! asked for ([`Transcript::messages`], [`Transcript::message`]) or when a
-//! repair rewrites it; untouched messages are written back from their text.
+//! building the messages' trees: a byte-level validator accepts the common
+//! case, and serde_json itself decides anything it is not sure of (numbers
+//! with an exponent, surrogate escapes, deep nesting). Diagnosis reads each
+//! message through a borrowed view that keeps only what pairing needs (role
+//! or item type, call ids, result ids, block types), found by a scanner
+//! that relies on that validation and only looks for where things end;
+//! format detection happens in the same pass. It is one pass over the
+//! messages, with a hash map keyed by call id whose entries count calls and
+//! results, and small fixed-size records per message, call and result. A
+//! message's `Value` is built only when asked for
+//! ([`Transcript::messages`], [`Transcript::message`]) or when a repair
+//! rewrites it; untouched messages are written back from their text.
 //! Use [`Transcript::parse_owned`] when the text is no longer needed, so the
 //! transcript keeps it instead of a copy. `benches/transcript.rs` measures
 //! all of this; `docs/benchmarks.md` has numbers.
 
 // Module order, each importing only modules before it (and the crate
-// root's `TranscriptError`): view, text, format, pairing, placeholder,
-// diagnose, repair.
+// root's `TranscriptError`): view, validate, text, format, pairing,
+// placeholder, diagnose, repair.
 mod diagnose;
 mod format;
 mod pairing;
 mod placeholder;
 mod repair;
 mod text;
+mod validate;
 mod view;
 
 pub use diagnose::{Finding, FindingKind, Report, diagnose, render_human};

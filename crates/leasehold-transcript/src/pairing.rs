@@ -45,34 +45,64 @@ impl Placement {
     }
 }
 
-/// One call, as found.
+/// One call, as found. Kept small (32 bytes): a check holds one per call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CallSite<'a> {
-    pub(crate) call: CallRef<'a>,
+    /// The call id results must quote.
+    pub(crate) id: &'a str,
+    /// Content block holding the call (Anthropic); read with
+    /// [`CallSite::block`].
+    block: Ix,
     /// Index into [`Pairing::entries`] for the call's id, so later stages
     /// never hash the id again.
     pub(crate) entry: u32,
-    /// Message holding the call.
-    pub(crate) index: usize,
+    /// Message holding the call; read with [`CallSite::index`].
+    at: u32,
     /// Index into [`Pairing::turns`].
     pub(crate) turn: u32,
 }
 
-/// One result, as found.
+impl CallSite<'_> {
+    /// Message holding the call.
+    pub(crate) fn index(&self) -> usize {
+        self.at as usize
+    }
+
+    /// Content block holding the call (Anthropic).
+    pub(crate) fn block(&self) -> Option<usize> {
+        self.block.get()
+    }
+}
+
+/// One result, as found. Kept small (40 bytes): a check holds one per
+/// result.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ResultSite<'a> {
     pub(crate) id: &'a str,
     /// Index into [`Pairing::entries`] for the result's id.
     pub(crate) entry: u32,
-    /// Message holding the result.
-    pub(crate) index: usize,
-    /// Content block holding the result (Anthropic).
-    pub(crate) block: Option<usize>,
+    /// Message holding the result; read with [`ResultSite::index`].
+    at: u32,
+    /// Content block holding the result (Anthropic); read with
+    /// [`ResultSite::block`].
+    block: Ix,
     pub(crate) placement: Placement,
     /// The next result with the same id, as an index into
     /// [`Pairing::results`]; a linked list keeps every copy without an
     /// allocation per id.
     pub(crate) next_same_id: Ix,
+}
+
+impl ResultSite<'_> {
+    /// Message holding the result.
+    pub(crate) fn index(&self) -> usize {
+        self.at as usize
+    }
+
+    /// Content block holding the result (Anthropic).
+    pub(crate) fn block(&self) -> Option<usize> {
+        self.block.get()
+    }
 }
 
 /// An optional index into one of the pairing's lists, in four bytes rather
@@ -168,13 +198,20 @@ pub(crate) struct Pairing<'a> {
     pub(crate) entries: Vec<IdEntry>,
     /// Every call, in message order.
     pub(crate) calls: Vec<CallSite<'a>>,
+    /// Responses only (empty otherwise): each call's item type and item
+    /// `id`, indexed like `calls`, which then need not carry two more
+    /// strings for the formats that have neither.
+    items: Vec<(Option<&'a str>, Option<&'a str>)>,
     /// Every result, in message order.
     pub(crate) results: Vec<ResultSite<'a>>,
     pub(crate) turns: Vec<Turn>,
-    /// How many ids to make room for at the first one: one per two
-    /// messages, about what a transcript of parallel calls holds, so the
-    /// table is not rebuilt (briefly holding two copies) as it grows.
-    /// Room that is never used is only address space.
+    /// How many ids to make room for at the first one: three per four
+    /// messages, what an Anthropic transcript of three parallel calls a
+    /// turn holds (Chat's holds three per five, Responses' one per three),
+    /// so the table is not rebuilt (briefly holding two copies) as it grows.
+    /// Room that is never used is only address space; the hash table's
+    /// size is a power of two, so at a million messages this is the same
+    /// table as one id per two messages.
     expected_ids: usize,
 }
 
@@ -222,9 +259,10 @@ impl<'a> Builder<'a> {
                 ids: HashMap::with_hasher(IdHashState::new()),
                 entries: Vec::new(),
                 calls: Vec::new(),
+                items: Vec::new(),
                 results: Vec::new(),
                 turns: Vec::new(),
-                expected_ids: messages / 2,
+                expected_ids: messages / 4 * 3,
             },
             walk: Walk {
                 current_turn: None,
@@ -353,8 +391,8 @@ impl<'a> Pairing<'a> {
             self.push_result(ResultSite {
                 id: result.id,
                 entry: small(entry),
-                index,
-                block: result.block,
+                at: small(index),
+                block: result.block.map_or(Ix::NONE, Ix::new),
                 placement,
                 next_same_id: Ix::NONE,
             });
@@ -378,10 +416,14 @@ impl<'a> Pairing<'a> {
                 }
                 let turn = self.turns.len() - 1;
                 let entry = self.entry_for(call.id);
+                if self.format == Format::OpenAiResponses {
+                    self.items.push((call.item_type, call.item_id));
+                }
                 self.push_call(CallSite {
-                    call: *call,
+                    id: call.id,
+                    block: call.block.map_or(Ix::NONE, Ix::new),
                     entry: small(entry),
-                    index,
+                    at: small(index),
                     turn: small(turn),
                 });
             }
@@ -489,7 +531,7 @@ impl<'a> Pairing<'a> {
             .rev()
             .take(RECENT)
             .take_while(|call| call.turn == turn)
-            .find(|call| call.call.id == id)
+            .find(|call| call.id == id)
             .map(|call| call.entry as usize)
     }
 
@@ -509,6 +551,18 @@ impl<'a> Pairing<'a> {
             self.entries.push(IdEntry::default());
         }
         entry
+    }
+
+    /// The call at `position` in [`Pairing::calls`], as the scan found it.
+    pub(crate) fn call_ref(&self, position: usize) -> CallRef<'a> {
+        let site = &self.calls[position];
+        let (item_type, item_id) = self.items.get(position).copied().unwrap_or_default();
+        CallRef {
+            id: site.id,
+            block: site.block(),
+            item_type,
+            item_id,
+        }
     }
 
     /// Every result quoting the id of `entry`, in message order.
@@ -584,5 +638,19 @@ impl Hasher for IdHasher {
         // control bytes) depend on every input bit.
         let product = u128::from(self.hash) * u128::from(Self::MULTIPLIER);
         (product as u64) ^ ((product >> 64) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a check holds per call and per result stays small: a check's
+    /// memory grows with these (see `docs/benchmarks.md`).
+    #[test]
+    fn sites_stay_small() {
+        assert!(size_of::<CallSite<'_>>() <= 32);
+        assert!(size_of::<ResultSite<'_>>() <= 40);
+        assert!(size_of::<IdEntry>() <= 28);
     }
 }

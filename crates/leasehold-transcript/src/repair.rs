@@ -192,8 +192,8 @@ impl Plan {
         let is_placeholder_at = |position: usize| {
             let site = &pairing.results[position];
             transcript
-                .message(site.index)
-                .and_then(|message| format::result_payload(pairing.format, message, site.block))
+                .message(site.index())
+                .and_then(|message| format::result_payload(pairing.format, message, site.block()))
                 .is_some_and(|payload| is_placeholder(payload, &options.extra_placeholder_markers))
         };
         for (position, site) in pairing.calls.iter().enumerate() {
@@ -273,7 +273,7 @@ impl Writer<'_, '_> {
         for (index, message) in messages.iter().enumerate() {
             let mut keep = true;
             while let Some(site) = self.pairing.results.get(result_at) {
-                if site.index != index {
+                if site.index() != index {
                     break;
                 }
                 match self.plan.fates[result_at] {
@@ -298,8 +298,8 @@ impl Writer<'_, '_> {
                     let added = match source {
                         Source::Moved(result) => {
                             let site = &self.pairing.results[result];
-                            self.moved(site.id, site.index, to);
-                            messages[site.index].clone()
+                            self.moved(site.id, site.index(), to);
+                            messages[site.index()].clone()
                         }
                         Source::Inserted(call) => Message::new(self.placeholder(call, to)),
                     };
@@ -325,7 +325,7 @@ impl Writer<'_, '_> {
                 .pairing
                 .results
                 .get(result_at)
-                .is_some_and(|site| site.index == index)
+                .is_some_and(|site| site.index() == index)
             {
                 result_at += 1;
             }
@@ -363,10 +363,10 @@ impl Writer<'_, '_> {
         for result in results {
             match self.plan.fates[result] {
                 Fate::Keep | Fate::Leave | Fate::Front => {}
-                Fate::Move => removed.push(self.pairing.results[result].block),
+                Fate::Move => removed.push(self.pairing.results[result].block()),
                 Fate::Drop(reason) => {
                     self.dropped(result, reason);
-                    removed.push(self.pairing.results[result].block);
+                    removed.push(self.pairing.results[result].block());
                 }
             }
         }
@@ -397,11 +397,11 @@ impl Writer<'_, '_> {
         let mut handled = vec![false; blocks.len()];
         for result in results {
             let site = self.pairing.results[result];
-            let block = site.block.unwrap_or(usize::MAX);
+            let block = site.block().unwrap_or(usize::MAX);
             match self.plan.fates[result] {
                 Fate::Keep | Fate::Front => {
                     if self.plan.fates[result] == Fate::Front {
-                        self.moved(site.id, site.index, to);
+                        self.moved(site.id, site.index(), to);
                     }
                     if let Some(value) = blocks.get(block) {
                         content.push(value.clone());
@@ -434,12 +434,12 @@ impl Writer<'_, '_> {
             match source {
                 Source::Moved(result) => {
                     let site = &self.pairing.results[result];
-                    self.moved(site.id, site.index, to);
+                    self.moved(site.id, site.index(), to);
                     let block = self
                         .transcript
-                        .message(site.index)
+                        .message(site.index())
                         .and_then(|message| message.get("content"))
-                        .and_then(|content| content.get(site.block?))
+                        .and_then(|content| content.get(site.block()?))
                         .cloned()
                         .unwrap_or(Value::Null);
                     added.push(block);
@@ -451,12 +451,12 @@ impl Writer<'_, '_> {
     }
 
     fn placeholder(&mut self, call: usize, to: usize) -> Value {
-        let call = &self.pairing.calls[call].call;
+        let call = self.pairing.call_ref(call);
         self.actions.push(RepairAction::Inserted {
             call_id: call.id.to_string(),
             index: to,
         });
-        format::placeholder(self.pairing.format, call, PLACEHOLDER_TEXT)
+        format::placeholder(self.pairing.format, &call, PLACEHOLDER_TEXT)
     }
 
     fn moved(&mut self, id: &str, from: usize, to: usize) {
@@ -471,7 +471,7 @@ impl Writer<'_, '_> {
         let site = &self.pairing.results[result];
         self.actions.push(RepairAction::Dropped {
             call_id: site.id.to_string(),
-            index: site.index,
+            index: site.index(),
             reason,
         });
     }

@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 
 use super::TranscriptError;
+use super::validate;
 use super::view::Validated;
 
 /// How a transcript is laid out as text.
@@ -55,12 +56,15 @@ pub(crate) struct Message {
     /// repaired transcript holds the same untouched messages as its input
     /// without copying them. Read it with [`Transcript::value_of`].
     value: OnceLock<Arc<Value>>,
-    /// Byte range of the message's own text in the transcript's source;
-    /// `NO_SPAN` for a message built or changed in memory. Read with
-    /// [`Message::span`]. Kept as two words (an `Option<Range>` takes three),
-    /// as a parsed transcript holds one `Message` per message.
+    /// Where the message's own text starts in the transcript's source;
+    /// `NO_SPAN` for a message built or changed in memory. Read it with
+    /// [`Message::span`].
     start: usize,
-    end: usize,
+    /// The length of that text. A start and a 32-bit length (where an
+    /// `Option<Range>` takes three words) keep a `Message` at 32 bytes, as
+    /// a parsed transcript holds one per message; a longer message is kept
+    /// as its tree instead (see [`Message::parsed`]).
+    len: u32,
     /// 1-based line of the message, for JSONL, or 0; findings cite it. Read
     /// with [`Message::line`].
     line: u32,
@@ -75,25 +79,36 @@ impl Message {
         Message {
             value: OnceLock::from(Arc::new(value)),
             start: NO_SPAN,
-            end: NO_SPAN,
+            len: 0,
             line: 0,
         }
     }
 
-    /// A parsed message: its text's byte range in the source, and its line.
-    fn parsed(span: Range<usize>, line: Option<usize>) -> Self {
+    /// A parsed message: its text, where that starts in the source, and its
+    /// line. A message of 4 GiB or more (which no provider accepts) has its
+    /// tree built at once and keeps no span, so it is written back
+    /// compactly.
+    fn parsed(text: &str, start: usize, line: Option<usize>) -> Self {
+        let line = line.and_then(|line| u32::try_from(line).ok()).unwrap_or(0);
+        let Ok(len) = u32::try_from(text.len()) else {
+            let value = serde_json::from_str(text).unwrap_or(Value::Null);
+            return Message {
+                line,
+                ..Message::new(value)
+            };
+        };
         Message {
             value: OnceLock::new(),
-            start: span.start,
-            end: span.end,
-            line: line.and_then(|line| u32::try_from(line).ok()).unwrap_or(0),
+            start,
+            len,
+            line,
         }
     }
 
     /// Byte range of the message's own text in the transcript's source, or
     /// `None` for a message built or changed in memory.
     pub(crate) fn span(&self) -> Option<Range<usize>> {
-        (self.start != NO_SPAN).then_some(self.start..self.end)
+        (self.start != NO_SPAN).then_some(self.start..self.start + self.len as usize)
     }
 
     /// 1-based line of the message, for JSONL.
@@ -343,7 +358,7 @@ fn parse_lines(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
         if line.trim().is_empty() {
             continue;
         }
-        if serde_json::from_str::<Validated>(line).is_err() {
+        if !validate::is_one_value(line) && serde_json::from_str::<Validated>(line).is_err() {
             // The error `Value` parsing gives, as it always has.
             let error = serde_json::from_str::<Value>(line).err();
             if let Some(source) = error {
@@ -353,10 +368,7 @@ fn parse_lines(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
                 });
             }
         }
-        messages.push(Message::parsed(
-            offset + line_start..offset + line_start + line.len(),
-            Some(number + 1),
-        ));
+        messages.push(Message::parsed(line, offset + line_start, Some(number + 1)));
     }
     Ok(messages)
 }
@@ -384,8 +396,10 @@ fn parse_array(body: &str, offset: usize) -> Result<Vec<Message>, TranscriptErro
         .map(|(value, span)| {
             let mut message = Message::new(value);
             if let Some(span) = span {
-                message.start = span.start;
-                message.end = span.end;
+                if let Ok(len) = u32::try_from(span.len()) {
+                    message.start = span.start;
+                    message.len = len;
+                }
             }
             message
         })
@@ -414,11 +428,18 @@ fn scan_array(body: &str, offset: usize) -> Option<Vec<Message>> {
     let mut messages = Vec::new();
     if bytes.get(at) != Some(&b']') {
         loop {
-            let rest = body.get(at..)?;
-            let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<Validated>();
-            stream.next()?.ok()?;
-            let end = at + stream.byte_offset();
-            messages.push(Message::parsed(offset + at..offset + end, None));
+            let end = match validate::value_end(body, at) {
+                Some(end) => end,
+                // Not certainly valid: serde_json decides.
+                None => {
+                    let rest = body.get(at..)?;
+                    let mut stream =
+                        serde_json::Deserializer::from_str(rest).into_iter::<Validated>();
+                    stream.next()?.ok()?;
+                    at + stream.byte_offset()
+                }
+            };
+            messages.push(Message::parsed(&body[at..end], offset + at, None));
             at = skip_space(end);
             match bytes.get(at) {
                 Some(b',') => at = skip_space(at + 1),
@@ -516,6 +537,12 @@ mod tests {
     fn transcript_stays_send_sync() {
         fn shareable<T: Send + Sync + Clone + std::fmt::Debug + std::panic::RefUnwindSafe>() {}
         shareable::<Transcript>();
+    }
+
+    /// A parsed transcript holds one `Message` per message: 32 bytes.
+    #[test]
+    fn a_message_record_stays_small() {
+        assert!(size_of::<Message>() <= 32);
     }
 
     /// An empty array has no elements.

@@ -1,7 +1,12 @@
 //! Borrowed views of messages: only the fields pairing reads (roles, item
-//! types, call ids, result ids, block types), deserialized straight from the
-//! input text without building a [`serde_json::Value`]. Everything else is
-//! skipped with [`IgnoredAny`].
+//! types, call ids, result ids, block types), read straight from the input
+//! text without building a [`serde_json::Value`].
+//!
+//! A view is read by a small scanner that relies on the text having been
+//! validated already ([`Validated`], when the transcript was parsed): it
+//! only finds where strings, objects and arrays end, and never decodes
+//! or range-checks what it skips. That is most of a check's work, so it is
+//! kept to a byte loop that skips a string's body eight bytes at a time.
 //!
 //! A view is filled into buffers that are reused from message to message,
 //! so a pass over a transcript allocates nothing per message. Strings are
@@ -13,7 +18,7 @@
 use std::fmt;
 
 use serde::Deserialize;
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// A field that pairing reads as a string.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,16 +97,342 @@ impl<'a> View<'a> {
         self.blocks.clear();
     }
 
-    /// Reads the message in `text` (one JSON value) into this view.
+    /// Reads the message in `text` into this view. `text` must be one JSON
+    /// value that [`Validated`] accepted: the scanner checks only enough
+    /// structure to find its way, so on other text it may read nonsense
+    /// (never panic, never read out of bounds).
     ///
     /// # Errors
-    /// When `text` is not one JSON value.
-    pub(crate) fn read(&mut self, text: &'a str) -> Result<(), serde_json::Error> {
+    /// When the scanner loses its way (`text` is not one JSON value).
+    pub(crate) fn read(&mut self, text: &'a str) -> Result<(), Malformed> {
         self.clear();
-        let mut deserializer = serde_json::Deserializer::from_str(text);
-        MessageSeed(self).deserialize(&mut deserializer)?;
-        deserializer.end()
+        let mut cursor = Cursor { text, at: 0 };
+        cursor.space();
+        if cursor.peek() == Some(b'{') {
+            self.object = true;
+            cursor.object(|cursor, key| self.field(cursor, key))?;
+        } else {
+            cursor.skip_value()?;
+        }
+        cursor.space();
+        if cursor.at == text.len() {
+            Ok(())
+        } else {
+            Err(Malformed)
+        }
     }
+
+    /// Reads the value of one of the message's fields.
+    fn field(&mut self, cursor: &mut Cursor<'a>, key: Key) -> Result<(), Malformed> {
+        // A repeated key overwrites, as it does in a `Value`.
+        let slot = match key {
+            Key::Role => &mut self.role,
+            Key::Type => &mut self.kind,
+            Key::ToolCallId => &mut self.tool_call_id,
+            Key::CallId => &mut self.call_id,
+            Key::Id => &mut self.id,
+            Key::ToolCalls => {
+                self.tool_calls.clear();
+                self.tool_calls_array = cursor.peek() == Some(b'[');
+                if !self.tool_calls_array {
+                    return cursor.skip_value();
+                }
+                let (calls, escaped) = (&mut self.tool_calls, &mut self.escaped);
+                return cursor.array(|cursor| {
+                    let mut id = Text::Absent;
+                    if cursor.peek() == Some(b'{') {
+                        cursor.object(|cursor, key| match key {
+                            Key::Id => {
+                                id = cursor.text()?;
+                                Ok(())
+                            }
+                            _ => cursor.skip_value(),
+                        })?;
+                    } else {
+                        cursor.skip_value()?;
+                    }
+                    *escaped |= id == Text::Escaped;
+                    calls.push(id);
+                    Ok(())
+                });
+            }
+            Key::Content => {
+                self.blocks.clear();
+                self.content_array = cursor.peek() == Some(b'[');
+                if !self.content_array {
+                    return cursor.skip_value();
+                }
+                let (blocks, escaped) = (&mut self.blocks, &mut self.escaped);
+                return cursor.array(|cursor| {
+                    let mut block = Block::default();
+                    if cursor.peek() == Some(b'{') {
+                        cursor.object(|cursor, key| {
+                            let slot = match key {
+                                Key::Type => &mut block.kind,
+                                Key::Id => &mut block.id,
+                                Key::ToolUseId => &mut block.tool_use_id,
+                                _ => return cursor.skip_value(),
+                            };
+                            *slot = cursor.text()?;
+                            Ok(())
+                        })?;
+                    } else {
+                        cursor.skip_value()?;
+                    }
+                    *escaped |= [block.kind, block.id, block.tool_use_id].contains(&Text::Escaped);
+                    blocks.push(block);
+                    Ok(())
+                });
+            }
+            Key::ToolUseId | Key::Other => return cursor.skip_value(),
+        };
+        *slot = cursor.text()?;
+        self.escaped |= *slot == Text::Escaped;
+        Ok(())
+    }
+}
+
+/// The scanner lost its way: the text was not one JSON value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Malformed;
+
+/// A position in a message's text, for [`View::read`].
+struct Cursor<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn space(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.at += 1;
+        }
+    }
+
+    /// Consumes `byte` (after any space), or fails.
+    fn expect(&mut self, byte: u8) -> Result<(), Malformed> {
+        self.space();
+        if self.peek() == Some(byte) {
+            self.at += 1;
+            Ok(())
+        } else {
+            Err(Malformed)
+        }
+    }
+
+    /// Reads the string that starts here: its raw body (between the quotes,
+    /// escapes undecoded) and whether it holds an escape.
+    fn string(&mut self) -> Result<(&'a str, bool), Malformed> {
+        let bytes = self.text.as_bytes();
+        let start = self.at + 1;
+        let mut at = start;
+        let mut escaped = false;
+        loop {
+            at = quote_or_backslash(bytes, at);
+            match bytes.get(at) {
+                Some(b'"') => {
+                    self.at = at + 1;
+                    return self
+                        .text
+                        .get(start..at)
+                        .map(|body| (body, escaped))
+                        .ok_or(Malformed);
+                }
+                Some(_) => {
+                    // A backslash: the next byte is escaped, whatever it is.
+                    escaped = true;
+                    at += 2;
+                }
+                None => return Err(Malformed),
+            }
+        }
+    }
+
+    /// Skips the string that starts here, without slicing it out.
+    fn skip_string(&mut self) -> Result<(), Malformed> {
+        let bytes = self.text.as_bytes();
+        let mut at = self.at + 1;
+        loop {
+            at = quote_or_backslash(bytes, at);
+            match bytes.get(at) {
+                Some(b'"') => {
+                    self.at = at + 1;
+                    return Ok(());
+                }
+                Some(_) => at += 2,
+                None => return Err(Malformed),
+            }
+        }
+    }
+
+    /// Reads a field pairing reads as a string.
+    fn text(&mut self) -> Result<Text<'a>, Malformed> {
+        if self.peek() != Some(b'"') {
+            self.skip_value()?;
+            return Ok(Text::Other);
+        }
+        Ok(match self.string()? {
+            (body, false) => Text::Str(body),
+            (_, true) => Text::Escaped,
+        })
+    }
+
+    /// Skips the value that starts here.
+    fn skip_value(&mut self) -> Result<(), Malformed> {
+        match self.peek() {
+            Some(b'"') => self.skip_string(),
+            Some(b'{' | b'[') => self.skip_container(),
+            Some(_) => {
+                // A number, `true`, `false` or `null`: up to the next
+                // delimiter.
+                let rest = &self.text.as_bytes()[self.at..];
+                let length = rest
+                    .iter()
+                    .position(|byte| {
+                        matches!(byte, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+                    })
+                    .unwrap_or(rest.len());
+                self.at += length;
+                Ok(())
+            }
+            None => Err(Malformed),
+        }
+    }
+
+    /// Skips the object or array that starts here, by counting brackets
+    /// outside strings.
+    fn skip_container(&mut self) -> Result<(), Malformed> {
+        let bytes = self.text.as_bytes();
+        let mut depth = 0usize;
+        while let Some(&byte) = bytes.get(self.at) {
+            match byte {
+                b'"' => {
+                    self.skip_string()?;
+                    continue;
+                }
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth = depth.checked_sub(1).ok_or(Malformed)?;
+                    if depth == 0 {
+                        self.at += 1;
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+            self.at += 1;
+        }
+        Err(Malformed)
+    }
+
+    /// Walks the object that starts here, handing each field's key to
+    /// `field`, which must consume the field's value (the cursor is at its
+    /// first byte).
+    fn object(
+        &mut self,
+        mut field: impl FnMut(&mut Cursor<'a>, Key) -> Result<(), Malformed>,
+    ) -> Result<(), Malformed> {
+        self.expect(b'{')?;
+        self.space();
+        if self.peek() == Some(b'}') {
+            self.at += 1;
+            return Ok(());
+        }
+        loop {
+            self.space();
+            if self.peek() != Some(b'"') {
+                return Err(Malformed);
+            }
+            let key_start = self.at;
+            let key = match self.string()? {
+                (body, false) => Key::of(body),
+                // Keys are compared by content, so an escaped key still
+                // counts; decoding one is rare, so serde_json does it.
+                (_, true) => self
+                    .text
+                    .get(key_start..self.at)
+                    .and_then(|quoted| serde_json::from_str::<String>(quoted).ok())
+                    .map_or(Key::Other, |key| Key::of(&key)),
+            };
+            self.expect(b':')?;
+            self.space();
+            field(self, key)?;
+            self.space();
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b'}') => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                _ => return Err(Malformed),
+            }
+        }
+    }
+
+    /// Walks the array that starts here, handing each element to `element`,
+    /// which must consume it (the cursor is at its first byte).
+    fn array(
+        &mut self,
+        mut element: impl FnMut(&mut Cursor<'a>) -> Result<(), Malformed>,
+    ) -> Result<(), Malformed> {
+        self.expect(b'[')?;
+        self.space();
+        if self.peek() == Some(b']') {
+            self.at += 1;
+            return Ok(());
+        }
+        loop {
+            self.space();
+            element(self)?;
+            self.space();
+            match self.peek() {
+                Some(b',') => self.at += 1,
+                Some(b']') => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                _ => return Err(Malformed),
+            }
+        }
+    }
+}
+
+/// The index of the first `"` or `\\` at or after `at` in `bytes` (or
+/// `bytes.len()`), eight bytes at a time: the bodies of the strings a check
+/// skips are most of a transcript's bytes.
+fn quote_or_backslash(bytes: &[u8], mut at: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        // A byte of `x` is zero where the byte matched; `(x - ONES) & !x`
+        // sets the high bit of the first zero byte (bytes above it may be
+        // set spuriously, which the lowest set bit ignores).
+        let quotes = word ^ QUOTES;
+        let backslashes = word ^ BACKSLASHES;
+        let found = ((quotes.wrapping_sub(ONES) & !quotes)
+            | (backslashes.wrapping_sub(ONES) & !backslashes))
+            & HIGHS;
+        if found != 0 {
+            return at + (found.trailing_zeros() / 8) as usize;
+        }
+        at += 8;
+    }
+    while let Some(&byte) = bytes.get(at) {
+        if byte == b'"' || byte == b'\\' {
+            return at;
+        }
+        at += 1;
+    }
+    at
 }
 
 /// Accepts any JSON value and keeps nothing of it, like [`IgnoredAny`], but
@@ -192,50 +523,6 @@ impl<'de> Visitor<'de> for ValidatedVisitor {
     }
 }
 
-/// Implements the visitor methods for every JSON value other than the ones
-/// a visitor cares about, each giving `$value`; arrays and objects are
-/// skipped with [`IgnoredAny`].
-macro_rules! otherwise {
-    ($value:expr) => {
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-    };
-}
-
-macro_rules! otherwise_containers {
-    ($value:expr) => {
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            Ok($value)
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-            Ok($value)
-        }
-    };
-}
-
-macro_rules! otherwise_str {
-    ($value:expr) => {
-        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($value)
-        }
-    };
-}
-
 /// The keys pairing reads, in any of the three formats.
 #[derive(Debug, Clone, Copy)]
 enum Key {
@@ -250,24 +537,9 @@ enum Key {
     Other,
 }
 
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_str(KeyVisitor)
-    }
-}
-
-struct KeyVisitor;
-
-impl Visitor<'_> for KeyVisitor {
-    type Value = Key;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object key")
-    }
-
-    // Keys are compared by content, so an escaped key still counts.
-    fn visit_str<E>(self, key: &str) -> Result<Key, E> {
-        Ok(match key {
+impl Key {
+    fn of(key: &str) -> Key {
+        match key {
             "role" => Key::Role,
             "type" => Key::Type,
             "content" => Key::Content,
@@ -277,258 +549,7 @@ impl Visitor<'_> for KeyVisitor {
             "id" => Key::Id,
             "tool_use_id" => Key::ToolUseId,
             _ => Key::Other,
-        })
-    }
-}
-
-/// Reads a string field, borrowed when it can be.
-struct TextSeed;
-
-impl<'de> DeserializeSeed<'de> for TextSeed {
-    type Value = Text<'de>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Text<'de>, D::Error> {
-        deserializer.deserialize_any(TextVisitor)
-    }
-}
-
-struct TextVisitor;
-
-impl<'de> Visitor<'de> for TextVisitor {
-    type Value = Text<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'de>, E> {
-        Ok(Text::Str(text))
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Text<'de>, E> {
-        Ok(Text::Escaped)
-    }
-
-    otherwise!(Text::Other);
-    otherwise_containers!(Text::Other);
-}
-
-/// Reads a message into a [`View`].
-struct MessageSeed<'v, 'a>(&'v mut View<'a>);
-
-impl<'a> DeserializeSeed<'a> for MessageSeed<'_, 'a> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'a>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'a> Visitor<'a> for MessageSeed<'_, 'a> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a message")
-    }
-
-    otherwise!(());
-    otherwise_str!(());
-
-    fn visit_seq<A: SeqAccess<'a>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'a>>(self, mut map: A) -> Result<(), A::Error> {
-        let view = self.0;
-        view.object = true;
-        // A repeated key overwrites, as it does in a `Value`.
-        while let Some(key) = map.next_key::<Key>()? {
-            let slot = match key {
-                Key::Role => &mut view.role,
-                Key::Type => &mut view.kind,
-                Key::ToolCallId => &mut view.tool_call_id,
-                Key::CallId => &mut view.call_id,
-                Key::Id => &mut view.id,
-                Key::ToolCalls => {
-                    view.tool_calls.clear();
-                    view.tool_calls_array = map.next_value_seed(ToolCallsSeed(view))?;
-                    continue;
-                }
-                Key::Content => {
-                    view.blocks.clear();
-                    view.content_array = map.next_value_seed(BlocksSeed(view))?;
-                    continue;
-                }
-                Key::ToolUseId | Key::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            *slot = map.next_value_seed(TextSeed)?;
-            view.escaped |= *slot == Text::Escaped;
         }
-        Ok(())
-    }
-}
-
-/// Reads `tool_calls`: true when it is an array, whose elements' `id`s go
-/// into the view.
-struct ToolCallsSeed<'v, 'a>(&'v mut View<'a>);
-
-impl<'a> DeserializeSeed<'a> for ToolCallsSeed<'_, 'a> {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'a>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'a> Visitor<'a> for ToolCallsSeed<'_, 'a> {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("tool calls")
-    }
-
-    otherwise!(false);
-    otherwise_str!(false);
-
-    fn visit_map<A: MapAccess<'a>>(self, mut map: A) -> Result<bool, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(false)
-    }
-
-    fn visit_seq<A: SeqAccess<'a>>(self, mut seq: A) -> Result<bool, A::Error> {
-        let view = self.0;
-        while let Some(id) = seq.next_element_seed(FieldSeed(Key::Id))? {
-            view.escaped |= id.0 == Text::Escaped;
-            view.tool_calls.push(id.0);
-        }
-        Ok(true)
-    }
-}
-
-/// Reads one field of an object (`Text::Absent` when the value is not an
-/// object): a tool call's `id`.
-struct FieldSeed(Key);
-
-/// The field read by [`FieldSeed`].
-struct Field<'a>(Text<'a>);
-
-impl<'a> DeserializeSeed<'a> for FieldSeed {
-    type Value = Field<'a>;
-
-    fn deserialize<D: Deserializer<'a>>(self, deserializer: D) -> Result<Field<'a>, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'a> Visitor<'a> for FieldSeed {
-    type Value = Field<'a>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a tool call")
-    }
-
-    otherwise!(Field(Text::Absent));
-    otherwise_str!(Field(Text::Absent));
-
-    fn visit_seq<A: SeqAccess<'a>>(self, mut seq: A) -> Result<Field<'a>, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Field(Text::Absent))
-    }
-
-    fn visit_map<A: MapAccess<'a>>(self, mut map: A) -> Result<Field<'a>, A::Error> {
-        let mut found = Text::Absent;
-        while let Some(key) = map.next_key::<Key>()? {
-            if std::mem::discriminant(&key) == std::mem::discriminant(&self.0) {
-                found = map.next_value_seed(TextSeed)?;
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(Field(found))
-    }
-}
-
-/// Reads `content`: true when it is an array, whose blocks go into the view.
-struct BlocksSeed<'v, 'a>(&'v mut View<'a>);
-
-impl<'a> DeserializeSeed<'a> for BlocksSeed<'_, 'a> {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'a>>(self, deserializer: D) -> Result<bool, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'a> Visitor<'a> for BlocksSeed<'_, 'a> {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("message content")
-    }
-
-    otherwise!(false);
-    otherwise_str!(false);
-
-    fn visit_map<A: MapAccess<'a>>(self, mut map: A) -> Result<bool, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(false)
-    }
-
-    fn visit_seq<A: SeqAccess<'a>>(self, mut seq: A) -> Result<bool, A::Error> {
-        let view = self.0;
-        while let Some(block) = seq.next_element_seed(BlockSeed)? {
-            view.escaped |= [block.kind, block.id, block.tool_use_id].contains(&Text::Escaped);
-            view.blocks.push(block);
-        }
-        Ok(true)
-    }
-}
-
-/// Reads one content block.
-struct BlockSeed;
-
-impl<'a> DeserializeSeed<'a> for BlockSeed {
-    type Value = Block<'a>;
-
-    fn deserialize<D: Deserializer<'a>>(self, deserializer: D) -> Result<Block<'a>, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'a> Visitor<'a> for BlockSeed {
-    type Value = Block<'a>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a content block")
-    }
-
-    otherwise!(Block::default());
-    otherwise_str!(Block::default());
-
-    fn visit_seq<A: SeqAccess<'a>>(self, mut seq: A) -> Result<Block<'a>, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Block::default())
-    }
-
-    fn visit_map<A: MapAccess<'a>>(self, mut map: A) -> Result<Block<'a>, A::Error> {
-        let mut block = Block::default();
-        while let Some(key) = map.next_key::<Key>()? {
-            let slot = match key {
-                Key::Type => &mut block.kind,
-                Key::Id => &mut block.id,
-                Key::ToolUseId => &mut block.tool_use_id,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            *slot = map.next_value_seed(TextSeed)?;
-        }
-        Ok(block)
     }
 }
 
@@ -538,7 +559,7 @@ mod tests {
 
     fn read(text: &str) -> View<'_> {
         let mut view = View::default();
-        view.read(text).unwrap_or_else(|e| panic!("{e}"));
+        view.read(text).unwrap_or_else(|e| panic!("{e:?}"));
         view
     }
 
@@ -572,6 +593,61 @@ mod tests {
         assert!(view.escaped);
         let view = read(r#"{"role":"tool","content":"x\ny"}"#);
         assert!(!view.escaped);
+    }
+
+    /// The word-at-a-time search finds the first quote or backslash at
+    /// every position and alignment, and the end when there is none.
+    #[test]
+    fn quote_or_backslash_finds_the_first() {
+        for length in 0..24 {
+            for at in 0..length {
+                for special in [b'"', b'\\'] {
+                    let mut bytes = vec![b'a'; length];
+                    bytes[at] = special;
+                    if at + 1 < length {
+                        bytes[at + 1] = b'"';
+                    }
+                    for from in 0..=at {
+                        assert_eq!(quote_or_backslash(&bytes, from), at, "{length} {at} {from}");
+                    }
+                }
+            }
+            let plain = "é".repeat(length);
+            assert_eq!(quote_or_backslash(plain.as_bytes(), 0), plain.len());
+        }
+    }
+
+    /// Space anywhere JSON allows it, nested containers in skipped fields,
+    /// and escaped quotes inside strings are all walked past.
+    #[test]
+    fn reads_spaced_and_nested_text() {
+        let view = read(
+            " {\n \"x\" : [ {\"id\":\"no\"}, [\"]\", {}], -1.5e3 ] ,\t\"content\" : [ { \"type\" : \"tool_result\" , \"content\" : \"a\\\"}]\\\\\" , \"tool_use_id\" : \"t\" } , true ] , \"role\" :\"user\" } \n",
+        );
+        assert!(view.object && !view.escaped && view.content_array);
+        assert_eq!(view.role, Text::Str("user"));
+        assert_eq!(view.blocks.len(), 2);
+        assert_eq!(view.blocks[0].kind, Text::Str("tool_result"));
+        assert_eq!(view.blocks[0].tool_use_id, Text::Str("t"));
+        assert_eq!(view.id, Text::Absent);
+    }
+
+    /// Text that is not one JSON value is an error, never a panic.
+    #[test]
+    fn malformed_text_is_an_error() {
+        for text in [
+            "",
+            "{",
+            "{\"a\"",
+            "{\"a\":",
+            "[1,",
+            "\"abc",
+            "{} {}",
+            "{\"a\":1,}x",
+            "]",
+        ] {
+            assert!(View::default().read(text).is_err(), "{text:?}");
+        }
     }
 
     /// Non-objects are seen as such.

@@ -11,8 +11,12 @@ use leasehold_wire::pb;
 use leasehold_wire::pb::transcripts_server::Transcripts;
 use leasehold_wire::status::to_status;
 
-/// Largest transcript accepted, in bytes (long sessions are large).
-pub const MAX_TRANSCRIPT_BYTES: usize = 64 * 1024 * 1024;
+/// Largest transcript accepted by default, in bytes (`serve
+/// --max-transcript-bytes`): long sessions are large, and a 200,000-message
+/// transcript is 34 to 68 MB depending on its format (see
+/// `docs/transcripts.md`). A larger request is refused before it is decoded,
+/// as RESOURCE_EXHAUSTED naming the limit `message_bytes`.
+pub const DEFAULT_MAX_TRANSCRIPT_BYTES: usize = 128 * 1024 * 1024;
 
 /// The `leasehold.v1.Transcripts` service. Stateless: it needs no lease engine.
 #[derive(Debug, Clone, Default)]
