@@ -141,8 +141,8 @@ class Compacted(Error):
 
 class Unsupported(Error):
     """The server's storage backend does not have this feature
-    (``UNIMPLEMENTED``): today ``watch`` on the PostgreSQL backend. Never
-    silently ignored by the server."""
+    (``UNIMPLEMENTED``; both backends have every feature today, an older
+    server may not). Never silently ignored by the server."""
 
 
 class LeaseLost(Error):

@@ -316,12 +316,12 @@ PG_URL = os.environ.get("LEASEHOLD_TEST_PG_URL")
 
 
 @pytest.mark.skipif(not PG_URL, reason="LEASEHOLD_TEST_PG_URL is not set")
-def test_the_postgres_backend_refuses_watch_as_unsupported_and_has_the_lifecycle(
+def test_the_postgres_backend_watches_and_has_the_lifecycle(
     tmp_path: Path,
 ) -> None:
-    """A backend without watch answers UNIMPLEMENTED, which is Unsupported
-    (never a silently ignored request); the PostgreSQL backend has the rest
-    of the lifecycle (a handoff, typed the same)."""
+    """The PostgreSQL backend has the whole lifecycle, typed as on SQLite: a
+    watch sees a grant and its release in order, and a handoff keeps the
+    key for its successor."""
     import psycopg
 
     assert PG_URL is not None
@@ -330,15 +330,20 @@ def test_the_postgres_backend_refuses_watch_as_unsupported_and_has_the_lifecycle
     srv = Server(tmp_path / "unused.db", store=("--store", url, "--pg-schema", schema))
     try:
         client = leasehold.Client(srv.address)
-        with pytest.raises(leasehold.Unsupported) as caught:
-            client.watch(prefix="pg:")
-        assert caught.value.code == "UNIMPLEMENTED"
-        client.acquire("pg:1", ttl=5.0, lock_delay=1.0).hand_off("ui", within=5.0)
+        with client.watch(prefix="pg:") as watch:
+            lease = client.acquire("pg:1", ttl=5.0, lock_delay=1.0)
+            lease.hand_off("ui", within=5.0)
+            events = [next(watch), next(watch)]
+        assert [(e.kind, e.key, e.fence) for e in events] == [
+            ("granted", "pg:1", lease.fence),
+            ("released", "pg:1", lease.fence),
+        ]
+        assert events[0].revision < events[1].revision
         with pytest.raises(leasehold.Reserved) as reserved:
             client.acquire("pg:1", ttl=5.0, owner="other")
         assert reserved.value.successor == "ui"
-        with client.acquire("pg:1", ttl=5.0, owner="ui") as lease:
-            assert lease.previous is not None and lease.previous.handed_off
+        with client.acquire("pg:1", ttl=5.0, owner="ui") as held:
+            assert held.previous is not None and held.previous.handed_off
         assert [e.handed_off for e in client.history("pg:1").entries] == [True, False]
     finally:
         srv.stop()
