@@ -1,7 +1,6 @@
 //! The tool-call ledger over real gRPC: its contract on both backends
 //! (`sqlite::…` and `postgres::…`, see `backends/`), and what only the
-//! SQLite engine has (retention pruning, commit counting, and, until the
-//! PostgreSQL backend has them, turns).
+//! SQLite engine has (retention pruning, commit counting).
 
 mod common;
 mod pg_harness;
@@ -20,6 +19,7 @@ contract!(
     ledger_input_is_validated,
     calls_carry_a_stable_idempotency_key,
     the_ledger_records_settles_and_lists_under_the_live_term_only,
+    a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one,
 );
 
 use std::sync::Arc;
@@ -493,10 +493,8 @@ async fn ledger_writes_are_durable_before_reply() {
 /// again in a new turn, is refused within a turn, and (asked `across_turns`,
 /// or naming no turn) is refused for any id already in the ledger; turns
 /// survive a restart, and settling names the turn.
-#[tokio::test]
-async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
-    let server = TestServer::start().await;
-    let mut client = server.client().await;
+async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one(h: Backend) {
+    let mut client = h.client().await;
     let lease = lease_of(client.acquire(acquire("s", "w", 60_000)).await.unwrap());
     let in_turn = |turn: &str, across_turns: bool| pb::BeginToolCallsRequest {
         turn: turn.into(),
@@ -516,6 +514,10 @@ async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
         .unwrap()
         .into_inner();
     assert!(!second.duplicate, "a new turn runs the reused id");
+    assert_eq!(
+        second.calls[0].idempotency_key,
+        leasehold_core::ledger::idempotency_key_in_turn("s", "t2", "call_0")
+    );
     assert_ne!(
         first.calls[0].idempotency_key, second.calls[0].idempotency_key,
         "each turn's call has its own idempotency key"
@@ -526,6 +528,7 @@ async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
         .unwrap()
         .into_inner();
     assert!(again.duplicate, "twice in one turn is refused");
+    assert_eq!(again.duplicate_call_ids, ["call_0"]);
     assert_eq!(again.calls[0].turn, "t2");
     let across = client
         .begin_tool_calls(in_turn("t3", true))
@@ -533,6 +536,7 @@ async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
         .unwrap()
         .into_inner();
     assert!(across.duplicate, "across_turns sees the earlier turns");
+    assert_eq!(across.calls[0].turn, "t1", "the first declaration");
     let unscoped = client
         .begin_tool_call(begin(&lease, "call_0"))
         .await
@@ -546,6 +550,18 @@ async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
         .await
         .unwrap_err();
     assert_eq!(ambiguous.code(), Code::InvalidArgument);
+    assert!(
+        ambiguous.message().contains("several turns"),
+        "{ambiguous:?}"
+    );
+    let missing = client
+        .settle_tool_call(pb::SettleToolCallRequest {
+            turn: "t9".into(),
+            ..settle(&lease, "call_0", pb::ToolCallState::Succeeded)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
     let settled = client
         .settle_tool_call(pb::SettleToolCallRequest {
             turn: "t1".into(),
@@ -556,8 +572,8 @@ async fn a_reused_call_id_runs_in_a_new_turn_and_not_twice_in_one() {
         .into_inner();
     assert_eq!(settled.call.unwrap().turn, "t1");
 
-    let server = server.restart().await;
-    let mut client = server.client().await;
+    let h = h.restart().await;
+    let mut client = h.client().await;
     let calls = list(&mut client, "s", false).await;
     let turns: Vec<(&str, i32)> = calls.iter().map(|c| (c.turn.as_str(), c.state)).collect();
     assert_eq!(
