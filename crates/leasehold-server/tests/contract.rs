@@ -2,7 +2,10 @@
 //! runs twice over real gRPC, once against a server on a real SQLite file
 //! (`sqlite::…`, with a manual clock) and once against a server on a fresh
 //! PostgreSQL schema (`postgres::…`, on the database's clock; skipped with a
-//! note when `LEASEHOLD_TEST_POSTGRES` is unset).
+//! note when `LEASEHOLD_TEST_POSTGRES` is unset); the cases an expiry sets
+//! off run a third time on PostgreSQL without the sweeper
+//! (`postgres_lazy::…`), where the first request that meets an expired term
+//! must move it.
 //!
 //! The harness and the `contract!` macro are in `backends/` (shared with
 //! the tool-call ledger's contract in `tool_calls.rs`). What only one backend has stays
@@ -47,6 +50,20 @@ contract!(
     a_key_is_quarantined_after_k_expiries_and_released_from_quarantine,
     bad_lifecycle_fields_are_invalid_arguments,
     the_rust_client_hands_off_reads_history_and_lifts_quarantine,
+);
+
+// What an expiry sets off (a lock-delay, a waiter's grant, a history entry,
+// a failure towards quarantine) must not wait for PostgreSQL's sweeper: the
+// first request that meets the expired term moves it.
+contract_lazy!(
+    an_expired_fence_is_refused_everywhere,
+    an_expired_key_is_free_and_previous_says_expired,
+    waiters_get_expired_keys_and_give_up_in_time,
+    recoverable_keys_are_listed_until_someone_acquires_them,
+    lock_delay_holds_after_expiry_and_not_after_release,
+    a_waiter_keeps_its_place_through_a_lock_delay,
+    history_pages_in_order_and_survives_a_restart,
+    a_key_is_quarantined_after_k_expiries_and_released_from_quarantine,
 );
 
 /// A term's life: the grant (key, fence, owner, a UUID lease id, server
@@ -777,7 +794,7 @@ async fn a_handoff_survives_a_restart(h: Backend) {
 async fn history_pages_in_order_and_survives_a_restart(h: Backend) {
     let mut c = h.client().await;
     let mut fences = Vec::new();
-    for (i, end) in ["released", "suspended", "expired", "released"]
+    for (i, end) in ["released", "suspended", "expired", "released", "expired"]
         .iter()
         .enumerate()
     {
@@ -808,11 +825,13 @@ async fn history_pages_in_order_and_survives_a_restart(h: Backend) {
         .unwrap()
         .into_inner();
     let got: Vec<u64> = first.entries.iter().map(|e| e.fence).collect();
-    assert_eq!(got, vec![fences[3], fences[2], fences[1]]);
-    assert_eq!(first.entries[1].end, pb::TermEnd::Expired as i32);
-    assert_eq!(first.entries[1].owner, "w2");
-    assert!(first.entries[1].ended_at_ms >= first.entries[1].acquired_at_ms + 300);
-    assert_eq!(first.entries[2].end, pb::TermEnd::Suspended as i32);
+    assert_eq!(got, vec![fences[4], fences[3], fences[2]]);
+    // The last expiry, which nobody acted on before the restart, is there.
+    assert_eq!(first.entries[0].end, pb::TermEnd::Expired as i32);
+    assert_eq!(first.entries[0].owner, "w4");
+    assert_eq!(first.entries[2].end, pb::TermEnd::Expired as i32);
+    assert_eq!(first.entries[2].owner, "w2");
+    assert!(first.entries[2].ended_at_ms >= first.entries[2].acquired_at_ms + 300);
     assert!(!first.next_page_token.is_empty());
     let second = c
         .history(page(3, first.next_page_token))
@@ -820,7 +839,8 @@ async fn history_pages_in_order_and_survives_a_restart(h: Backend) {
         .unwrap()
         .into_inner();
     let got: Vec<u64> = second.entries.iter().map(|e| e.fence).collect();
-    assert_eq!(got, vec![fences[0]]);
+    assert_eq!(got, vec![fences[1], fences[0]]);
+    assert_eq!(second.entries[0].end, pb::TermEnd::Suspended as i32);
     assert!(second.next_page_token.is_empty());
 
     let missing = c
@@ -846,6 +866,15 @@ async fn a_key_is_quarantined_after_k_expiries_and_released_from_quarantine(h: B
         fences.push(lease.fence);
         h.pass(310).await;
     }
+    // Before anyone acted on the second expiry, the lists already count it.
+    let list = |filter: pb::ListFilter| pb::ListRequest {
+        filter: filter as i32,
+        ..Default::default()
+    };
+    let quarantined = c.list(list(pb::ListFilter::Quarantined)).await.unwrap();
+    assert_eq!(quarantined.into_inner().keys.len(), 1);
+    let recoverable = c.list(list(pb::ListFilter::Recoverable)).await.unwrap();
+    assert!(recoverable.into_inner().keys.is_empty());
     let refused = c.acquire(acquire("q", "worker", 1000)).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert_eq!(reason(&refused), "quarantined");
@@ -854,10 +883,6 @@ async fn a_key_is_quarantined_after_k_expiries_and_released_from_quarantine(h: B
 
     let h = h.restart().await;
     let mut c = h.client().await;
-    let list = |filter: pb::ListFilter| pb::ListRequest {
-        filter: filter as i32,
-        ..Default::default()
-    };
     let quarantined = c.list(list(pb::ListFilter::Quarantined)).await.unwrap();
     let quarantined = quarantined.into_inner();
     assert_eq!(quarantined.keys.len(), 1);
@@ -866,8 +891,11 @@ async fn a_key_is_quarantined_after_k_expiries_and_released_from_quarantine(h: B
     assert!(recoverable.into_inner().keys.is_empty());
     let state = c.get(get("q")).await.unwrap().into_inner();
     assert!(state.quarantined && !state.recoverable);
-    let still = c.acquire(acquire("q", "worker", 1000)).await.unwrap_err();
-    assert_eq!(reason(&still), "quarantined");
+    let still = c
+        .acquire(waiting("q", "worker", 1000, 5000))
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&still), "quarantined", "a wait does not help");
 
     let forced = lease_of(
         c.acquire(pb::AcquireRequest {
@@ -888,6 +916,12 @@ async fn a_key_is_quarantined_after_k_expiries_and_released_from_quarantine(h: B
         .unwrap();
     assert!(!lifted.quarantined);
     assert!(lifted.recoverable);
+    let taken = lease_of(c.acquire(acquire("q", "worker", 1000)).await.unwrap());
+    // A clean release resets the count: one more failure does not
+    // quarantine again at K = 2.
+    c.release(release_to(&taken, false, "", 0)).await.unwrap();
+    let again = lease_of(c.acquire(limited("q", "worker", 1000, 2)).await.unwrap());
+    c.release(release_to(&again, true, "", 0)).await.unwrap();
     c.acquire(acquire("q", "worker", 1000)).await.unwrap();
     let missing = c
         .unquarantine(pb::UnquarantineRequest {

@@ -1,9 +1,11 @@
 //! The ownership lifecycle (#15) where only PostgreSQL has something to
-//! show, over real gRPC: expiries that nobody has acted on yet (lazy expiry:
-//! the lock-delay, history and quarantine cases run with and without the
-//! sweeper), several servers on one schema, a term's recovery limit fixed at
-//! its grant. The lifecycle contract both backends share (lock-delay,
-//! handoff, history, quarantine, the Rust client) is in `contract.rs`.
+//! show, over real gRPC: several servers on one schema (a successor waiting
+//! through another server, contention, turns), history trimmed per server,
+//! waiters refused by a quarantine from the server default, a term's
+//! recovery limit fixed at its grant, and one expiry acted on by many. The
+//! lifecycle contract both backends share is in `contract.rs`, which also
+//! runs its expiry cases on PostgreSQL without the sweeper
+//! (`postgres_lazy::…`).
 
 mod common;
 mod pg_harness;
@@ -13,55 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{acquire, lease_of};
+use common::requests::{acquire, lease_of, limited, reason, release_to};
 use leasehold_server::postgres::PgConfig;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use pg_harness::PgServer;
 use tonic::Code;
 use tonic::transport::Channel;
-
-fn release_to(lease: &pb::Lease, suspend: bool, successor: &str, ms: u64) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        key: lease.key.clone(),
-        fence: lease.fence,
-        lease_id: lease.lease_id.clone(),
-        suspend,
-        successor: successor.into(),
-        handoff_ms: ms,
-    }
-}
-
-fn reason(status: &tonic::Status) -> &str {
-    status
-        .metadata()
-        .get("leasehold-reason")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-}
-
-fn remaining_ms(status: &tonic::Status) -> u64 {
-    status
-        .metadata()
-        .get("leasehold-remaining-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .expect("leasehold-remaining-ms")
-}
-
-fn with_delay(key: &str, owner: &str, ttl_ms: u64, lock_delay_ms: u64) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        lock_delay_ms,
-        ..acquire(key, owner, ttl_ms)
-    }
-}
-
-fn limited(key: &str, owner: &str, ttl_ms: u64, max_recoveries: u32) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        max_recoveries,
-        ..acquire(key, owner, ttl_ms)
-    }
-}
 
 fn waiting(request: pb::AcquireRequest, wait_ms: u64) -> pb::AcquireRequest {
     pb::AcquireRequest { wait_ms, ..request }
@@ -97,158 +57,6 @@ async fn until_db_time(schema: &pg_harness::Schema, at_ms: u64) {
         }
         assert!(Instant::now() < deadline, "the database clock stands still");
         tokio::time::sleep(Duration::from_millis((at_ms - now + 1).min(200))).await;
-    }
-}
-
-/// Asserts that `task` (a waiting Acquire) has not finished, while the
-/// database clock is still before `until_ms`: on a loaded machine the test
-/// may only look after that, and then the grant's own time (checked by the
-/// caller) is the evidence.
-async fn still_waiting<T>(
-    schema: &pg_harness::Schema,
-    task: &tokio::task::JoinHandle<T>,
-    until_ms: u64,
-    what: &str,
-) {
-    let finished = task.is_finished();
-    if schema.now_ms().await < until_ms {
-        assert!(!finished, "{what}");
-    }
-}
-
-/// Tries `request` until it is granted (at most 10 s), returning the grant.
-async fn acquire_eventually(
-    client: &mut LeaseholdClient<Channel>,
-    request: pb::AcquireRequest,
-) -> pb::AcquireResponse {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match client.acquire(request.clone()).await {
-            Ok(reply) => return reply.into_inner(),
-            Err(status) => {
-                assert_eq!(status.code(), Code::Aborted, "{status:?}");
-                assert!(Instant::now() < deadline, "never granted: {status:?}");
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-        }
-    }
-}
-
-/// After an expiry the key stays untakeable for the lock-delay (ABORTED,
-/// reason lock_delay, with the time left), Get shows the reservation, and
-/// the key is granted once the delay has passed; a clean release skips it.
-/// Checked with the sweeper recording the expiry and with an Acquire
-/// recording it (no sweeper).
-#[tokio::test]
-async fn lock_delay_holds_after_expiry_and_not_after_release() {
-    let schema = schema_or_skip!();
-    for config in [schema.config(), schema.config_without_sweeper()] {
-        let mut server = PgServer::start_with(config).await;
-        let mut client = server.client().await;
-        let key = format!("k-{}", server.addr.port());
-        let held = lease_of(
-            client
-                .acquire(with_delay(&key, "a", 200, 2000))
-                .await
-                .unwrap(),
-        );
-        until_db_time(&schema, held.expires_at_ms + 150).await;
-        let refused = client.acquire(acquire(&key, "b", 1000)).await.unwrap_err();
-        assert_eq!(refused.code(), Code::Aborted, "{refused:?}");
-        assert_eq!(reason(&refused), "lock_delay");
-        assert!(refused.message().contains("lock-delay"), "{refused:?}");
-        let left = remaining_ms(&refused);
-        assert!(left > 0 && left <= 1850, "{left} ms left");
-        let reservation = get(&mut client, &key).await.reservation.expect("reserved");
-        assert_eq!(reservation.kind, pb::reservation::Kind::LockDelay as i32);
-        assert_eq!(reservation.after_fence, held.fence);
-        assert_eq!(reservation.until_ms, held.expires_at_ms + 2000);
-
-        let next = acquire_eventually(&mut client, acquire(&key, "b", 1000)).await;
-        let lease = next.lease.unwrap();
-        assert!(lease.fence > held.fence);
-        assert!(
-            lease.acquired_at_ms >= held.expires_at_ms + 2000,
-            "granted {} ms before the delay ended",
-            held.expires_at_ms + 2000 - lease.acquired_at_ms
-        );
-        assert_eq!(next.previous.unwrap().end, pb::TermEnd::Expired as i32);
-        // The next round runs without a sweeper: stop this one's.
-        drop(client);
-        server.stop().await;
-    }
-
-    // Released cleanly (or suspended): the next holder starts at once.
-    let server = PgServer::start(&schema).await;
-    let mut client = server.client().await;
-    for suspend in [false, true] {
-        let r = lease_of(
-            client
-                .acquire(with_delay("r", "a", 1000, 5000))
-                .await
-                .unwrap(),
-        );
-        client
-            .release(release_to(&r, suspend, "", 0))
-            .await
-            .unwrap();
-        let b = lease_of(client.acquire(acquire("r", "b", 1000)).await.unwrap());
-        client.release(release_to(&b, false, "", 0)).await.unwrap();
-    }
-}
-
-/// A waiter keeps its place through a lock-delay and gets the key when the
-/// delay ends, not when the term expires; a newcomer meanwhile is told
-/// about the delay. Checked with the sweeper moving the expiry, and with
-/// the waiter itself acting on it (no sweeper).
-#[tokio::test]
-async fn a_waiter_keeps_its_place_through_a_lock_delay() {
-    let schema = schema_or_skip!();
-    for config in [schema.config(), schema.config_without_sweeper()] {
-        let mut server = PgServer::start_with(config).await;
-        let key = format!("k-{}", server.addr.port());
-        let mut client = server.client().await;
-        let held = lease_of(
-            client
-                .acquire(with_delay(&key, "a", 300, 1500))
-                .await
-                .unwrap(),
-        );
-        let mut waiter = server.client().await;
-        let waited = key.clone();
-        let waiting_for = tokio::spawn(async move {
-            waiter
-                .acquire(waiting(acquire(&waited, "w", 5000), 10_000))
-                .await
-        });
-        schema.in_line(&key, 1).await;
-        until_db_time(&schema, held.expires_at_ms + 200).await;
-        let delay_end = held.expires_at_ms + 1500;
-        still_waiting(
-            &schema,
-            &waiting_for,
-            delay_end,
-            "granted during the lock-delay",
-        )
-        .await;
-        let refused = client.acquire(acquire(&key, "x", 1000)).await.unwrap_err();
-        assert_eq!(reason(&refused), "lock_delay", "{refused:?}");
-        let reply = tokio::time::timeout(Duration::from_secs(10), waiting_for)
-            .await
-            .expect("woken when the delay ends")
-            .unwrap()
-            .unwrap()
-            .into_inner();
-        let lease = reply.lease.unwrap();
-        assert_eq!(lease.owner, "w");
-        assert!(
-            lease.acquired_at_ms >= held.expires_at_ms + 1500,
-            "granted {} ms into the lock-delay",
-            lease.acquired_at_ms - held.expires_at_ms
-        );
-        assert_eq!(reply.previous.unwrap().end, pb::TermEnd::Expired as i32);
-        drop(client);
-        server.stop().await;
     }
 }
 
@@ -312,78 +120,6 @@ async fn a_successor_in_line_on_another_server_goes_first() {
         .unwrap()
         .into_inner();
     assert!(late.previous.unwrap().handed_off);
-}
-
-/// History pages newest first, with a token for older entries, and lives
-/// in the database (a new server sees it); an expiry nobody acted on yet is
-/// in it; a key never acquired is NOT_FOUND.
-#[tokio::test]
-async fn history_pages_in_order_and_survives_a_restart() {
-    let schema = schema_or_skip!();
-    let mut server = PgServer::start_with(schema.config_without_sweeper()).await;
-    let mut client = server.client().await;
-    let mut fences = Vec::new();
-    for (i, end) in ["released", "suspended", "expired", "released", "expired"]
-        .iter()
-        .enumerate()
-    {
-        let lease = lease_of(
-            client
-                .acquire(acquire("h", &format!("w{i}"), 200))
-                .await
-                .unwrap(),
-        );
-        fences.push(lease.fence);
-        match *end {
-            "expired" => until_db_time(&schema, lease.expires_at_ms).await,
-            suspended => {
-                let suspend = suspended == "suspended";
-                client
-                    .release(release_to(&lease, suspend, "", 0))
-                    .await
-                    .unwrap();
-            }
-        }
-    }
-    server.stop().await;
-    let server = PgServer::start_with(schema.config_without_sweeper()).await;
-    let mut client = server.client().await;
-    let page = |page_size, page_token: String| pb::HistoryRequest {
-        key: "h".into(),
-        page_size,
-        page_token,
-    };
-    let first = client
-        .history(page(3, String::new()))
-        .await
-        .unwrap()
-        .into_inner();
-    let got: Vec<u64> = first.entries.iter().map(|h| h.fence).collect();
-    assert_eq!(got, vec![fences[4], fences[3], fences[2]]);
-    assert_eq!(first.entries[0].end, pb::TermEnd::Expired as i32);
-    assert_eq!(first.entries[0].owner, "w4");
-    assert_eq!(first.entries[2].end, pb::TermEnd::Expired as i32);
-    assert_eq!(first.entries[2].owner, "w2");
-    assert!(first.entries[2].ended_at_ms >= first.entries[2].acquired_at_ms + 200);
-    assert!(!first.next_page_token.is_empty());
-    let second = client
-        .history(page(3, first.next_page_token))
-        .await
-        .unwrap()
-        .into_inner();
-    let got: Vec<u64> = second.entries.iter().map(|h| h.fence).collect();
-    assert_eq!(got, vec![fences[1], fences[0]]);
-    assert_eq!(second.entries[0].end, pb::TermEnd::Suspended as i32);
-    assert!(second.next_page_token.is_empty());
-
-    let missing = client
-        .history(pb::HistoryRequest {
-            key: "never".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(missing.code(), Code::NotFound);
 }
 
 /// Each key keeps its newest `history_len` entries (the rows beyond are
@@ -454,130 +190,6 @@ async fn history_is_bounded_and_forgotten_with_the_key() {
         .map(|h| h.fence)
         .collect();
     assert_eq!(got, vec![again.fence]);
-}
-
-/// K expiries in a row quarantine a key: Acquire is FAILED_PRECONDITION
-/// (reason quarantined) naming the failed terms, List QUARANTINED shows it
-/// and RECOVERABLE does not (also before anyone acted on the expiry), a new
-/// server sees the same, a forced Acquire still gets it, and Unquarantine
-/// lets everyone in again.
-#[tokio::test]
-async fn a_key_is_quarantined_after_k_expiries_and_released_from_quarantine() {
-    let schema = schema_or_skip!();
-    let mut server = PgServer::start_with(schema.config_without_sweeper()).await;
-    let mut client = server.client().await;
-    let mut fences = Vec::new();
-    for _ in 0..2 {
-        let lease = lease_of(
-            client
-                .acquire(limited("q", "worker", 200, 2))
-                .await
-                .unwrap(),
-        );
-        fences.push(lease.fence);
-        until_db_time(&schema, lease.expires_at_ms).await;
-    }
-    // Nobody acted on the second expiry yet: the lists already count it.
-    let list = |filter: pb::ListFilter| pb::ListRequest {
-        filter: filter as i32,
-        ..Default::default()
-    };
-    let quarantined = client
-        .list(list(pb::ListFilter::Quarantined))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(quarantined.keys.len(), 1, "{quarantined:?}");
-    assert!(quarantined.keys[0].quarantined);
-    let recoverable = client
-        .list(list(pb::ListFilter::Recoverable))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(recoverable.keys.is_empty(), "{recoverable:?}");
-
-    let refused = client
-        .acquire(acquire("q", "worker", 1000))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition);
-    assert_eq!(reason(&refused), "quarantined");
-    let expected = format!("fence {} expired, fence {} expired", fences[0], fences[1]);
-    assert!(refused.message().contains(&expected), "{refused:?}");
-
-    server.stop().await;
-    let server = PgServer::start(&schema).await;
-    let mut client = server.client().await;
-    let quarantined = client
-        .list(list(pb::ListFilter::Quarantined))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(quarantined.keys.len(), 1);
-    let recoverable = client
-        .list(list(pb::ListFilter::Recoverable))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(recoverable.keys.is_empty(), "{recoverable:?}");
-    let state = get(&mut client, "q").await;
-    assert!(state.quarantined && !state.recoverable);
-    let still = client
-        .acquire(waiting(acquire("q", "worker", 1000), 5000))
-        .await
-        .unwrap_err();
-    assert_eq!(reason(&still), "quarantined", "a wait does not help");
-
-    // An operator may take it anyway (to look at it) without lifting it.
-    let forced = lease_of(
-        client
-            .acquire(pb::AcquireRequest {
-                force: true,
-                ..acquire("q", "ops", 1000)
-            })
-            .await
-            .unwrap(),
-    );
-    client
-        .release(release_to(&forced, true, "", 0))
-        .await
-        .unwrap();
-    assert!(get(&mut client, "q").await.quarantined);
-    let lifted = client
-        .unquarantine(pb::UnquarantineRequest { key: "q".into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .key
-        .unwrap();
-    assert!(!lifted.quarantined);
-    assert!(lifted.recoverable);
-    let taken = lease_of(client.acquire(acquire("q", "worker", 1000)).await.unwrap());
-    // A clean release resets the count: one more failure does not
-    // quarantine again at K = 2.
-    client
-        .release(release_to(&taken, false, "", 0))
-        .await
-        .unwrap();
-    let again = lease_of(
-        client
-            .acquire(limited("q", "worker", 1000, 2))
-            .await
-            .unwrap(),
-    );
-    client
-        .release(release_to(&again, true, "", 0))
-        .await
-        .unwrap();
-    client.acquire(acquire("q", "worker", 1000)).await.unwrap();
-
-    let missing = client
-        .unquarantine(pb::UnquarantineRequest {
-            key: "never".into(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(missing.code(), Code::NotFound);
 }
 
 /// The server default (`--max-recoveries`) quarantines keys whose Acquire

@@ -23,8 +23,13 @@ use super::pg_harness::{self, PgServer, Schema};
 /// A server of either backend, and how a test drives its clock.
 pub enum Backend {
     Sqlite(TestServer),
-    // The server goes before its schema (fields drop in order).
-    Postgres { server: PgServer, schema: Schema },
+    // The server goes before its schema (fields drop in order). `lazy`:
+    // no sweeper, so every expiry is first acted on by a request.
+    Postgres {
+        server: PgServer,
+        schema: Schema,
+        lazy: bool,
+    },
 }
 
 impl Backend {
@@ -34,9 +39,31 @@ impl Backend {
 
     /// `None` (the test passes, with a note) when no database is configured.
     pub async fn postgres() -> Option<Backend> {
+        Self::postgres_with(false).await
+    }
+
+    /// PostgreSQL without the sweeper: every expiry is moved lazily, by the
+    /// first request that meets it (`contract_lazy!`).
+    pub async fn postgres_without_sweeper() -> Option<Backend> {
+        Self::postgres_with(true).await
+    }
+
+    async fn postgres_with(lazy: bool) -> Option<Backend> {
         let schema = Schema::fresh(pg_harness::database()?);
-        let server = PgServer::start(&schema).await;
-        Some(Backend::Postgres { server, schema })
+        let server = PgServer::start_with(Self::config(&schema, lazy)).await;
+        Some(Backend::Postgres {
+            server,
+            schema,
+            lazy,
+        })
+    }
+
+    fn config(schema: &Schema, lazy: bool) -> leasehold_server::postgres::PgConfig {
+        if lazy {
+            schema.config_without_sweeper()
+        } else {
+            schema.config()
+        }
     }
 
     pub async fn client(&self) -> LeaseholdClient<Channel> {
@@ -57,10 +84,18 @@ impl Backend {
     pub async fn restart(self) -> Backend {
         match self {
             Backend::Sqlite(server) => Backend::Sqlite(server.restart().await),
-            Backend::Postgres { mut server, schema } => {
+            Backend::Postgres {
+                mut server,
+                schema,
+                lazy,
+            } => {
                 server.stop().await;
-                let server = PgServer::start(&schema).await;
-                Backend::Postgres { server, schema }
+                let server = PgServer::start_with(Self::config(&schema, lazy)).await;
+                Backend::Postgres {
+                    server,
+                    schema,
+                    lazy,
+                }
             }
         }
     }
@@ -129,6 +164,24 @@ macro_rules! contract {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     if let Some(backend) = super::backends::Backend::postgres().await {
+                        super::$name(backend).await;
+                    }
+                }
+            )+
+        }
+    };
+}
+
+/// Declares each test once more on PostgreSQL without the sweeper
+/// (`postgres_lazy::<test>`), for behaviour that must not depend on it.
+#[macro_export]
+macro_rules! contract_lazy {
+    ($($name:ident),+ $(,)?) => {
+        mod postgres_lazy {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(backend) = super::backends::Backend::postgres_without_sweeper().await {
                         super::$name(backend).await;
                     }
                 }
