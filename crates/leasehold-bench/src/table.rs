@@ -1,10 +1,13 @@
 //! `leasehold bench --summarize FILE`: the side-by-side table of a comparison.
 //!
 //! FILE holds one JSON report per line (as `--json` prints them), from several
-//! rounds of the same rows. A row is a mode and a client count; for each target
-//! the table shows the median ops/s and the median p99 over the rounds, and
-//! for each peer the median over rounds of leasehold's ratio to it in that
-//! round (rounds are interleaved, so a ratio compares runs made close in time).
+//! rounds of the same rows. A row is a mode, leasehold's shape (unary,
+//! session, pipelined) and a client count; the peers' runs of that mode and
+//! client count appear in each of leasehold's shapes (they have one shape).
+//! For each target the table shows the median ops/s and the median p99 over
+//! the rounds, and for each peer the median over rounds of leasehold's ratio
+//! to it in that round (rounds are interleaved, so a ratio compares runs made
+//! close in time).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,6 +18,8 @@ use serde_json::Value;
 struct Run {
     target: String,
     mode: String,
+    /// Leasehold's shape; empty for the peers.
+    shape: String,
     clients: u64,
     round: String,
     ops_per_sec: f64,
@@ -28,6 +33,7 @@ fn parse(line: &str) -> Option<Run> {
     Some(Run {
         target: v["target"].as_str()?.to_owned(),
         mode: v["mode"].as_str()?.to_owned(),
+        shape: v["shape"].as_str().unwrap_or("").to_owned(),
         clients: v["clients"].as_u64()?,
         round: v["label"].as_str().unwrap_or("").to_owned(),
         ops_per_sec: v["ops_per_sec"].as_f64()?,
@@ -53,32 +59,54 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
 const MODES: [&str; 4] = ["cycle", "hot", "renew", "check"];
 const PEERS: [&str; 2] = ["zookeeper", "etcd"];
 
+/// Leasehold's shapes in table order; runs from before shapes were
+/// recorded have none.
+const SHAPES: [&str; 4] = ["unary", "session", "pipelined", ""];
+
 /// The Markdown table for the reports in `text` (one JSON object a line).
 pub fn summarize(text: &str) -> String {
     let runs: Vec<Run> = text.lines().filter_map(parse).collect();
-    // (mode rank, clients) -> target -> runs
-    let mut rows: BTreeMap<(usize, u64), BTreeMap<&str, Vec<&Run>>> = BTreeMap::new();
+    let rank = |mode: &str| MODES.iter().position(|m| *m == mode).unwrap_or(MODES.len());
+    // (mode rank, clients) -> leasehold's shape rank -> runs
+    let mut ours: BTreeMap<(usize, u64), BTreeMap<usize, Vec<&Run>>> = BTreeMap::new();
+    // (mode rank, clients) -> peer -> runs
+    let mut peers: BTreeMap<(usize, u64), BTreeMap<&str, Vec<&Run>>> = BTreeMap::new();
     for run in &runs {
-        let rank = MODES
-            .iter()
-            .position(|m| *m == run.mode)
-            .unwrap_or(MODES.len());
-        rows.entry((rank, run.clients))
-            .or_default()
-            .entry(run.target.as_str())
-            .or_default()
-            .push(run);
+        let row = (rank(&run.mode), run.clients);
+        if run.target == "leasehold" {
+            let shape = SHAPES
+                .iter()
+                .position(|s| *s == run.shape)
+                .unwrap_or(SHAPES.len() - 1);
+            ours.entry(row)
+                .or_default()
+                .entry(shape)
+                .or_default()
+                .push(run);
+        } else {
+            peers
+                .entry(row)
+                .or_default()
+                .entry(run.target.as_str())
+                .or_default()
+                .push(run);
+        }
+    }
+    for row in peers.keys() {
+        ours.entry(*row).or_default();
     }
     let mut out = String::new();
     out.push_str(
-        "| mode | clients | leasehold ops/s | p99 ms | ZooKeeper ops/s | p99 ms | etcd ops/s | p99 ms | × ZooKeeper | × etcd |\n",
+        "| mode | shape | clients | leasehold ops/s | p99 ms | ZooKeeper ops/s | p99 ms | etcd ops/s | p99 ms | × ZooKeeper | × etcd |\n",
     );
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     let mut notes = Vec::new();
-    for ((rank, clients), targets) in &rows {
+    let no_peers = BTreeMap::new();
+    for ((rank, clients), shapes) in &ours {
         let mode = MODES.get(*rank).copied().unwrap_or("?");
-        let cell = |target: &str| -> (String, String) {
-            let Some(runs) = targets.get(target) else {
+        let theirs = peers.get(&(*rank, *clients)).unwrap_or(&no_peers);
+        let cell = |runs: Option<&Vec<&Run>>| -> (String, String) {
+            let Some(runs) = runs else {
                 return ("n/a".into(), "n/a".into());
             };
             let ops = median(runs.iter().map(|r| r.ops_per_sec).collect());
@@ -88,8 +116,8 @@ pub fn summarize(text: &str) -> String {
                 p99.map_or("n/a".into(), |p| format!("{p:.2}")),
             )
         };
-        let ratio = |peer: &str| -> String {
-            let (Some(ours), Some(theirs)) = (targets.get("leasehold"), targets.get(peer)) else {
+        let ratio = |ours: Option<&Vec<&Run>>, peer: &str| -> String {
+            let (Some(ours), Some(theirs)) = (ours, theirs.get(peer)) else {
                 return "n/a".into();
             };
             let theirs: BTreeMap<&str, f64> = theirs
@@ -105,29 +133,44 @@ pub fn summarize(text: &str) -> String {
                 .collect();
             median(ratios).map_or("n/a".into(), |m| format!("{m:.2}"))
         };
-        let (lh, lh99) = cell("leasehold");
-        let (zk, zk99) = cell("zookeeper");
-        let (et, et99) = cell("etcd");
-        let _ = writeln!(
-            out,
-            "| {mode} | {clients} | {lh} | {lh99} | {zk} | {zk99} | {et} | {et99} | {} | {} |",
-            ratio(PEERS[0]),
-            ratio(PEERS[1]),
-        );
-        for (target, runs) in targets {
-            for r in runs {
-                if r.order_ok == Some(false) {
-                    notes.push(format!(
-                        "- {target} {mode} {clients} clients, round {}: hot-key order checks FAILED",
-                        r.round
-                    ));
-                }
-                if r.errors > 0 {
-                    notes.push(format!(
-                        "- {target} {mode} {clients} clients, round {}: {} errors",
-                        r.round, r.errors
-                    ));
-                }
+        let (zk, zk99) = cell(theirs.get("zookeeper"));
+        let (et, et99) = cell(theirs.get("etcd"));
+        // A row of peers alone still shows them.
+        let shown: Vec<(usize, Option<&Vec<&Run>>)> = if shapes.is_empty() {
+            vec![(SHAPES.len() - 1, None)]
+        } else {
+            shapes.iter().map(|(s, runs)| (*s, Some(runs))).collect()
+        };
+        for (shape, runs) in shown {
+            let (lh, lh99) = cell(runs);
+            let shape = match SHAPES[shape] {
+                "" => "-",
+                s => s,
+            };
+            let _ = writeln!(
+                out,
+                "| {mode} | {shape} | {clients} | {lh} | {lh99} | {zk} | {zk99} | {et} | {et99} | {} | {} |",
+                ratio(runs, PEERS[0]),
+                ratio(runs, PEERS[1]),
+            );
+        }
+        let every = shapes.values().flatten().chain(theirs.values().flatten());
+        for r in every {
+            let who = match r.shape.as_str() {
+                "" => r.target.clone(),
+                shape => format!("{} ({shape})", r.target),
+            };
+            if r.order_ok == Some(false) {
+                notes.push(format!(
+                    "- {who} {mode} {clients} clients, round {}: hot-key order checks FAILED",
+                    r.round
+                ));
+            }
+            if r.errors > 0 {
+                notes.push(format!(
+                    "- {who} {mode} {clients} clients, round {}: {} errors",
+                    r.round, r.errors
+                ));
             }
         }
     }
@@ -162,7 +205,38 @@ mod tests {
         let row = table.lines().nth(2).unwrap();
         assert_eq!(
             row,
-            "| cycle | 64 | 300 | 1.00 | 200 | 1.00 | n/a | n/a | 2.00 | n/a |"
+            "| cycle | - | 64 | 300 | 1.00 | 200 | 1.00 | n/a | n/a | 2.00 | n/a |"
+        );
+    }
+
+    #[test]
+    fn each_shape_is_a_row_compared_with_the_same_peer_runs() {
+        let line = |target: &str, shape: &str, round: &str, ops: f64| {
+            let shape = if shape.is_empty() {
+                String::new()
+            } else {
+                format!(r#""shape":"{shape}","#)
+            };
+            format!(
+                r#"{{"target":"{target}",{shape}"mode":"check","clients":64,"label":"{round}","ops_per_sec":{ops},"errors":0,"latency_ms":{{"p99":1.0}}}}"#
+            )
+        };
+        let text = [
+            line("leasehold", "pipelined", "1", 900.0),
+            line("leasehold", "unary", "1", 150.0),
+            line("leasehold", "session", "1", 300.0),
+            line("zookeeper", "", "1", 100.0),
+        ]
+        .join("\n");
+        let table = summarize(&text);
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            rows,
+            [
+                "| check | unary | 64 | 150 | 1.00 | 100 | 1.00 | n/a | n/a | 1.50 | n/a |",
+                "| check | session | 64 | 300 | 1.00 | 100 | 1.00 | n/a | n/a | 3.00 | n/a |",
+                "| check | pipelined | 64 | 900 | 1.00 | 100 | 1.00 | n/a | n/a | 9.00 | n/a |",
+            ]
         );
     }
 }
