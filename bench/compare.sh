@@ -5,8 +5,10 @@
 # starts all three single-node on loopback with their data under a temp dir,
 # runs `leasehold-bench` against each (cycle, hot, renew, check at 1, 16 and
 # 64 clients), ROUNDS rounds interleaved, and prints a Markdown table with the
-# median ops/s, median p99 and the median per-round ratio of each row. Every
-# server it started is stopped by its PID on exit.
+# median ops/s, median p99 and the median per-round ratio of each row, then
+# the one-client cycle's p50 against the floor of two fdatasyncs measured on
+# the database's disk in the same rounds. Every server it started is stopped
+# by its PID on exit.
 #
 # Leasehold runs once per shape (see `leasehold-bench --help`, `--shape`):
 #   unary      each client one unary call at a time (a generated stub)
@@ -73,6 +75,10 @@ run_bench() {
 }
 
 for round in $(seq "$ROUNDS"); do
+  # The one-client cycle's floor: two fdatasyncs on the database's disk.
+  case " $MODES " in *" cycle "*)
+    run_bench "fsync floor" --mode fsync --fsync-dir "$WORK/leasehold" ;;
+  esac
   for mode in $MODES; do
     for clients in $CLIENTS; do
       for shape in $SHAPES; do

@@ -96,7 +96,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
             }
             Ok(outcome.report(args, Target::Leasehold, mode, serde_json::Value::Null))
         }
-        Mode::Scale => unreachable!("scale mode has its own module"),
+        Mode::Scale | Mode::Fsync => unreachable!("scale and fsync modes have their own modules"),
     }
 }
 

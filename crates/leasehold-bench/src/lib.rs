@@ -24,6 +24,9 @@
 //! - `scale` (leasehold only): loads `--leases` live leases, `--expiring` of
 //!   them expiring at one instant, and measures Acquire latency around that
 //!   instant. `bench/scale.sh` adds the server's memory and restart time.
+//! - `fsync` (no server): the physical floor of the one-client cycle, two
+//!   `fdatasync`s of a 4 KiB overwrite in `--fsync-dir` (put it on the
+//!   database's disk); one operation is the pair.
 //!
 //! # Shapes (leasehold)
 //! How each client sends its operations (`--shape`): `unary` (one unary RPC
@@ -44,6 +47,7 @@
 mod driver;
 #[cfg(feature = "peers")]
 mod etcd;
+mod fsync;
 mod hot;
 mod lh;
 mod pgrow;
@@ -88,6 +92,9 @@ pub enum Mode {
     Check,
     /// Many live leases, a mass expiry, and Acquire latency around it (leasehold only).
     Scale,
+    /// Two `fdatasync`s of a 4 KiB overwrite (no server): the one-client
+    /// cycle's floor.
+    Fsync,
 }
 
 /// How a leasehold client sends its operations.
@@ -173,6 +180,10 @@ pub struct BenchArgs {
     /// connection's shared Session stream (pipelined).
     #[arg(long, value_enum, default_value_t = Shape::Unary)]
     pub shape: Shape,
+    /// Fsync mode: the directory to time `fdatasync` in (put it on the
+    /// database's disk).
+    #[arg(long, default_value = ".")]
+    pub fsync_dir: std::path::PathBuf,
     /// A label copied into the report (e.g. the round number).
     #[arg(long)]
     pub label: Option<String>,
@@ -326,6 +337,7 @@ pub async fn run(args: BenchArgs) -> ExitCode {
 /// server, a peer target without the `peers` feature, a failed set-up).
 pub async fn measure(args: &BenchArgs) -> Result<Report, String> {
     match (args.target, args.mode) {
+        (_, Mode::Fsync) => fsync::run(args).await,
         (Target::Leasehold, Mode::Scale) => scale::run(args).await,
         (_, Mode::Scale) => Err("scale mode drives leasehold only".to_owned()),
         (Target::Leasehold, _) => lh::run(args).await,

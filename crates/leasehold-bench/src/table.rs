@@ -23,6 +23,7 @@ struct Run {
     clients: u64,
     round: String,
     ops_per_sec: f64,
+    p50_ms: f64,
     p99_ms: f64,
     order_ok: Option<bool>,
     errors: u64,
@@ -37,6 +38,7 @@ fn parse(line: &str) -> Option<Run> {
         clients: v["clients"].as_u64()?,
         round: v["label"].as_str().unwrap_or("").to_owned(),
         ops_per_sec: v["ops_per_sec"].as_f64()?,
+        p50_ms: v["latency_ms"]["p50"].as_f64().unwrap_or(0.0),
         p99_ms: v["latency_ms"]["p99"].as_f64()?,
         order_ok: v["details"]["order_ok"].as_bool(),
         errors: v["errors"].as_u64().unwrap_or(0),
@@ -65,7 +67,10 @@ const SHAPES: [&str; 4] = ["unary", "session", "pipelined", ""];
 
 /// The Markdown table for the reports in `text` (one JSON object a line).
 pub fn summarize(text: &str) -> String {
-    let runs: Vec<Run> = text.lines().filter_map(parse).collect();
+    let (floor, runs): (Vec<Run>, Vec<Run>) = text
+        .lines()
+        .filter_map(parse)
+        .partition(|r| r.mode == "fsync");
     let rank = |mode: &str| MODES.iter().position(|m| *m == mode).unwrap_or(MODES.len());
     // (mode rank, clients) -> leasehold's shape rank -> runs
     let mut ours: BTreeMap<(usize, u64), BTreeMap<usize, Vec<&Run>>> = BTreeMap::new();
@@ -178,6 +183,46 @@ pub fn summarize(text: &str) -> String {
         out.push_str(&note);
         out.push('\n');
     }
+    out.push_str(&against_the_floor(&floor, &runs));
+    out
+}
+
+/// The one-client cycle's p50 against the fsync floor (two `fdatasync`s)
+/// measured in the same rounds: the issue-16 target is at most 3 ×.
+fn against_the_floor(floor: &[Run], runs: &[Run]) -> String {
+    let Some(floor_p50) = median(floor.iter().map(|r| r.p50_ms).collect()) else {
+        return String::new();
+    };
+    let by_round: BTreeMap<&str, f64> =
+        floor.iter().map(|r| (r.round.as_str(), r.p50_ms)).collect();
+    let mut out = format!(
+        "\nFloor: two fdatasyncs of a 4 KiB overwrite, p50 {floor_p50:.3} ms (median of {} rounds).\n",
+        floor.len()
+    );
+    for shape in SHAPES {
+        let cycles: Vec<&Run> = runs
+            .iter()
+            .filter(|r| {
+                r.target == "leasehold" && r.mode == "cycle" && r.clients == 1 && r.shape == shape
+            })
+            .collect();
+        let Some(p50) = median(cycles.iter().map(|r| r.p50_ms).collect()) else {
+            continue;
+        };
+        let ratios = cycles
+            .iter()
+            .filter_map(|r| {
+                let f = by_round.get(r.round.as_str())?;
+                (*f > 0.0).then(|| r.p50_ms / f)
+            })
+            .collect();
+        let ratio = median(ratios).map_or("n/a".into(), |m| format!("{m:.2}"));
+        let shape = if shape.is_empty() { "-" } else { shape };
+        let _ = writeln!(
+            out,
+            "- cycle, 1 client, {shape}: p50 {p50:.3} ms, {ratio} × the floor (target: at most 3 ×)"
+        );
+    }
     out
 }
 
@@ -237,6 +282,33 @@ mod tests {
                 "| check | session | 64 | 300 | 1.00 | 100 | 1.00 | n/a | n/a | 3.00 | n/a |",
                 "| check | pipelined | 64 | 900 | 1.00 | 100 | 1.00 | n/a | n/a | 9.00 | n/a |",
             ]
+        );
+    }
+
+    #[test]
+    fn the_one_client_cycle_is_set_against_the_fsync_floor_of_its_round() {
+        let line = |mode: &str, shape: &str, round: &str, p50: f64| {
+            format!(
+                r#"{{"target":"leasehold","shape":"{shape}","mode":"{mode}","clients":1,"label":"{round}","ops_per_sec":1.0,"errors":0,"latency_ms":{{"p50":{p50},"p99":1.0}}}}"#
+            )
+        };
+        let text = [
+            line("fsync", "", "1", 0.4),
+            line("cycle", "unary", "1", 1.2),
+            line("fsync", "", "2", 0.5),
+            line("cycle", "unary", "2", 1.0),
+        ]
+        .join("\n");
+        let table = summarize(&text);
+        assert!(!table.contains("| fsync"), "{table}");
+        // Round 1: 3.0 ×, round 2: 2.0 ×; the median of the two is 2.5 ×.
+        assert!(
+            table.contains("- cycle, 1 client, unary: p50 1.100 ms, 2.50 × the floor"),
+            "{table}"
+        );
+        assert!(
+            table.contains("p50 0.450 ms (median of 2 rounds)"),
+            "{table}"
         );
     }
 }

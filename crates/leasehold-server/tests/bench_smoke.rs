@@ -208,6 +208,42 @@ async fn one_operation_at_a_time_shapes_share_connections() {
     assert!(page.keys.is_empty(), "every acquire was released: {page:?}");
 }
 
+/// Fsync mode times pairs of fdatasyncs in the given directory, with no
+/// server, and leaves no file behind.
+#[tokio::test]
+async fn fsync_mode_times_pairs_of_syncs_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap();
+    let argv = [
+        "bench",
+        "--mode",
+        "fsync",
+        "--fsync-dir",
+        dir_arg,
+        "--duration-secs",
+        "0.3",
+        "--warmup-secs",
+        "0.05",
+    ];
+    let report = bench::measure(&Cli::parse_from(argv).args)
+        .await
+        .expect("fsync mode ran");
+    assert_eq!(report.mode, Mode::Fsync);
+    assert!(report.ops > 0, "{report:?}");
+    assert!(report.latency_ms.p50 > 0.0, "{report:?}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let missing = Cli::parse_from([
+        "bench",
+        "--mode",
+        "fsync",
+        "--fsync-dir",
+        "/nonexistent/dir",
+    ]);
+    let err = bench::measure(&missing.args).await.unwrap_err();
+    assert!(err.contains("/nonexistent/dir"), "{err}");
+}
+
 /// Without the `peers` feature (this crate's dev-dependency does not turn
 /// it on), the peer targets are refused with advice.
 #[tokio::test]
