@@ -5,14 +5,26 @@
 # starts all three single-node on loopback with their data under a temp dir,
 # runs `leasehold-bench` against each (cycle, hot, renew, check at 1, 16 and
 # 64 clients), ROUNDS rounds interleaved, and prints a Markdown table with the
-# median ops/s, median p99 and the median per-round ratio of each row. Every
-# server it started is stopped by its PID on exit.
+# median ops/s, median p99 and the median per-round ratio of each row, then
+# the one-client cycle's p50 against the floor of two fdatasyncs measured on
+# the database's disk in the same rounds. Every server it started is stopped
+# by its PID on exit.
+#
+# Leasehold runs once per shape (see `leasehold-bench --help`, `--shape`):
+#   unary      each client one unary call at a time (a generated stub)
+#   session    each client a Session stream of its own, one operation in flight
+#   pipelined  the clients of a connection share its Session stream (the Rust
+#              client's multiplexer)
+# Each peer runs once per row, its clients one operation at a time over the
+# same number of shared connections (ZooKeeper sessions, etcd clients), and
+# every shape's row is compared with that run.
 #
 # Environment (all optional):
 #   ROUNDS=3  DURATION=10  WARMUP=2  CLIENTS="1 16 64"  MODES="cycle hot renew check"
-#   CONNECTIONS=N   share N connections among the clients (default: one each)
-#   STREAM=1        leasehold cycle/renew/check over its Session stream (as
-#                   etcd's keep-alive already is) instead of unary calls
+#   SHAPES="unary session pipelined"   leasehold's shapes, each its own row
+#   CONNECTIONS=8   connections the clients share; CONNECTIONS=each: one per client
+#   STREAM=1        only the pipelined shape (SHAPES=pipelined), as before shapes
+#   PEERS="zookeeper etcd"   the peers to run (PEERS="": leasehold alone)
 #   KEEP=1          keep the temp dir (raw JSON lines in results.jsonl, logs)
 #   OUT=FILE        also copy results.jsonl there
 set -euo pipefail
@@ -24,6 +36,10 @@ DURATION=${DURATION:-10}
 WARMUP=${WARMUP:-2}
 CLIENTS=${CLIENTS:-"1 16 64"}
 MODES=${MODES:-"cycle hot renew check"}
+if [ "${STREAM:-0}" = 1 ]; then SHAPES=${SHAPES:-pipelined}; fi
+SHAPES=${SHAPES:-"unary session pipelined"}
+CONNECTIONS=${CONNECTIONS:-8}
+PEERS=${PEERS-"zookeeper etcd"}
 
 # shellcheck source=bench/peers.sh
 source "$ROOT/bench/peers.sh"
@@ -35,34 +51,43 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-install_peers
+[ -n "$PEERS" ] && install_peers
 log "building leasehold and leasehold-bench (release, --features peers)"
 build_leasehold
 start_leasehold
-start_etcd
-start_zookeeper
-log "servers up: leasehold $LEASEHOLD_PID, etcd $ETCD_PID, zookeeper $ZOOKEEPER_PID; data in $WORK"
+for peer in $PEERS; do "start_$peer"; done
+log "servers up: leasehold $LEASEHOLD_PID, peers: ${PEERS:-none}; data in $WORK"
 
 RESULTS="$WORK/results.jsonl"
 : >"$RESULTS"
 conn_flag=()
-[ -n "${CONNECTIONS:-}" ] && conn_flag=(--connections "$CONNECTIONS")
-stream_flag=()
-[ "${STREAM:-0}" = 1 ] && stream_flag=(--stream)
+[ "$CONNECTIONS" != each ] && conn_flag=(--connections "$CONNECTIONS")
+
+# One run of the bench; a failure is logged and the run goes on.
+run_bench() {
+  local what=$1
+  shift
+  log "round $round: $what"
+  if ! "$BENCH" "$@" "${conn_flag[@]}" --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
+    --label "$round" --json >>"$RESULTS" 2>>"$WORK/bench.log"; then
+    log "  failed (see $WORK/bench.log)"
+  fi
+}
 
 for round in $(seq "$ROUNDS"); do
+  # The one-client cycle's floor: two fdatasyncs on the database's disk.
+  case " $MODES " in *" cycle "*)
+    run_bench "fsync floor" --mode fsync --fsync-dir "$WORK/leasehold" ;;
+  esac
   for mode in $MODES; do
     for clients in $CLIENTS; do
-      for target in leasehold zookeeper etcd; do
-        [ "$target" = zookeeper ] && [ "$mode" = renew ] && continue
-        log "round $round: $target $mode, $clients clients"
-        extra=()
-        [ "$target" = leasehold ] && extra=("${stream_flag[@]}")
-        if ! "$BENCH" --target "$target" --mode "$mode" --clients "$clients" \
-          "${conn_flag[@]}" "${extra[@]}" --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
-          --label "$round" --json >>"$RESULTS" 2>>"$WORK/bench.log"; then
-          log "  failed (see $WORK/bench.log)"
-        fi
+      for shape in $SHAPES; do
+        run_bench "leasehold $mode ($shape), $clients clients" \
+          --target leasehold --shape "$shape" --mode "$mode" --clients "$clients"
+      done
+      for peer in $PEERS; do
+        [ "$peer" = zookeeper ] && [ "$mode" = renew ] && continue
+        run_bench "$peer $mode, $clients clients" --target "$peer" --mode "$mode" --clients "$clients"
       done
     done
   done
@@ -72,6 +97,6 @@ done
 echo
 echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%Y-%m-%d)"
 echo "Each server single-node on loopback; client on the same machine; ${ROUNDS} rounds of ${DURATION} s (after ${WARMUP} s warm-up), interleaved."
-echo "Connections: ${CONNECTIONS:-one per client}. Ratios: leasehold ops/s over the peer's, median of the per-round ratios."
+echo "Connections: $CONNECTIONS (shared by the clients; \"each\": one per client). Leasehold shapes: $SHAPES. Ratios: leasehold ops/s over the peer's, median of the per-round ratios."
 echo
 "$BENCH" --summarize "$RESULTS"

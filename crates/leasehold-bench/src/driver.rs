@@ -94,6 +94,7 @@ impl<W> Outcome<W> {
         Report {
             target,
             mode,
+            shape: (target == Target::Leasehold).then(|| args.shape()),
             clients: args.clients,
             connections: args.connections(),
             label: args.label.clone(),

@@ -121,7 +121,9 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
             }
             Ok(outcome.report(args, Target::Etcd, Mode::Check, serde_json::Value::Null))
         }
-        Mode::Scale => unreachable!("scale mode drives leasehold only"),
+        Mode::Scale | Mode::Fsync => {
+            unreachable!("scale and fsync modes are handled by the caller")
+        }
     }
 }
 

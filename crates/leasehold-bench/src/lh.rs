@@ -1,12 +1,16 @@
-//! The leasehold side: one worker per client over the gRPC API.
+//! The leasehold side: one worker per client over the gRPC API, in one of
+//! three shapes ([`Shape`]): unary calls, a Session stream of its own, or
+//! the connection's Session stream shared through the library client.
 
 use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
 use super::driver::{self, Worker};
 use super::hot::{self, HotGrant, HotLog};
-use super::{BenchArgs, Mode, Report, Target, run_id};
+use super::{BenchArgs, Mode, Report, Shape, Target, run_id};
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 
@@ -15,26 +19,28 @@ pub(crate) type Client = LeaseholdClient<Channel>;
 /// Runs `args.mode` against the leasehold server at `args.server`.
 pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
     let channels = connect(&args.server, args.connections()).await?;
-    // With --stream, the clients of one connection share its Session stream.
+    // Pipelined, the clients of one connection share its Session stream.
     let streams: Vec<SessionStream> = channels.iter().cloned().map(SessionStream::over).collect();
+    let shape = args.shape();
     let run = run_id();
-    let client = |i: usize| LeaseholdClient::new(channels[i % channels.len()].clone());
-    let stream_of = |i: usize| args.stream.then(|| streams[i % streams.len()].clone());
+    let via = |i: usize| {
+        let channel = channels[i % channels.len()].clone();
+        let shared = streams[i % streams.len()].clone();
+        async move { Via::open(shape, channel, &shared).await }
+    };
     let (warmup, duration) = (args.warmup(), args.duration());
     let ttl_ms = args.ttl_ms;
     match args.mode {
         Mode::Cycle => {
             let workers = driver::set_up(args.clients, |i| {
-                let client = client(i);
+                let via = via(i);
                 let key = format!("bench/{run}/cycle/{i}");
-                let stream = stream_of(i);
                 async move {
                     Ok(Cycle {
-                        client,
+                        via: via.await?,
                         key,
                         owner: format!("bench-{i}"),
                         ttl_ms,
-                        stream,
                     })
                 }
             })
@@ -51,12 +57,11 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
             let keys = args.keys.max(1);
             let wait_ms = args.wait_ms;
             let workers = driver::set_up(args.clients, |i| {
-                let client = client(i);
+                let via = via(i);
                 let key = format!("bench/{run}/hot/{}", i % keys);
-                let stream = stream_of(i);
                 async move {
                     Ok(Hot {
-                        client,
+                        via: via.await?,
                         index: i,
                         key_index: i % keys,
                         key,
@@ -64,7 +69,6 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
                         ttl_ms,
                         wait_ms,
                         log: HotLog::default(),
-                        stream,
                     })
                 }
             })
@@ -77,28 +81,22 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
         Mode::Renew | Mode::Check => {
             let mode = args.mode;
             let workers = driver::set_up(args.clients, |i| {
-                let mut client = client(i);
+                let via = via(i);
                 let key = format!("bench/{run}/held/{i}");
-                let stream = stream_of(i);
                 async move {
-                    let lease =
-                        acquire(&mut client, &key, &format!("bench-{i}"), ttl_ms, 0).await?;
-                    Ok(Held {
-                        client,
-                        lease,
-                        mode,
-                        stream,
-                    })
+                    let mut via = via.await?;
+                    let lease = via.acquire(&key, &format!("bench-{i}"), ttl_ms, 0).await?;
+                    Ok(Held { via, lease, mode })
                 }
             })
             .await?;
             let mut outcome = driver::drive(workers, warmup, duration).await?;
             for mut held in std::mem::take(&mut outcome.workers) {
-                let _ = release(&mut held.client, &held.lease).await;
+                let _ = held.via.release(held.lease.clone()).await;
             }
             Ok(outcome.report(args, Target::Leasehold, mode, serde_json::Value::Null))
         }
-        Mode::Scale => unreachable!("scale mode has its own module"),
+        Mode::Scale | Mode::Fsync => unreachable!("scale and fsync modes have their own modules"),
     }
 }
 
@@ -134,14 +132,7 @@ pub(crate) async fn acquire(
     wait_ms: u64,
 ) -> Result<pb::Lease, String> {
     let reply = client
-        .acquire(pb::AcquireRequest {
-            key: key.to_owned(),
-            owner: owner.to_owned(),
-            ttl_ms,
-            wait_ms,
-            request_id: String::new(),
-            ..Default::default()
-        })
+        .acquire(acquire_request(key, owner, ttl_ms, wait_ms))
         .await
         .map_err(refused)?;
     reply
@@ -153,44 +144,125 @@ pub(crate) async fn acquire(
 /// Releases `lease`.
 pub(crate) async fn release(client: &mut Client, lease: &pb::Lease) -> Result<(), String> {
     client
-        .release(pb::ReleaseRequest {
-            key: lease.key.clone(),
-            fence: lease.fence,
-            lease_id: lease.lease_id.clone(),
-            suspend: false,
-            ..Default::default()
-        })
+        .release(release_request(lease.clone()))
         .await
         .map(drop)
         .map_err(refused)
 }
 
+fn acquire_request(key: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        key: key.to_owned(),
+        owner: owner.to_owned(),
+        ttl_ms,
+        wait_ms,
+        request_id: String::new(),
+        ..Default::default()
+    }
+}
+
+fn release_request(lease: pb::Lease) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        key: lease.key,
+        fence: lease.fence,
+        lease_id: lease.lease_id,
+        suspend: false,
+        ..Default::default()
+    }
+}
+
+/// How one client sends its operations (see [`Shape`]).
+pub(crate) enum Via {
+    /// One unary RPC per operation, on the client's shared connection.
+    Unary(Client),
+    /// The connection's one Session stream, shared with the other clients on
+    /// it through the library client's multiplexer.
+    Pipelined(SessionStream),
+    /// A Session stream of the client's own, one operation in flight.
+    Session(OwnSession),
+}
+
+impl Via {
+    /// Opens the client's way to the server over `channel`.
+    async fn open(shape: Shape, channel: Channel, shared: &SessionStream) -> Result<Via, String> {
+        Ok(match shape {
+            Shape::Unary => Via::Unary(LeaseholdClient::new(channel)),
+            Shape::Pipelined => Via::Pipelined(shared.clone()),
+            Shape::Session => Via::Session(OwnSession::open(channel).await?),
+        })
+    }
+
+    async fn call(&mut self, op: pb::session_request::Op) -> Result<pb::SessionResponse, String> {
+        use pb::session_request::Op;
+        match self {
+            Via::Pipelined(stream) => stream.call(op).await,
+            Via::Session(session) => session.call(op).await,
+            Via::Unary(client) => {
+                let mut reply = pb::SessionResponse::default();
+                match op {
+                    Op::Acquire(request) => {
+                        let r = client.acquire(request).await.map_err(refused)?;
+                        reply.lease = r.into_inner().lease;
+                    }
+                    Op::Release(request) => {
+                        client.release(request).await.map_err(refused)?;
+                    }
+                    Op::Renew(request) => {
+                        client.renew(request).await.map_err(refused)?;
+                    }
+                    Op::Check(request) => {
+                        client.check(request).await.map_err(refused)?;
+                    }
+                }
+                Ok(reply)
+            }
+        }
+    }
+
+    /// Acquires `key` (waiting up to `wait_ms`) and returns the lease.
+    async fn acquire(
+        &mut self,
+        key: &str,
+        owner: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Result<pb::Lease, String> {
+        let request = acquire_request(key, owner, ttl_ms, wait_ms);
+        let reply = self.call(pb::session_request::Op::Acquire(request)).await?;
+        reply
+            .lease
+            .ok_or_else(|| "Acquire replied without a lease".to_owned())
+    }
+
+    /// Releases `lease`.
+    async fn release(&mut self, lease: pb::Lease) -> Result<(), String> {
+        self.call(pb::session_request::Op::Release(release_request(lease)))
+            .await
+            .map(drop)
+    }
+}
+
 /// Cycle mode: Acquire + Release of the client's own key.
 pub(crate) struct Cycle {
-    pub client: Client,
+    pub via: Via,
     pub key: String,
     pub owner: String,
     pub ttl_ms: u64,
-    /// With `--stream`: Acquire and Release go over this Session stream.
-    pub stream: Option<SessionStream>,
 }
 
 impl Worker for Cycle {
     async fn op(&mut self) -> Result<(), String> {
-        if let Some(stream) = &self.stream {
-            let lease = stream
-                .acquire(&self.key, &self.owner, self.ttl_ms, 0)
-                .await?;
-            return stream.release(lease).await;
-        }
-        let lease = acquire(&mut self.client, &self.key, &self.owner, self.ttl_ms, 0).await?;
-        release(&mut self.client, &lease).await
+        let lease = self
+            .via
+            .acquire(&self.key, &self.owner, self.ttl_ms, 0)
+            .await?;
+        self.via.release(lease).await
     }
 }
 
 /// Hot mode: one handover of a contended key (wait in line, then release).
 struct Hot {
-    client: Client,
+    via: Via,
     index: usize,
     key_index: usize,
     key: String,
@@ -198,30 +270,15 @@ struct Hot {
     ttl_ms: u64,
     wait_ms: u64,
     log: HotLog,
-    /// With `--stream`: Acquire and Release go over this Session stream.
-    stream: Option<SessionStream>,
 }
 
 impl Worker for Hot {
     async fn op(&mut self) -> Result<(), String> {
         let asked = Instant::now();
-        let acquired = match &self.stream {
-            Some(stream) => {
-                stream
-                    .acquire(&self.key, &self.owner, self.ttl_ms, self.wait_ms)
-                    .await
-            }
-            None => {
-                acquire(
-                    &mut self.client,
-                    &self.key,
-                    &self.owner,
-                    self.ttl_ms,
-                    self.wait_ms,
-                )
-                .await
-            }
-        };
+        let acquired = self
+            .via
+            .acquire(&self.key, &self.owner, self.ttl_ms, self.wait_ms)
+            .await;
         let lease = match acquired {
             Ok(lease) => lease,
             Err(e) => {
@@ -239,11 +296,7 @@ impl Worker for Hot {
             granted,
             releasing,
         });
-        let released = match &self.stream {
-            Some(stream) => stream.release(lease).await,
-            None => release(&mut self.client, &lease).await,
-        };
-        released.inspect_err(|_| {
+        self.via.release(lease).await.inspect_err(|_| {
             self.log.failed_releases += 1;
         })
     }
@@ -251,11 +304,30 @@ impl Worker for Hot {
 
 /// Renew and check modes: operations on a lease the client holds.
 struct Held {
-    client: Client,
+    via: Via,
     lease: pb::Lease,
     mode: Mode,
-    /// With `--stream`: the client's Session stream.
-    stream: Option<SessionStream>,
+}
+
+impl Worker for Held {
+    async fn op(&mut self) -> Result<(), String> {
+        use pb::session_request::Op;
+        let lease = &self.lease;
+        let op = if self.mode == Mode::Renew {
+            Op::Renew(pb::RenewRequest {
+                key: lease.key.clone(),
+                fence: lease.fence,
+                lease_id: lease.lease_id.clone(),
+                ttl_ms: 0,
+            })
+        } else {
+            Op::Check(pb::CheckRequest {
+                key: lease.key.clone(),
+                fence: lease.fence,
+            })
+        };
+        self.via.call(op).await.map(drop)
+    }
 }
 
 /// The Session stream of a connection, shared (pipelined) by every client
@@ -272,43 +344,6 @@ impl SessionStream {
         SessionStream(leasehold_client::Client::new(channel))
     }
 
-    /// Acquire over the stream, as [`acquire`] does with a unary call.
-    async fn acquire(
-        &self,
-        key: &str,
-        owner: &str,
-        ttl_ms: u64,
-        wait_ms: u64,
-    ) -> Result<pb::Lease, String> {
-        let reply = self
-            .call(pb::session_request::Op::Acquire(pb::AcquireRequest {
-                key: key.to_owned(),
-                owner: owner.to_owned(),
-                ttl_ms,
-                wait_ms,
-                request_id: String::new(),
-                ..Default::default()
-            }))
-            .await?;
-        reply
-            .lease
-            .ok_or_else(|| "Acquire replied without a lease".to_owned())
-    }
-
-    /// Release over the stream, as [`release`] does with a unary call.
-    async fn release(&self, lease: pb::Lease) -> Result<(), String> {
-        let request = pb::ReleaseRequest {
-            key: lease.key,
-            fence: lease.fence,
-            lease_id: lease.lease_id,
-            suspend: false,
-            ..Default::default()
-        };
-        self.call(pb::session_request::Op::Release(request))
-            .await
-            .map(drop)
-    }
-
     async fn call(&self, op: pb::session_request::Op) -> Result<pb::SessionResponse, String> {
         self.0
             .session_op(op, STREAM_OP_TIMEOUT)
@@ -317,40 +352,64 @@ impl SessionStream {
     }
 }
 
-impl Worker for Held {
-    async fn op(&mut self) -> Result<(), String> {
-        let lease = &self.lease;
-        if let Some(stream) = &self.stream {
-            use pb::session_request::Op;
-            let op = if self.mode == Mode::Renew {
-                Op::Renew(pb::RenewRequest {
-                    key: lease.key.clone(),
-                    fence: lease.fence,
-                    lease_id: lease.lease_id.clone(),
-                    ttl_ms: 0,
-                })
-            } else {
-                Op::Check(pb::CheckRequest {
-                    key: lease.key.clone(),
-                    fence: lease.fence,
-                })
-            };
-            return stream.call(op).await.map(drop);
+/// A Session stream of one client's own, driven as a generated stub would
+/// (a Python or TypeScript worker, grpcurl): send one operation, read its
+/// reply, send the next.
+pub(crate) struct OwnSession {
+    /// The request side of the stream.
+    requests: mpsc::Sender<pb::SessionRequest>,
+    /// The reply side.
+    replies: tonic::Streaming<pb::SessionResponse>,
+    /// The id of the last operation sent.
+    last_id: u64,
+}
+
+impl OwnSession {
+    /// Opens a Session stream on `channel` (shared with other clients).
+    async fn open(channel: Channel) -> Result<OwnSession, String> {
+        let (requests, outgoing) = mpsc::channel(1);
+        let replies = LeaseholdClient::new(channel)
+            .session(ReceiverStream::new(outgoing))
+            .await
+            .map_err(refused)?
+            .into_inner();
+        Ok(OwnSession {
+            requests,
+            replies,
+            last_id: 0,
+        })
+    }
+
+    /// Sends `op` and waits for its reply; a refusal becomes an error.
+    async fn call(&mut self, op: pb::session_request::Op) -> Result<pb::SessionResponse, String> {
+        self.last_id += 1;
+        let request = pb::SessionRequest {
+            op: Some(op),
+            id: self.last_id,
+        };
+        self.requests
+            .send(request)
+            .await
+            .map_err(|_| "the Session stream closed".to_owned())?;
+        let reply = self
+            .replies
+            .message()
+            .await
+            .map_err(refused)?
+            .ok_or_else(|| "the Session stream ended".to_owned())?;
+        if reply.id != self.last_id {
+            return Err(format!(
+                "reply to operation {} while waiting for {}",
+                reply.id, self.last_id
+            ));
         }
-        if self.mode == Mode::Renew {
-            let request = pb::RenewRequest {
-                key: lease.key.clone(),
-                fence: lease.fence,
-                lease_id: lease.lease_id.clone(),
-                ttl_ms: 0,
-            };
-            self.client.renew(request).await.map(drop).map_err(refused)
-        } else {
-            let request = pb::CheckRequest {
-                key: lease.key.clone(),
-                fence: lease.fence,
-            };
-            self.client.check(request).await.map(drop).map_err(refused)
+        if reply.code != 0 {
+            return Err(format!(
+                "{:?}: {}",
+                tonic::Code::from(reply.code),
+                reply.message
+            ));
         }
+        Ok(reply)
     }
 }

@@ -24,6 +24,18 @@
 //! - `scale` (leasehold only): loads `--leases` live leases, `--expiring` of
 //!   them expiring at one instant, and measures Acquire latency around that
 //!   instant. `bench/scale.sh` adds the server's memory and restart time.
+//! - `fsync` (no server): the physical floor of the one-client cycle, two
+//!   `fdatasync`s of a 4 KiB overwrite in `--fsync-dir` (put it on the
+//!   database's disk); one operation is the pair.
+//!
+//! # Shapes (leasehold)
+//! How each client sends its operations (`--shape`): `unary` (one unary RPC
+//! at a time, what a generated stub does), `session` (a Session stream of
+//! its own, one operation in flight: a Python or TypeScript session), or
+//! `pipelined` (`--stream`: the connection's one Session stream, shared by
+//! the clients on it through the Rust client's multiplexer). The peers are
+//! always driven one operation at a time per client over their shared
+//! sessions, which is what each of these shapes is compared with.
 //!
 //! # Measuring
 //! Clients connect first (one gRPC channel, or one peer session, per client
@@ -35,6 +47,7 @@
 mod driver;
 #[cfg(feature = "peers")]
 mod etcd;
+mod fsync;
 mod hot;
 mod lh;
 mod pgrow;
@@ -79,6 +92,22 @@ pub enum Mode {
     Check,
     /// Many live leases, a mass expiry, and Acquire latency around it (leasehold only).
     Scale,
+    /// Two `fdatasync`s of a 4 KiB overwrite (no server): the one-client
+    /// cycle's floor.
+    Fsync,
+}
+
+/// How a leasehold client sends its operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shape {
+    /// One unary RPC at a time per client; clients share `--connections`.
+    Unary,
+    /// A Session stream per client, one operation in flight.
+    Session,
+    /// The connection's one Session stream, shared by its clients through the
+    /// library client's multiplexer (many operations in flight).
+    Pipelined,
 }
 
 /// Options of `leasehold bench`.
@@ -142,9 +171,19 @@ pub struct BenchArgs {
     /// Cycle, hot, renew and check modes against leasehold: send the
     /// operations over the Session stream instead of unary calls, through the
     /// library client, so the clients that share a connection (see
-    /// `--connections`) pipeline their operations over its one stream.
+    /// `--connections`) pipeline their operations over its one stream. The
+    /// same as `--shape pipelined`.
     #[arg(long)]
     pub stream: bool,
+    /// How each leasehold client sends its operations: unary calls, a
+    /// Session stream of its own (one operation in flight), or the
+    /// connection's shared Session stream (pipelined).
+    #[arg(long, value_enum, default_value_t = Shape::Unary)]
+    pub shape: Shape,
+    /// Fsync mode: the directory to time `fdatasync` in (put it on the
+    /// database's disk).
+    #[arg(long, default_value = ".")]
+    pub fsync_dir: std::path::PathBuf,
     /// A label copied into the report (e.g. the round number).
     #[arg(long)]
     pub label: Option<String>,
@@ -163,6 +202,15 @@ impl BenchArgs {
         Duration::from_secs_f64(self.duration_secs.max(0.001))
     }
 
+    /// The leasehold clients' shape (`--stream` is `--shape pipelined`).
+    fn shape(&self) -> Shape {
+        if self.stream {
+            Shape::Pipelined
+        } else {
+            self.shape
+        }
+    }
+
     fn connections(&self) -> usize {
         self.connections
             .unwrap_or(self.clients)
@@ -175,6 +223,9 @@ impl BenchArgs {
 pub struct Report {
     pub target: Target,
     pub mode: Mode,
+    /// How leasehold's clients sent their operations (none for the peers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Shape>,
     pub clients: usize,
     pub connections: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -200,9 +251,12 @@ impl Report {
     fn print_text(&self) {
         let l = &self.latency_ms;
         println!(
-            "{:<9} {:<6} clients={:<3} ops/s={:>10.0}  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms  ops={} errors={}",
+            "{:<9} {:<6} {:<9} clients={:<3} ops/s={:>10.0}  p50={:.3}ms p90={:.3}ms p99={:.3}ms max={:.3}ms  ops={} errors={}",
             format!("{:?}", self.target).to_lowercase(),
             format!("{:?}", self.mode).to_lowercase(),
+            self.shape
+                .map(|s| format!("{s:?}").to_lowercase())
+                .unwrap_or_default(),
             self.clients,
             self.ops_per_sec,
             l.p50,
@@ -283,6 +337,7 @@ pub async fn run(args: BenchArgs) -> ExitCode {
 /// server, a peer target without the `peers` feature, a failed set-up).
 pub async fn measure(args: &BenchArgs) -> Result<Report, String> {
     match (args.target, args.mode) {
+        (_, Mode::Fsync) => fsync::run(args).await,
         (Target::Leasehold, Mode::Scale) => scale::run(args).await,
         (_, Mode::Scale) => Err("scale mode drives leasehold only".to_owned()),
         (Target::Leasehold, _) => lh::run(args).await,

@@ -123,6 +123,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
     let window_secs = (WINDOW_BEFORE + WINDOW_AFTER).as_secs_f64();
     let ops = window.len() as u64;
     Ok(Report {
+        shape: None,
         target: Target::Leasehold,
         mode: Mode::Scale,
         clients: args.probe_clients.max(1),

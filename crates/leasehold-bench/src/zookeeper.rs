@@ -121,7 +121,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<Report, String> {
                 serde_json::Value::Null,
             )
         }
-        Mode::Renew | Mode::Scale => unreachable!("refused above or by the caller"),
+        Mode::Renew | Mode::Scale | Mode::Fsync => unreachable!("refused above or by the caller"),
     };
     Ok(report)
 }

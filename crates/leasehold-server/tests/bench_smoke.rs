@@ -5,7 +5,7 @@ mod common;
 
 use clap::Parser;
 use common::TestServer;
-use leasehold_bench::{self as bench, BenchArgs, Mode};
+use leasehold_bench::{self as bench, BenchArgs, Mode, Shape};
 use leasehold_core::lessor::ListFilter;
 
 #[derive(Parser)]
@@ -162,6 +162,86 @@ async fn cycle_mode_runs_over_the_session_stream() {
         page.keys.is_empty(),
         "every streamed acquire was released: {page:?}"
     );
+}
+
+/// The shapes of unary clients (the issue-16 rows): each client one
+/// operation at a time, many clients sharing few connections, by unary
+/// calls or by a Session stream of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_operation_at_a_time_shapes_share_connections() {
+    let server = TestServer::start().await;
+    for (mode, shape) in [
+        ("cycle", "session"),
+        ("check", "session"),
+        ("check", "unary"),
+    ] {
+        let report = bench::measure(&args(
+            &server,
+            &[
+                "--mode",
+                mode,
+                "--shape",
+                shape,
+                "--clients",
+                "4",
+                "--connections",
+                "2",
+            ],
+        ))
+        .await
+        .expect("bench ran");
+        let expected = if shape == "session" {
+            Shape::Session
+        } else {
+            Shape::Unary
+        };
+        assert_eq!(report.shape, Some(expected), "{report:?}");
+        assert_eq!(report.connections, 2, "{report:?}");
+        assert!(report.ops > 0, "{mode} {shape}: {report:?}");
+        assert_eq!(report.errors, 0, "{mode} {shape}: {report:?}");
+    }
+    let page = server
+        .engine
+        .list("bench/", ListFilter::Live, None, 1000)
+        .await
+        .unwrap();
+    assert!(page.keys.is_empty(), "every acquire was released: {page:?}");
+}
+
+/// Fsync mode times pairs of fdatasyncs in the given directory, with no
+/// server, and leaves no file behind.
+#[tokio::test]
+async fn fsync_mode_times_pairs_of_syncs_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap();
+    let argv = [
+        "bench",
+        "--mode",
+        "fsync",
+        "--fsync-dir",
+        dir_arg,
+        "--duration-secs",
+        "0.3",
+        "--warmup-secs",
+        "0.05",
+    ];
+    let report = bench::measure(&Cli::parse_from(argv).args)
+        .await
+        .expect("fsync mode ran");
+    assert_eq!(report.mode, Mode::Fsync);
+    assert!(report.ops > 0, "{report:?}");
+    assert!(report.latency_ms.p50 > 0.0, "{report:?}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let missing = Cli::parse_from([
+        "bench",
+        "--mode",
+        "fsync",
+        "--fsync-dir",
+        "/nonexistent/dir",
+    ]);
+    let err = bench::measure(&missing.args).await.unwrap_err();
+    assert!(err.contains("/nonexistent/dir"), "{err}");
 }
 
 /// Without the `peers` feature (this crate's dev-dependency does not turn

@@ -203,6 +203,7 @@ impl<W: WaiterHandle> Lessor<W> {
             state.failures = 0;
             state.visible_seq = self.changes.next_seq();
             self.changes.key(key, true);
+            self.note_recoverable(key);
         }
         self.serve_waiters(key, now);
         let view = self.get(key, now)?;

@@ -37,7 +37,7 @@ mod timers;
 mod tool_calls;
 mod waiters;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -199,6 +199,17 @@ pub enum ListFilter {
 pub struct Lessor<W> {
     /// Every key known, ordered for List.
     keys: BTreeMap<Key, KeyState<W>>,
+    /// The keys that are recoverable as stored (free, last term expired or
+    /// suspended, not quarantined), ordered: List RECOVERABLE walks this,
+    /// not the table, so a page costs what it returns. Kept up to date
+    /// wherever a term ends, a key is taken, quarantined or lifted, restored
+    /// or forgotten ([`Lessor::note_recoverable`]).
+    recoverable: BTreeSet<Key>,
+    /// The highest `visible_seq` at which a key left `recoverable` (a grant
+    /// took it): a List RECOVERABLE page leaves such a key out, so it may
+    /// only be sent once that grant is durable (a crash that undid it would
+    /// make the key recoverable again).
+    recoverable_left_seq: u64,
     /// The fence the next grant gets.
     next_fence: u64,
     /// Term deadlines and retention checks.
@@ -242,6 +253,8 @@ impl<W: WaiterHandle> Lessor<W> {
     ) -> Self {
         let mut lessor = Lessor {
             keys: BTreeMap::new(),
+            recoverable: BTreeSet::new(),
+            recoverable_left_seq: 0,
             next_fence: fence_high_water + 1,
             timers: Timers::new(),
             changes: Changes::default(),
@@ -279,6 +292,9 @@ impl<W: WaiterHandle> Lessor<W> {
             }
             state.last_ended = record.last_ended;
             lessor.stats.quarantined += usize::from(state.quarantined);
+            if recoverable_as_stored(&state) {
+                lessor.recoverable.insert(record.key.clone());
+            }
             lessor.keys.insert(record.key, state);
         }
         let mut by_key: BTreeMap<Key, Vec<ToolCall>> = BTreeMap::new();
@@ -517,7 +533,8 @@ impl<W: WaiterHandle> Lessor<W> {
     /// the highest `visible_seq` of every key it looked at: a key the filter
     /// left out may be left out because of a change not yet durable (a grant
     /// hides a recoverable key), so the page may only be sent once that
-    /// change is.
+    /// change is. RECOVERABLE is served from an index of its own and visits
+    /// only the keys it returns (see [`Lessor::list_counting`]).
     pub fn list(
         &self,
         prefix: &str,
@@ -527,22 +544,44 @@ impl<W: WaiterHandle> Lessor<W> {
         scan_budget: usize,
         now: Millis,
     ) -> ListPage {
+        self.list_counting(prefix, filter, after, limit, scan_budget, now)
+            .0
+    }
+
+    /// As [`Lessor::list`], with how many keys the page visited (looked up
+    /// in the table): for RECOVERABLE the keys returned, plus any whose
+    /// term ran out and that the expiry timer has not ended yet; for the
+    /// other filters every key scanned.
+    pub fn list_counting(
+        &self,
+        prefix: &str,
+        filter: ListFilter,
+        after: Option<&Key>,
+        limit: usize,
+        scan_budget: usize,
+        now: Millis,
+    ) -> (ListPage, usize) {
         use std::ops::Bound;
         let start = match after {
             Some(after) if after.as_str() >= prefix => Bound::Excluded(after.as_str()),
             _ => Bound::Included(prefix),
         };
+        if filter == ListFilter::Recoverable {
+            return self.list_recoverable(prefix, start, limit, now);
+        }
         let mut page = ListPage::default();
         let mut last = None;
+        let mut scanned = 0;
         let range = self.keys.range::<str, _>((start, Bound::Unbounded));
-        for (scanned, (key, state)) in range.enumerate() {
+        for (key, state) in range {
             if !key.as_str().starts_with(prefix) {
-                return page;
+                return (page, scanned);
             }
             if page.keys.len() == limit || scanned == scan_budget {
                 page.next_after = last;
-                return page;
+                return (page, scanned);
             }
+            scanned += 1;
             last = Some(key.clone());
             page.visible_seq = page.visible_seq.max(state.visible_seq);
             // Quarantine needs no view: most keys are skipped without one.
@@ -560,7 +599,107 @@ impl<W: WaiterHandle> Lessor<W> {
                 page.keys.push(view);
             }
         }
-        page
+        (page, scanned)
+    }
+
+    /// List RECOVERABLE from the index, in O(page): the indexed keys after
+    /// `start`, merged in key order with the keys whose term ran out at
+    /// `now` but that the expiry timer has not ended yet (readers already
+    /// see those as expired; normally there are none, during a mass expiry
+    /// as many as the timer has still to reach). The page is full, and
+    /// names the key to continue after, exactly when a scan of the table
+    /// would be: `limit` keys returned and another key under `prefix`
+    /// follows them.
+    fn list_recoverable(
+        &self,
+        prefix: &str,
+        start: std::ops::Bound<&str>,
+        limit: usize,
+        now: Millis,
+    ) -> (ListPage, usize) {
+        use std::ops::Bound;
+        let in_range = |key: &Key| {
+            let after_start = match start {
+                Bound::Excluded(start) => key.as_str() > start,
+                Bound::Included(start) => key.as_str() >= start,
+                Bound::Unbounded => true,
+            };
+            after_start && key.as_str().starts_with(prefix)
+        };
+        let mut visited = 0;
+        let mut page = ListPage {
+            visible_seq: self.recoverable_left_seq,
+            ..ListPage::default()
+        };
+        // Keys whose term ran out unseen: readers see them as ended.
+        let mut lapsed: Vec<&Key> = self
+            .timers
+            .due_deadlines(now)
+            .filter(|key| in_range(key))
+            .filter(|key| {
+                visited += 1;
+                self.keys.get(*key).is_some_and(|state| {
+                    page.visible_seq = page.visible_seq.max(state.visible_seq);
+                    state.live.as_ref().is_some_and(|t| !t.is_live_at(now))
+                        && state.view(key, now).recoverable
+                })
+            })
+            .collect();
+        lapsed.sort_unstable();
+        let mut lapsed = lapsed.into_iter().peekable();
+        let mut indexed = self
+            .recoverable
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(|key| key.as_str().starts_with(prefix))
+            .peekable();
+        while page.keys.len() < limit {
+            // The smaller of the two heads (an indexed key is free, a lapsed
+            // one still holds its term, so no key is in both).
+            let key = match (indexed.peek(), lapsed.peek()) {
+                (Some(a), Some(b)) if a < b => indexed.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => lapsed.next(),
+                (Some(_), None) => indexed.next(),
+                (None, None) => break,
+            };
+            let Some(key) = key else { break };
+            let Some(state) = self.keys.get(key) else {
+                continue;
+            };
+            visited += 1;
+            page.visible_seq = page.visible_seq.max(state.visible_seq);
+            page.keys.push(state.view(key, now));
+        }
+        if page.keys.len() == limit {
+            if let Some(last) = page.keys.last().map(|view| &view.key) {
+                let more = self
+                    .keys
+                    .range::<Key, _>((Bound::Excluded(last), Bound::Unbounded))
+                    .next()
+                    .is_some_and(|(key, _)| key.as_str().starts_with(prefix));
+                if more {
+                    page.next_after = Some(last.clone());
+                }
+            }
+        }
+        (page, visited)
+    }
+
+    /// Brings `key`'s entry in the recoverable index up to its state, after
+    /// a change that may have made it recoverable or not.
+    fn note_recoverable(&mut self, key: &Key) {
+        match self.keys.get(key) {
+            Some(state) if recoverable_as_stored(state) => {
+                if !self.recoverable.contains(key) {
+                    self.recoverable.insert(key.clone());
+                }
+            }
+            state => {
+                if self.recoverable.remove(key) {
+                    let seq = state.map_or(0, |s| s.visible_seq);
+                    self.recoverable_left_seq = self.recoverable_left_seq.max(seq);
+                }
+            }
+        }
     }
 
     /// The sequence that must be durable before anything about `key` may be
@@ -783,6 +922,7 @@ impl<W: WaiterHandle> Lessor<W> {
             replayed: false,
             visible_seq: seq,
         };
+        self.note_recoverable(&grant.key);
         self.changes.key(&grant.key, true);
         self.changes.event(Draft {
             key: grant.key.clone(),
@@ -842,6 +982,7 @@ impl<W: WaiterHandle> Lessor<W> {
             state.visible_seq = self.changes.next_seq();
         }
         self.changes.key(key, urgent);
+        self.note_recoverable(key);
         self.changes.event(Draft {
             key: key.clone(),
             kind: EventKind::of_end(end),
@@ -851,6 +992,18 @@ impl<W: WaiterHandle> Lessor<W> {
         });
         Some(ended)
     }
+}
+
+/// Whether a key is recoverable as stored: free, its last term expired or
+/// suspended, not quarantined. (A reader's view also counts a term whose TTL
+/// ran out and that nothing has ended yet.)
+fn recoverable_as_stored<W>(state: &KeyState<W>) -> bool {
+    state.live.is_none()
+        && !state.quarantined
+        && state
+            .last_ended
+            .as_ref()
+            .is_some_and(|e| e.end.is_recoverable())
 }
 
 impl<W: WaiterHandle> Default for Lessor<W> {

@@ -77,6 +77,9 @@ impl<W: WaiterHandle> Lessor<W> {
         let Some(state) = self.keys.remove(&key) else {
             return;
         };
+        // Only cleanly released keys are forgotten, never recoverable ones;
+        // the index is kept right whatever the caller.
+        self.note_recoverable(&key);
         if let Some(at) = state.deadline_entry {
             self.timers.remove_deadline(&key, at);
         }

@@ -65,6 +65,14 @@ impl Timers {
         }
     }
 
+    /// The keys whose deadline entry is due at `now`, earliest first.
+    pub fn due_deadlines(&self, now: Millis) -> impl Iterator<Item = &Key> {
+        self.deadlines
+            .iter()
+            .take_while(move |(at, _)| *at <= now)
+            .map(|(_, key)| key)
+    }
+
     /// Whether a deadline entry is due at `now`.
     pub fn deadline_due(&self, now: Millis) -> bool {
         self.deadlines.first().is_some_and(|(at, _)| *at <= now)
