@@ -372,37 +372,6 @@ async fn a_stopped_server_loses_nothing() {
     assert!(next.fence > lease.fence);
 }
 
-/// `leasehold serve` with `args`, until it prints its address.
-fn spawn_serve(args: &[&str]) -> (std::process::Child, SocketAddr) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(common::binary())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-timeout-ms",
-            "300",
-        ])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("LEASEHOLD_DB")
-        .env_remove("LEASEHOLD_STORE")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn leasehold serve");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read the listening line");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .parse()
-        .expect("address");
-    (child, addr)
-}
-
 /// SIGTERM, and a clean exit.
 fn terminate(mut child: std::process::Child) {
     let pid = child.id().to_string();
@@ -419,7 +388,7 @@ fn terminate(mut child: std::process::Child) {
 #[tokio::test]
 async fn serve_with_a_postgres_store() {
     let schema = schema_or_skip!();
-    let (child, addr) = spawn_serve(&["--store", &schema.url, "--pg-schema", &schema.name]);
+    let (child, addr) = common::spawn_serve(&["--store", &schema.url, "--pg-schema", &schema.name]);
     let mut c = LeaseholdClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -447,7 +416,7 @@ async fn serve_with_a_sqlite_store() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("store.db");
     let store = format!("sqlite:{}", db.display());
-    let (child, addr) = spawn_serve(&["--store", &store]);
+    let (child, addr) = common::spawn_serve(&["--store", &store]);
     let mut c = LeaseholdClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
@@ -747,7 +716,8 @@ struct ServeProcess {
 
 impl ServeProcess {
     fn start(schema: &Schema) -> ServeProcess {
-        let (child, addr) = spawn_serve(&["--store", &schema.url, "--pg-schema", &schema.name]);
+        let (child, addr) =
+            common::spawn_serve(&["--store", &schema.url, "--pg-schema", &schema.name]);
         ServeProcess { child, addr }
     }
 

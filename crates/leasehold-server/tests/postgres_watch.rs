@@ -7,6 +7,7 @@
 //! duplicate, and resumes exactly on another server after `kill -9` of its
 //! own.
 
+mod common;
 mod pg_harness;
 
 use std::collections::HashMap;

@@ -4,10 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-
-use common::{TestServer, binary, test_options};
+use common::{TestServer, spawn_serve, test_options};
 use leasehold_server::server::ServeOptions;
 use leasehold_transcript::{
     Format, Layout, PLACEHOLDER_MARKER, RepairOptions, Transcript, TranscriptError, detect,
@@ -362,29 +359,13 @@ fn the_default_transcript_limit_fits_long_sessions() {
 #[tokio::test]
 async fn serve_takes_the_transcript_limit_as_a_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(binary())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-timeout-ms",
-            "300",
-        ])
-        .args(["--max-transcript-bytes", "65536", "--db"])
-        .arg(dir.path().join("leasehold.db"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn leasehold serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read the listening line");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect(&line)
-        .to_string();
+    let db = dir.path().join("leasehold.db");
+    let (mut child, addr) = spawn_serve(&[
+        "--max-transcript-bytes",
+        "65536",
+        "--db",
+        db.to_str().unwrap(),
+    ]);
     let mut client = TranscriptsClient::connect(format!("http://{addr}"))
         .await
         .unwrap();

@@ -243,6 +243,39 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_leasehold")
 }
 
+/// Starts the `leasehold serve` binary on 127.0.0.1:0 with `args` added
+/// (and none of the store variables of the test's environment), and waits
+/// until it prints the address it listens on.
+pub fn spawn_serve(args: &[&str]) -> (Child, SocketAddr) {
+    let mut child = Command::new(binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-timeout-ms",
+            "300",
+        ])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("LEASEHOLD_DB")
+        .env_remove("LEASEHOLD_STORE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn leasehold serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .expect("address");
+    (child, addr)
+}
+
 /// A real `leasehold serve` process, for crash tests.
 pub struct ServerProcess {
     pub child: Child,
@@ -252,32 +285,8 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `leasehold serve` on 127.0.0.1:0 over `db` and waits until it listens.
     pub fn start(db: &Path) -> ServerProcess {
-        let mut child = Command::new(binary())
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--drain-timeout-ms",
-                "300",
-                "--db",
-            ])
-            .arg(db)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn leasehold serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .expect("address");
+        let db = db.to_str().expect("a UTF-8 path");
+        let (child, addr) = spawn_serve(&["--db", db]);
         ServerProcess { child, addr }
     }
 

@@ -230,33 +230,9 @@ impl ServeProcess {
     /// Starts the binary on 127.0.0.1:0 over `schema` (with `args` added)
     /// and waits until it listens.
     pub fn start(schema: &Schema, args: &[&str]) -> ServeProcess {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--drain-timeout-ms",
-                "300",
-            ])
-            .args(["--store", &schema.url, "--pg-schema", &schema.name])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .env_remove("LEASEHOLD_DB")
-            .env_remove("LEASEHOLD_STORE")
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn leasehold serve");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .expect("address");
+        let store = ["--store", &schema.url, "--pg-schema", &schema.name];
+        let args: Vec<&str> = store.iter().copied().chain(args.iter().copied()).collect();
+        let (child, addr) = super::common::spawn_serve(&args);
         ServeProcess { child, addr }
     }
 
