@@ -487,15 +487,9 @@ async fn drive(
         let id = PYTHON_WORKER;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/worker.py");
         let mut command = std::process::Command::new(python);
-        command.arg(script).args([
-            urls[0].clone(),
-            id.to_string(),
-            recorder.origin().to_string(),
-            config.duration.as_secs_f64().to_string(),
-            config.workload.ttl.as_millis().to_string(),
-            config.workload.keys.len().to_string(),
-            config.seed.to_string(),
-        ]);
+        command
+            .arg(script)
+            .args(worker_args(&urls[0], id, config, recorder));
         processes.push(WorkerProcess::spawn(command, id, config, recorder, store)?);
     }
     if let Some(node) = &config.node {
@@ -505,16 +499,11 @@ async fn drive(
         for (n, transport) in ["grpc", "grpc-web"].into_iter().enumerate() {
             let id = TYPESCRIPT_WORKERS + n as u32;
             let mut command = std::process::Command::new(node);
-            command.arg(&script).arg(&client).args([
-                urls[n % urls.len()].clone(),
-                id.to_string(),
-                recorder.origin().to_string(),
-                config.duration.as_secs_f64().to_string(),
-                config.workload.ttl.as_millis().to_string(),
-                config.workload.keys.len().to_string(),
-                config.seed.to_string(),
-                transport.to_owned(),
-            ]);
+            command
+                .arg(&script)
+                .arg(&client)
+                .args(worker_args(&urls[n % urls.len()], id, config, recorder))
+                .arg(transport);
             processes.push(WorkerProcess::spawn(command, id, config, recorder, store)?);
         }
     }
@@ -789,6 +778,21 @@ async fn drive(
 /// A worker running as a process of its own (so it can be SIGSTOPped):
 /// its stdout lines are operations for the history and writes for the
 /// fenced store, read by a thread of the harness.
+/// The arguments the Python and TypeScript workers take after their
+/// script (see `python/worker.py`): server URL, worker id, the harness's
+/// time origin, seconds to run, TTL, number of keys, seed.
+fn worker_args(url: &str, id: u32, config: &RunConfig, recorder: &Recorder) -> [String; 7] {
+    [
+        url.to_owned(),
+        id.to_string(),
+        recorder.origin().to_string(),
+        config.duration.as_secs_f64().to_string(),
+        config.workload.ttl.as_millis().to_string(),
+        config.workload.keys.len().to_string(),
+        config.seed.to_string(),
+    ]
+}
+
 struct WorkerProcess {
     id: u32,
     child: std::process::Child,
