@@ -9,6 +9,7 @@
 //!   on one database.
 //! - [`grpc`]: the tonic services (leases, the Session stream, transcripts).
 //! - [`server`]: running it all on a listener, with health and reflection.
+//! - [`coalesce`]: one `writev` for the replies of many requests.
 //! - [`request_log`]: the request id on every log line of a request.
 //!
 //! The rules themselves live in `leasehold-core`; the wire format in
@@ -16,6 +17,7 @@
 
 pub mod auth;
 pub mod backend;
+pub mod coalesce;
 pub mod engine;
 pub mod event_codec;
 pub mod grpc;

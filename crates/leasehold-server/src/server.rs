@@ -10,12 +10,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::TryStreamExt;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tonic::transport::server::TcpIncoming;
 
 use crate::auth::AuthConfig;
 use crate::backend::Backend;
+use crate::coalesce::Coalesce;
 use crate::engine::{Engine, EngineConfig};
 use crate::grpc::LeaseholdService;
 use crate::grpc::transcripts::{DEFAULT_MAX_TRANSCRIPT_BYTES, TranscriptsService};
@@ -287,12 +289,15 @@ pub async fn serve_on(
     let serving: futures_util::future::BoxFuture<'_, Result<(), tonic::transport::Error>> =
         match tls {
             None => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                let incoming = TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .map_ok(Coalesce::new);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, draining))
             }
             Some(tls) => {
                 let (incoming, task) = crate::tls::incoming(listener, tls);
                 accept_task = Some(task);
+                let incoming = incoming.map_ok(Coalesce::new);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, draining))
             }
         };
