@@ -5,6 +5,13 @@
 
 use clap::Parser;
 
+/// The same allocator as the server's: the load generator shares the
+/// machine's cores with the server under test, and with glibc's malloc it
+/// spent more CPU per operation than the server. Every target (leasehold
+/// and its peers) is driven by this same process, so ratios stay fair.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Load generator for leasehold and its peers.
 #[derive(Debug, Parser)]
 #[command(name = "leasehold-bench", version, about)]

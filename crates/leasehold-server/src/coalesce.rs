@@ -159,3 +159,123 @@ impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected
         self.inner.connect_info()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncWriteExt;
+
+    /// A socket that records each write call (each would be a system call).
+    #[derive(Clone, Default)]
+    struct Recorder {
+        writes: Arc<Mutex<Vec<Vec<u8>>>>,
+        shut: Arc<Mutex<bool>>,
+    }
+
+    impl Recorder {
+        fn writes(&self) -> Vec<Vec<u8>> {
+            self.writes.lock().unwrap().clone()
+        }
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            data: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.writes.lock().unwrap().push(data.to_vec());
+            Poll::Ready(Ok(data.len()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            *self.shut.lock().unwrap() = true;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Replies written before a flush go out in one write, in order, and
+    /// only after the flush yielded once.
+    #[tokio::test]
+    async fn a_burst_of_replies_is_one_write_after_one_yield() {
+        let socket = Recorder::default();
+        let mut io = Coalesce::new(socket.clone());
+        io.write_all(b"one ").await.unwrap();
+        io.write_all(b"two ").await.unwrap();
+        io.write_all(b"three").await.unwrap();
+        assert!(
+            socket.writes().is_empty(),
+            "nothing is written before a flush"
+        );
+
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            Pin::new(&mut io).poll_flush(&mut cx).is_pending(),
+            "the first flush yields"
+        );
+        assert!(socket.writes().is_empty());
+        // A reply that became ready during the yield joins the same write.
+        io.write_all(b" four").await.unwrap();
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_ready());
+        assert_eq!(socket.writes(), vec![b"one two three four".to_vec()]);
+
+        // The next burst yields again.
+        io.write_all(b"five").await.unwrap();
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_pending());
+        io.flush().await.unwrap();
+        assert_eq!(socket.writes().len(), 2);
+        assert_eq!(socket.writes()[1], b"five".to_vec());
+    }
+
+    /// A flush with nothing buffered does not yield.
+    #[tokio::test]
+    async fn an_empty_flush_is_immediate() {
+        let mut io = Coalesce::new(Recorder::default());
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut io).poll_flush(&mut cx).is_ready());
+    }
+
+    /// Past the high-water mark the buffer is written out before more is
+    /// taken, and a large write is passed on without a copy; nothing is
+    /// lost or reordered.
+    #[tokio::test]
+    async fn large_writes_stream_instead_of_piling_up() {
+        let socket = Recorder::default();
+        let mut io = Coalesce::new(socket.clone());
+        let small = vec![1u8; HIGH_WATER / 2 + 1];
+        io.write_all(&small).await.unwrap();
+        io.write_all(&small).await.unwrap();
+        assert_eq!(
+            socket.writes().len(),
+            1,
+            "the first half went out to make room"
+        );
+        let large = vec![2u8; HIGH_WATER * 2];
+        io.write_all(&large).await.unwrap();
+        io.flush().await.unwrap();
+        let written: Vec<u8> = socket.writes().concat();
+        let mut expected = small.clone();
+        expected.extend_from_slice(&small);
+        expected.extend_from_slice(&large);
+        assert_eq!(written, expected);
+        assert!(socket.writes().iter().all(|w| w.len() <= HIGH_WATER * 2));
+    }
+
+    /// Shutting down writes what is buffered first.
+    #[tokio::test]
+    async fn shutdown_drains_the_buffer() {
+        let socket = Recorder::default();
+        let mut io = Coalesce::new(socket.clone());
+        io.write_all(b"last words").await.unwrap();
+        io.shutdown().await.unwrap();
+        assert_eq!(socket.writes(), vec![b"last words".to_vec()]);
+        assert!(*socket.shut.lock().unwrap());
+    }
+}
