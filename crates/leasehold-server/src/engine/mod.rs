@@ -65,6 +65,13 @@ use futures_util::future::BoxFuture;
 /// along with, instead of one long commit they queue behind.
 const LAZY_CHUNK: usize = 500;
 
+/// At most this many lazily changed keys ride along with urgent changes (a
+/// reply waits for those): during a mass expiry every commit used to carry
+/// a full [`LAZY_CHUNK`], and an Acquire waited for one such commit in
+/// flight and then for its own, p99 over 100 ms. Lazy-only commits still
+/// take full chunks.
+const URGENT_LAZY_CHUNK: usize = 32;
+
 /// At most this many deadlines are looked at per hold of the lessor lock, so a
 /// mass expiry does not stall requests.
 const EXPIRY_CHUNK: usize = 2_000;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use leasehold_core::store::Store;
 
-use super::{LAZY_CHUNK, Shared};
+use super::{LAZY_CHUNK, Shared, URGENT_LAZY_CHUNK};
 
 impl Shared {
     /// The writer thread: commits urgent changes at once, lazy ones within
@@ -27,7 +27,13 @@ impl Shared {
             let lazy_due = stopping || backlog || last_flush.elapsed() >= lazy_flush;
             let due = lessor.has_urgent() || (lessor.has_dirty() && lazy_due);
             if due {
-                let mut batch = lessor.take_batch_up_to(LAZY_CHUNK);
+                // A reply waits for urgent changes: keep their commit short.
+                let lazy_limit = if lessor.has_urgent() {
+                    URGENT_LAZY_CHUNK
+                } else {
+                    LAZY_CHUNK
+                };
+                let mut batch = lessor.take_batch_up_to(lazy_limit);
                 backlog = lessor.has_lazy_backlog();
                 drop(lessor);
                 let started = Instant::now();
