@@ -58,6 +58,31 @@ macro_rules! expire_live {
     };
 }
 
+/// Ends row `k`'s live term at `n.ms` as `$end` says (1 released, 2
+/// suspended), keeping the key for `$successor` (NULL: nobody) for
+/// `$for_ms`: a clean release resets the failure count and lifts a
+/// quarantine; a suspension counts as a failure.
+macro_rules! end_live {
+    ($end:literal, $successor:literal, $for_ms:literal) => {
+        concat!(
+            "ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
+         ended_end = ", $end, ", ended_at_ms = n.ms,
+         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
+         failures = CASE WHEN ", $end, " = 1 THEN 0 ELSE k.failures + 1 END,
+         quarantined = CASE WHEN ", $end, " = 1 THEN false
+                            ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
+                                                   AND k.failures + 1 >= k.live_max_recoveries) END,
+         reserved_kind        = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE 2 END,
+         reserved_after_fence = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE k.live_fence END,
+         reserved_successor   = ", $successor, ",
+         reserved_until_ms    = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE n.ms + ", $for_ms, " END,
+         live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
+         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
+         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false"
+        )
+    };
+}
+
 /// Whether row `k` is quarantined at `$now`, counting the failure of a live
 /// term past its deadline that nobody has moved to ended yet.
 macro_rules! quarantined_at {
@@ -210,28 +235,40 @@ macro_rules! in_line {
     };
 }
 
-/// Grants a key to a newcomer: `$1` key, `$2` owner, `$3` lease_id, `$4`
-/// request_id (NULL for none), `$5` ttl_ms, `$6` lock_delay_ms, `$7` the
-/// term's recovery limit (NULL: none), `$8` force, `$9` the history length.
-/// The key must be free for it: no term, or a term past its deadline and
-/// its lock-delay; no reservation but a handoff to this owner; not
-/// quarantined (unless forced); and nobody alive in line who could take it,
-/// unless the handoff is to this owner (the successor goes ahead of every
-/// waiter). Returns the row after the grant (its ended_* are the grant's
-/// `previous`), or nothing when the key is not free for this newcomer. An
-/// expired term it replaces is recorded (history, failure count,
+/// Grants keys to newcomers, each on its own condition, in one statement:
+/// `$1` keys (distinct), `$2` owners, `$3` lease_ids, `$4` request_ids
+/// (NULL for none), `$5` ttl_ms, `$6` lock_delay_ms, `$7` the terms'
+/// recovery limits (NULL: none), `$8` force, as arrays of one length, and
+/// `$9` the history length. One request is an array of one; concurrent
+/// Acquires of this server share the statement (see `batch`).
+///
+/// A key must be free for its request: no term, or a term past its
+/// deadline and its lock-delay; no reservation but a handoff to this owner;
+/// not quarantined (unless forced); and nobody alive in line who could take
+/// it, unless the handoff is to this owner (the successor goes ahead of
+/// every waiter). Returns the row after each grant (its ended_* are the
+/// grant's `previous`); a key not returned was not free for its request.
+/// An expired term a grant replaces is recorded (history, failure count,
 /// quarantine) in the same statement.
 ///
 /// The fence is `nextval` in the `DO UPDATE` branch, which PostgreSQL
 /// evaluates only after it has locked the row: a grant that waited for the
-/// lock cannot carry a fence drawn before the term it replaces.
+/// lock cannot carry a fence drawn before the term it replaces. Rows are
+/// inserted (and so locked) in key order, so two servers' batches cannot
+/// deadlock.
 pub const GRANT: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
+     req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::bigint[],
+                                  $6::bigint[], $7::integer[], $8::boolean[])
+             AS req(key, owner, lease_id, request_id, ttl_ms, lock_delay_ms, max_recoveries,
+                    force)),
      granted AS (
      INSERT INTO keys AS k (key, live_fence, live_owner, live_lease_id, live_request_id,
                             live_ttl_ms, live_acquired_at_ms, live_expires_at_ms,
                             live_lock_delay_ms, live_max_recoveries)
-     SELECT $1, nextval('fences'), $2, $3, $4, $5, n.ms, n.ms + $5, $6::bigint, $7::integer FROM n
+     SELECT req.key, nextval('fences'), req.owner, req.lease_id, req.request_id, req.ttl_ms,
+            n.ms, n.ms + req.ttl_ms, req.lock_delay_ms, req.max_recoveries
+     FROM req, n ORDER BY req.key
      ON CONFLICT (key) DO UPDATE SET ",
     end_expired_live!(),
     ",
@@ -250,7 +287,7 @@ pub const GRANT: &str = concat!(
      WHERE ",
     takeable_by!("EXCLUDED.live_acquired_at_ms", "EXCLUDED.live_owner"),
     "
-       AND ($8::boolean OR NOT ",
+       AND ((SELECT req.force FROM req WHERE req.key = EXCLUDED.key) OR NOT ",
     quarantined_at!("EXCLUDED.live_acquired_at_ms"),
     ")
        AND (",
@@ -397,21 +434,9 @@ pub const RENEW_MANY: &str = "WITH n AS (SELECT now_ms() AS ms),
 pub const RELEASE: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
      released AS (
-     UPDATE keys k SET
-         ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
-         ended_end = $4::smallint, ended_at_ms = n.ms,
-         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
-         failures = CASE WHEN $4::smallint = 1 THEN 0 ELSE k.failures + 1 END,
-         quarantined = CASE WHEN $4::smallint = 1 THEN false
-                            ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
-                                                   AND k.failures + 1 >= k.live_max_recoveries) END,
-         reserved_kind        = CASE WHEN $5::text IS NULL THEN NULL ELSE 2 END,
-         reserved_after_fence = CASE WHEN $5::text IS NULL THEN NULL ELSE k.live_fence END,
-         reserved_successor   = $5::text,
-         reserved_until_ms    = CASE WHEN $5::text IS NULL THEN NULL ELSE n.ms + $6::bigint END,
-         live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
-         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
-         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false
+     UPDATE keys k SET ",
+    end_live!("$4::smallint", "$5::text", "$6::bigint"),
+    "
      FROM n
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
      RETURNING k.*),
@@ -422,6 +447,46 @@ pub const RELEASE: &str = concat!(
     queue_end_events!("released"),
     "
      SELECT * FROM released"
+);
+
+/// Ends live terms whose keys nobody waits for, each on its own condition,
+/// in one autocommit statement: `$1` keys (distinct), `$2` fences, `$3`
+/// lease_ids, `$4` how (1 released, 2 suspended), `$5` the successors to
+/// keep the keys for (NULL: none), `$6` for how long, as arrays of one
+/// length; `$7` the history length, `$8` the schema's channel. As
+/// [`RELEASE`] for each row, with its history entry and event, and a
+/// `NOTIFY` of each key (a waiter that entered the line after this
+/// statement's snapshot is woken by it, and serves itself). A key with
+/// someone alive in line is not released here: [`RELEASE`] then serves the
+/// line in a transaction. Returns the rows released; a key not returned
+/// was not. Rows are locked in key order first, so concurrent batches
+/// cannot deadlock.
+pub const RELEASE_MANY: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
+     req AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::smallint[],
+                                  $5::text[], $6::bigint[])
+             AS req(key, fence, lease_id, end_kind, successor, handoff_ms)),
+     locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM req)
+                ORDER BY k.key FOR UPDATE),
+     released AS (
+     UPDATE keys k SET ",
+    end_live!("req.end_kind", "req.successor", "req.handoff_ms"),
+    "
+     FROM n, req, locked
+     WHERE k.key = req.key AND locked.key = req.key
+       AND k.live_fence = req.fence AND k.live_lease_id = req.lease_id
+       AND k.live_expires_at_ms > n.ms
+       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
+    in_line!("w", "n.ms"),
+    ")
+     RETURNING k.*),
+     ",
+    record_history!("released", "$7"),
+    ",
+     ",
+    queue_end_events!("released"),
+    "
+     SELECT released.*, pg_notify($8, released.key) FROM released"
 );
 
 /// Puts an Acquire in line: `$1` key, `$2` owner, `$3` ttl_ms, `$4`
