@@ -166,35 +166,42 @@ macro_rules! record_history {
 
 /// A CTE that queues the Watch event of each term that ended in CTE `$rows`
 /// (`keys` rows after a write that ended their live term: a release or an
-/// expiry), for the sequencer to give it a revision (see `events`). The
-/// statement that moves a term to ended is the only one to queue its end:
-/// the row lock makes that happen once.
+/// expiry), for the sequencer to give it a revision (see `events`): one
+/// queue row for the statement, its events in key order (migration 0006),
+/// none when it ended nothing. The statement that moves a term to ended is
+/// the only one to queue its end: the row lock makes that happen once.
 macro_rules! queue_end_events {
     ($rows:literal) => {
         concat!(
             "events_queued AS (
-                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
-                SELECT r.key, r.ended_end + 1, r.ended_fence, r.ended_owner, r.ended_at_ms
+                INSERT INTO event_queue (keys, kinds, fences, owners, at_mss)
+                SELECT array_agg(r.key ORDER BY r.key), array_agg(r.ended_end + 1 ORDER BY r.key),
+                       array_agg(r.ended_fence ORDER BY r.key), array_agg(r.ended_owner ORDER BY r.key),
+                       array_agg(r.ended_at_ms ORDER BY r.key)
                 FROM ",
             $rows,
-            " r)"
+            " r
+                HAVING count(*) > 0)"
         )
     };
 }
 
 /// A CTE that queues the Watch events of a grant (CTE `$rows`, the granted
-/// `keys` rows): the end of the expired term it replaced, if it replaced
-/// one, then the grant, in that order (the queue's ids follow the sorted
-/// rows). Whether a grant ended a term is whether it added that term's
-/// history entry (`history_added`, which only the statement that ends a
-/// term can add): an expired term moved earlier (by the sweeper, say) was
-/// queued by whoever moved it.
+/// `keys` rows) as one queue row: the end of the expired term each grant
+/// replaced, if it replaced one, before every grant (so each key's end
+/// comes before its grant). Whether a grant ended a term is whether it
+/// added that term's history entry (`history_added`, which only the
+/// statement that ends a term can add): an expired term moved earlier (by
+/// the sweeper, say) was queued by whoever moved it.
 macro_rules! queue_grant_events {
     ($rows:literal) => {
         concat!(
             "events_queued AS (
-                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
-                SELECT e.key, e.kind, e.fence, e.owner, e.at_ms FROM (
+                INSERT INTO event_queue (keys, kinds, fences, owners, at_mss)
+                SELECT array_agg(e.key ORDER BY e.step, e.key), array_agg(e.kind ORDER BY e.step, e.key),
+                       array_agg(e.fence ORDER BY e.step, e.key), array_agg(e.owner ORDER BY e.step, e.key),
+                       array_agg(e.at_ms ORDER BY e.step, e.key)
+                FROM (
                     SELECT 0 AS step, h.key, h.end_kind + 1 AS kind, h.fence, h.owner,
                            h.ended_at_ms AS at_ms
                     FROM history_added h
@@ -203,7 +210,7 @@ macro_rules! queue_grant_events {
                     FROM ",
             $rows,
             " g) e
-                ORDER BY e.step)"
+                HAVING count(*) > 0)"
         )
     };
 }
@@ -747,8 +754,10 @@ pub const EVENTS_QUEUED: &str = "SELECT EXISTS (SELECT 1 FROM event_queue)";
 
 /// The sequencer, in one statement: locks the one `event_head` row (waiting
 /// for another server's sequencer to commit), gives the next revisions to
-/// the oldest `$1` queued events, in queue order, and moves them to the log.
-/// Returns the new head and how many events it numbered.
+/// the events of the oldest `$1` queue rows, in queue order (a row's events
+/// in array order), and moves them to the log.
+/// Returns the new head, how many events it numbered and how many queue
+/// rows it moved.
 ///
 /// One statement, so a server that dies or drops it midway never leaves a
 /// transaction holding the lock. Its snapshot is older than the lock: an
@@ -764,17 +773,27 @@ pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head
          WHERE (SELECT revision FROM head) IS NOT NULL
            AND q.id IN (SELECT id FROM event_queue ORDER BY id LIMIT $1)
          RETURNING q.*),
+     flat AS (
+         SELECT m.id, 1::bigint AS ord, m.key, m.kind, m.fence, m.owner, m.at_ms
+         FROM moved m WHERE m.keys IS NULL
+         UNION ALL
+         SELECT m.id, u.ord, u.key, u.kind, u.fence, u.owner, u.at_ms
+         FROM moved m,
+              unnest(m.keys, m.kinds, m.fences, m.owners, m.at_mss)
+                  WITH ORDINALITY AS u(key, kind, fence, owner, at_ms, ord)
+         WHERE m.keys IS NOT NULL),
      numbered AS (
-         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id) AS revision,
+         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id, ord) AS revision,
                 key, kind, fence, owner, at_ms
-         FROM moved),
+         FROM flat),
      added AS (
          INSERT INTO events (revision, key, kind, fence, owner, at_ms)
          SELECT revision, key, kind, fence, owner, at_ms FROM numbered
          RETURNING revision)
      UPDATE event_head
      SET revision = (SELECT coalesce(max(a.revision), (SELECT revision FROM head)) FROM added a)
-     RETURNING revision, (SELECT count(*) FROM added) AS numbered";
+     RETURNING revision, (SELECT count(*) FROM added) AS numbered,
+               (SELECT count(*) FROM moved) AS moved";
 
 /// Trims the log to the newest `$1` revisions (idempotent; needs no lock).
 pub const TRIM_EVENTS: &str =
