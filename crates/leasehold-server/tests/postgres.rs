@@ -1534,7 +1534,10 @@ async fn concurrent_acquires_and_releases_of_free_keys_share_statements() {
         counter(&server, "leasehold_pg_grant_batched_total"),
     );
     assert_eq!(carried, 40, "every grant went through a batch");
-    assert!(statements < carried, "{statements} statements, {carried} grants");
+    assert!(
+        statements < carried,
+        "{statements} statements, {carried} grants"
+    );
 
     let releases: Vec<_> = leases
         .iter()
@@ -1551,7 +1554,10 @@ async fn concurrent_acquires_and_releases_of_free_keys_share_statements() {
         counter(&server, "leasehold_pg_release_batched_total"),
     );
     assert_eq!(carried, 40, "every release went through a batch");
-    assert!(statements < carried, "{statements} statements, {carried} releases");
+    assert!(
+        statements < carried,
+        "{statements} statements, {carried} releases"
+    );
 
     let mut c = c.clone();
     for lease in &leases {
@@ -1655,7 +1661,8 @@ async fn a_batch_of_releases_serves_waiters_and_refuses_stale_ones() {
     // a wrong lease id; rel/1 has a waiter.
     c.release(release(&leases[5], false)).await.unwrap();
     let mut w = server.client().await;
-    let waiter = tokio::spawn(async move { w.acquire(waiting("rel/1", "w", 10_000, 10_000)).await });
+    let waiter =
+        tokio::spawn(async move { w.acquire(waiting("rel/1", "w", 10_000, 10_000)).await });
     schema.in_line("rel/1", 1).await;
     let sent: Vec<_> = leases
         .iter()
@@ -1676,12 +1683,18 @@ async fn a_batch_of_releases_serves_waiters_and_refuses_stale_ones() {
     for i in [0, 1, 2, 3, 5] {
         assert!(outcomes[i].is_ok(), "{i}: {:?}", outcomes[i]);
     }
-    assert_eq!(outcomes[4].as_ref().unwrap_err().code(), Code::PermissionDenied);
+    assert_eq!(
+        outcomes[4].as_ref().unwrap_err().code(),
+        Code::PermissionDenied
+    );
     let served = lease_of(waiter.await.unwrap().unwrap());
     assert_eq!(served.owner, "w");
     assert!(served.fence > leases[5].fence);
     let view = c.get(get("rel/2")).await.unwrap().into_inner();
-    assert!(view.recoverable, "a suspended release leaves the key recoverable");
+    assert!(
+        view.recoverable,
+        "a suspended release leaves the key recoverable"
+    );
     let view = c.get(get("rel/4")).await.unwrap().into_inner();
     assert_eq!(view.lease.unwrap().fence, leases[4].fence, "still held");
 }
@@ -1697,7 +1710,8 @@ async fn two_servers_batching_contended_keys_keep_exclusion() {
         PgServer::start(&schema).await,
     ];
     const KEYS: usize = 6;
-    let holding: Arc<Vec<AtomicBool>> = Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
+    let holding: Arc<Vec<AtomicBool>> =
+        Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
     let last_fence: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
     let grants = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
@@ -1717,19 +1731,32 @@ async fn two_servers_batching_contended_keys_keep_exclusion() {
                     Err(status) if status.code() == Code::Aborted => continue,
                     Err(status) => panic!("acquire: {status:?}"),
                 };
-                assert!(!holding[k].swap(true, Ordering::SeqCst), "two live terms on {key}");
+                assert!(
+                    !holding[k].swap(true, Ordering::SeqCst),
+                    "two live terms on {key}"
+                );
                 let previous = last_fence[k].swap(lease.fence, Ordering::SeqCst);
-                assert!(lease.fence > previous, "fence {} after {previous}", lease.fence);
+                assert!(
+                    lease.fence > previous,
+                    "fence {} after {previous}",
+                    lease.fence
+                );
                 grants.fetch_add(1, Ordering::Relaxed);
                 holding[k].store(false, Ordering::SeqCst);
-                client.release(release(&lease, false)).await.expect("release");
+                client
+                    .release(release(&lease, false))
+                    .await
+                    .expect("release");
             }
         }));
     }
     for worker in workers {
         worker.await.expect("worker");
     }
-    assert!(grants.load(Ordering::Relaxed) > 50, "too few grants to mean anything");
+    assert!(
+        grants.load(Ordering::Relaxed) > 50,
+        "too few grants to mean anything"
+    );
     for server in &servers {
         assert!(counter(server, "leasehold_pg_grant_batches_total") > 0);
         assert!(counter(server, "leasehold_pg_release_batches_total") > 0);

@@ -835,8 +835,18 @@ impl Backend for PgBackend {
             self.inner.renew_batched.load(Relaxed),
         );
         let counts = [
-            ("grant", "grant attempts", "Grant attempts", &self.inner.grant_counts),
-            ("release", "releases", "Releases", &self.inner.release_counts),
+            (
+                "grant",
+                "grant attempts",
+                "Grant attempts",
+                &self.inner.grant_counts,
+            ),
+            (
+                "release",
+                "releases",
+                "Releases",
+                &self.inner.release_counts,
+            ),
         ];
         for (name, what, carried, count) in counts {
             out.counter(
