@@ -39,13 +39,13 @@ use super::*;
 pub(super) type Queue<J> = mpsc::UnboundedSender<J>;
 
 /// What became of a request sent through a batch.
-pub(super) enum Tried<T> {
+pub(super) enum Batched<T> {
     /// Its statement applied it.
     Applied(T),
     /// Its statement ran and did not apply it (the single path explains why).
     Refused,
     /// No statement ran for it (batching is off, or the batcher is gone).
-    NotTried,
+    Unsent,
 }
 
 /// Statements that carried batches, and the requests they carried
@@ -122,15 +122,15 @@ async fn through<J, T>(
     queue: &Queue<J>,
     job: J,
     replied: oneshot::Receiver<Result<Option<T>>>,
-) -> Result<Tried<T>> {
+) -> Result<Batched<T>> {
     if queue.send(job).is_err() {
-        return Ok(Tried::NotTried);
+        return Ok(Batched::Unsent);
     }
     match replied.await {
-        Ok(Ok(Some(done))) => Ok(Tried::Applied(done)),
-        Ok(Ok(None)) => Ok(Tried::Refused),
+        Ok(Ok(Some(done))) => Ok(Batched::Applied(done)),
+        Ok(Ok(None)) => Ok(Batched::Refused),
         Ok(Err(e)) => Err(e),
-        Err(_) => Ok(Tried::NotTried),
+        Err(_) => Ok(Batched::Unsent),
     }
 }
 
@@ -158,9 +158,9 @@ fn distinct<J>(
 impl Inner {
     /// Tries to grant `request` through a batch (the common case: a free
     /// key and nobody in line).
-    pub(super) async fn grant_batched(&self, request: &Acquire) -> Result<Tried<Grant>> {
+    pub(super) async fn grant_batched(&self, request: &Acquire) -> Result<Batched<Grant>> {
         let Some(queue) = &self.grants else {
-            return Ok(Tried::NotTried);
+            return Ok(Batched::Unsent);
         };
         let (reply, replied) = oneshot::channel();
         let job = GrantJob {

@@ -7,7 +7,7 @@
 use leasehold_core::error::Held;
 use leasehold_core::lease::{Lifecycle, Reservation};
 
-use super::batch::{self, Tried};
+use super::batch::{self, Batched};
 use super::order::Turn;
 use super::*;
 
@@ -142,9 +142,9 @@ impl Inner {
         // shared with this server's other Acquires (see `batch`), taken
         // before a connection of its own.
         let grant_tried = match self.grant_batched(&request).await? {
-            Tried::Applied(grant) => return Ok(grant),
-            Tried::Refused => true,
-            Tried::NotTried => false,
+            Batched::Applied(grant) => return Ok(grant),
+            Batched::Refused => true,
+            Batched::Unsent => false,
         };
         let mut client = self.client().await?;
         let first = self.acquire_now(&mut client, &request, grant_tried).await;

@@ -12,6 +12,14 @@
 //! condition false reads the row and explains the refusal exactly as the
 //! SQLite engine does (`row::KeyNow`).
 //!
+//! # Batching
+//! A lock cycle on a free key is two autocommit statements, each shared
+//! with this server's concurrent requests of the same kind (`batch`,
+//! `renewals`): still one conditional write per row, each on its own
+//! condition, so batching changes no rule, only the number of round trips
+//! and commits. A request its batch did not apply takes the single-request
+//! path below.
+//!
 //! # Waiting
 //! A waiting Acquire is a row of `waiters`. Whoever finds a key free with
 //! someone alive in line (a release, an expiry sweep, a newcomer, a waiter
@@ -53,6 +61,8 @@
 //! - `terms`: renew, release, check, get, list and the sweeper;
 //! - `line`: Acquire and waiting in line; `listen`: the NOTIFY wake-ups;
 //! - `renewals`: concurrent renewals batched into one statement;
+//! - `batch`: concurrent grants of free keys, and releases of keys nobody
+//!   waits for, batched into one statement each;
 //! - `ledger`: the tool-call ledger; `order`: per-key call order;
 //! - `events`: Watch (the event log's sequencer and each server's feed);
 //! - `row`: rows to domain values, and the refusals a row implies.
