@@ -13,9 +13,9 @@
 //! As for renewals (`renewals`), the window is zero: a request queues, and
 //! the next batch takes everything queued while the batches in flight ran
 //! (up to [`PgConfig::write_batch`]). One client alone waits for nobody.
-//! At most a quarter of the pool runs grant batches at once, and another
-//! quarter release batches, so the single-request paths always find
-//! connections.
+//! At most an eighth of the pool runs grant batches at once, and another
+//! eighth release batches, so the single-request paths always find
+//! connections and batches grow while the database is busy.
 //!
 //! A request its batch did not apply (its row was not returned: the key is
 //! held, reserved, quarantined, or has a line; a stale fence; a replay)

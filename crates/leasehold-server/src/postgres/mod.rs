@@ -367,9 +367,11 @@ impl PgBackend {
         if let Some(queued) = renewal_queue {
             tasks.push(tokio::spawn(inner.clone().batch_renewals(queued, batch)).abort_handle());
         }
-        // A quarter of the pool each for grant and release batches (renewals
-        // may take half), so single requests always find connections.
-        let slots = (inner.config.pool_size / 4).max(1);
+        // An eighth of the pool each for grant and release batches at once
+        // (renewals may take half), so single requests always find
+        // connections, and so a batch waits long enough to grow: each
+        // statement and commit costs the database more than a row in it.
+        let slots = (inner.config.pool_size / 8).max(1);
         if let Some(queued) = grant_queue {
             let batcher = inner.clone();
             let run = move |jobs| {
