@@ -63,6 +63,10 @@ enum Command {
         /// applies; 1 sends each renewal alone.
         #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
         pg_renew_batch: u16,
+        /// PostgreSQL only: the most concurrent grants, and the most
+        /// concurrent releases, one statement applies; 1 sends each alone.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
+        pg_write_batch: u16,
         /// SQLite only. full: every acknowledged write survives power loss;
         /// normal: survives crashes only. (PostgreSQL commits as the
         /// database's synchronous_commit says.)
@@ -441,6 +445,7 @@ async fn run(command: Command) -> ExitCode {
             pg_schema,
             pg_pool_size,
             pg_renew_batch,
+            pg_write_batch,
             sync,
             drain_timeout_ms,
             retention_ms,
@@ -485,6 +490,7 @@ async fn run(command: Command) -> ExitCode {
                         schema: pg_schema,
                         pool_size: pg_pool_size,
                         renew_batch: usize::from(pg_renew_batch),
+                        write_batch: usize::from(pg_write_batch),
                         retention_ms,
                         history_len,
                         default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),

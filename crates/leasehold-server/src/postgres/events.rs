@@ -61,8 +61,9 @@ use crate::engine::{Commit, Watching, cut_off};
 /// Events read from the log by one statement (and so at most one feed item).
 const PAGE: usize = 256;
 
-/// Queued events one sequencer statement numbers at most.
-const SEQUENCE_BATCH: i64 = 10_000;
+/// Queue rows one sequencer statement moves at most (each holds one
+/// event, or one statement's events: at most a batch, or a sweep's 1000).
+const SEQUENCE_BATCH: i64 = 1_000;
 
 /// Pages the feed reads per poll at most, so one poll cannot run long.
 const PAGES_PER_POLL: usize = 16;
@@ -181,13 +182,12 @@ impl Inner {
             .map_err(db_error)?;
         let mut total = 0;
         loop {
-            let numbered: i64 = client
+            let row = client
                 .query_one(&number, &[&SEQUENCE_BATCH])
                 .await
-                .map_err(db_error)?
-                .get("numbered");
-            total += numbered;
-            if numbered < SEQUENCE_BATCH {
+                .map_err(db_error)?;
+            total += row.get::<_, i64>("numbered");
+            if row.get::<_, i64>("moved") < SEQUENCE_BATCH {
                 return Ok(total);
             }
         }

@@ -7,6 +7,7 @@
 use leasehold_core::error::Held;
 use leasehold_core::lease::{Lifecycle, Reservation};
 
+use super::batch::{self, Batched};
 use super::order::Turn;
 use super::*;
 
@@ -76,47 +77,18 @@ impl Inner {
         &self,
         client: &mut Client,
         request: &Acquire,
+        grant_tried: bool,
     ) -> Result<Grant> {
-        let key = request.key.as_str();
-        let request_id = request.request_id.as_ref().map(|r| r.as_str());
-        let ttl = request.ttl.as_millis() as i64;
-        let lock_delay = request.options.lock_delay_ms.min(i64::MAX as u64) as i64;
         let max_recoveries = self.max_recoveries(request);
-        let force = request.options.force;
-        let history_len = self.history_len();
-        let grant = client.prepare_cached(sql::GRANT).await.map_err(db_error)?;
-        for _ in 0..RACE_RETRIES {
-            let lease_id = LeaseId::random();
-            let granted = client
-                .query_opt(
-                    &grant,
-                    &[
-                        &key,
-                        &request.owner.as_str(),
-                        &lease_id.0,
-                        &request_id,
-                        &ttl,
-                        &lock_delay,
-                        &max_recoveries,
-                        &force,
-                        &history_len,
-                    ],
-                )
-                .await
-                .map_err(db_error)?;
-            if let Some(row) = granted {
-                let stored = KeyRow::from_row(&row)?;
-                let term = stored
-                    .live
-                    .ok_or_else(|| Error::Storage("a grant returned no term".into()))?;
-                return Ok(Grant {
-                    key: request.key.clone(),
-                    term,
-                    previous: stored.last_ended,
-                    replayed: false,
-                    unsettled_tool_calls: row.get::<_, i64>("unsettled") as usize,
-                    visible_seq: 0,
-                });
+        for attempt in 0..RACE_RETRIES {
+            // A grant its batch just refused goes straight to the read.
+            if attempt > 0 || !grant_tried {
+                let rows = self
+                    .grant_rows(client, &[(request, max_recoveries)])
+                    .await?;
+                if let Some(row) = rows.first() {
+                    return batch::grant_of(request, row);
+                }
             }
             // Moves an expiry nobody recorded yet, and serves the line: a
             // free key with people in line goes to them first, and the next
@@ -165,9 +137,17 @@ impl Inner {
     /// held or reserved. `applied` is signalled once the request is granted, refused or
     /// in line.
     pub(super) async fn acquire(self: Arc<Self>, request: Acquire, applied: Turn) -> Result<Grant> {
-        let mut client = self.client().await?;
         let wakes = self.wakes.subscribe();
-        let first = self.acquire_now(&mut client, &request).await;
+        // The common case, a free key with nobody in line: one statement
+        // shared with this server's other Acquires (see `batch`), taken
+        // before a connection of its own.
+        let grant_tried = match self.grant_batched(&request).await? {
+            Batched::Applied(grant) => return Ok(grant),
+            Batched::Refused => true,
+            Batched::Unsent => false,
+        };
+        let mut client = self.client().await?;
+        let first = self.acquire_now(&mut client, &request, grant_tried).await;
         let wait = request.wait.as_millis();
         // A reserved key keeps its line (waiters keep their places through
         // a lock-delay, and come after the successor); a quarantined one
@@ -246,7 +226,7 @@ impl Inner {
                 // Our row is gone (removed as dead after a long stall): take
                 // one last look instead of waiting on nothing.
                 place.armed = false;
-                return self.acquire_now(&mut client, &request).await;
+                return self.acquire_now(&mut client, &request, false).await;
             };
             if let Some(fence) = mine.get::<_, Option<i64>>("granted_fence") {
                 let grant = granted(
@@ -279,7 +259,7 @@ impl Inner {
             if now >= until {
                 return match self.leave_line(&client, &mut place, &request).await? {
                     Some(grant) => Ok(grant),
-                    None => self.acquire_now(&mut client, &request).await,
+                    None => self.acquire_now(&mut client, &request, false).await,
                 };
             }
             let mut sleep = Duration::from_millis(until - now).min(self.config.poll);

@@ -20,6 +20,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../migrations/postgres/0003_lifecycle.sql"),
     include_str!("../../../../migrations/postgres/0004_tool_call_turns.sql"),
     include_str!("../../../../migrations/postgres/0005_events.sql"),
+    include_str!("../../../../migrations/postgres/0006_event_batches.sql"),
 ];
 
 /// Creates `schema` if needed and brings it to the newest version.

@@ -12,6 +12,14 @@
 //! condition false reads the row and explains the refusal exactly as the
 //! SQLite engine does (`row::KeyNow`).
 //!
+//! # Batching
+//! A lock cycle on a free key is two autocommit statements, each shared
+//! with this server's concurrent requests of the same kind (`batch`,
+//! `renewals`): still one conditional write per row, each on its own
+//! condition, so batching changes no rule, only the number of round trips
+//! and commits. A request its batch did not apply takes the single-request
+//! path below.
+//!
 //! # Waiting
 //! A waiting Acquire is a row of `waiters`. Whoever finds a key free with
 //! someone alive in line (a release, an expiry sweep, a newcomer, a waiter
@@ -53,6 +61,8 @@
 //! - `terms`: renew, release, check, get, list and the sweeper;
 //! - `line`: Acquire and waiting in line; `listen`: the NOTIFY wake-ups;
 //! - `renewals`: concurrent renewals batched into one statement;
+//! - `batch`: concurrent grants of free keys, and releases of keys nobody
+//!   waits for, batched into one statement each;
 //! - `ledger`: the tool-call ledger; `order`: per-key call order;
 //! - `events`: Watch (the event log's sequencer and each server's feed);
 //! - `row`: rows to domain values, and the refusals a row implies.
@@ -65,6 +75,7 @@
 //! `docs/deploy.md`). When the database cannot be reached every request is
 //! refused with UNAVAILABLE; nothing is guessed.
 
+mod batch;
 mod events;
 mod ledger;
 mod line;
@@ -149,6 +160,9 @@ pub struct PgConfig {
     /// The most renewals one statement applies (see `renewals`); 1 sends
     /// each renewal alone.
     pub renew_batch: usize,
+    /// The most grants, and the most releases, one statement applies (see
+    /// `batch`); 1 sends each alone.
+    pub write_batch: usize,
     /// How many Watch events the log keeps (`--event-log-len`): whichever
     /// server numbers new events trims the log to its own length.
     pub event_log_len: usize,
@@ -177,6 +191,7 @@ impl PgConfig {
             default_max_recoveries: None,
             health_interval: Duration::from_millis(500),
             renew_batch: 256,
+            write_batch: 256,
             event_log_len: DEFAULT_EVENT_LOG_LEN,
             watch_buffer: 4096,
             watch_poll: Duration::from_millis(50),
@@ -221,6 +236,13 @@ struct Inner {
     /// Batch statements run, and the renewals they carried (metrics).
     renew_batches: std::sync::atomic::AtomicU64,
     renew_batched: std::sync::atomic::AtomicU64,
+    /// Where grant attempts and releases queue to share a statement;
+    /// `None` when batching them is off.
+    grants: Option<batch::Queue<batch::GrantJob>>,
+    releases: Option<batch::Queue<batch::ReleaseJob>>,
+    /// Statements that carried grant attempts and releases (metrics).
+    grant_counts: batch::Counts,
+    release_counts: batch::Counts,
     /// This server's feed of new events to its watchers.
     tail: events::Tail,
     config: PgConfig,
@@ -307,6 +329,19 @@ impl PgBackend {
         } else {
             (None, None)
         };
+        let write_batch = config.write_batch;
+        let (grants, grant_queue) = if write_batch > 1 {
+            let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
+            (Some(queue), Some(queued))
+        } else {
+            (None, None)
+        };
+        let (releases, release_queue) = if write_batch > 1 {
+            let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
+            (Some(queue), Some(queued))
+        } else {
+            (None, None)
+        };
         let inner = Arc::new(Inner {
             pool,
             channel: channel.clone(),
@@ -317,6 +352,10 @@ impl PgBackend {
             renewals,
             renew_batches: Default::default(),
             renew_batched: Default::default(),
+            grants,
+            releases,
+            grant_counts: Default::default(),
+            release_counts: Default::default(),
             tail: events::Tail::new(config.watch_buffer),
             config,
         });
@@ -327,6 +366,29 @@ impl PgBackend {
         let mut tasks = vec![listener, sweeper, prober, feed];
         if let Some(queued) = renewal_queue {
             tasks.push(tokio::spawn(inner.clone().batch_renewals(queued, batch)).abort_handle());
+        }
+        // An eighth of the pool each for grant and release batches at once
+        // (renewals may take half), so single requests always find
+        // connections, and so a batch waits long enough to grow: each
+        // statement and commit costs the database more than a row in it.
+        let slots = (inner.config.pool_size / 8).max(1);
+        if let Some(queued) = grant_queue {
+            let batcher = inner.clone();
+            let run = move |jobs| {
+                let inner = batcher.clone();
+                async move { inner.run_grant_batch(jobs).await }
+            };
+            let loop_ = batch::run_batches(queued, write_batch, slots, run);
+            tasks.push(tokio::spawn(loop_).abort_handle());
+        }
+        if let Some(queued) = release_queue {
+            let batcher = inner.clone();
+            let run = move |jobs| {
+                let inner = batcher.clone();
+                async move { inner.run_release_batch(jobs).await }
+            };
+            let loop_ = batch::run_batches(queued, write_batch, slots, run);
+            tasks.push(tokio::spawn(loop_).abort_handle());
         }
         tracing::info!(database = %origin, schema = %inner.config.schema, "PostgreSQL backend ready");
         Ok(PgBackend {
@@ -784,6 +846,32 @@ impl Backend for PgBackend {
             "Renewals carried by those statements.",
             self.inner.renew_batched.load(Relaxed),
         );
+        let counts = [
+            (
+                "grant",
+                "grant attempts",
+                "Grant attempts",
+                &self.inner.grant_counts,
+            ),
+            (
+                "release",
+                "releases",
+                "Releases",
+                &self.inner.release_counts,
+            ),
+        ];
+        for (name, what, carried, count) in counts {
+            out.counter(
+                &format!("leasehold_pg_{name}_batches_total"),
+                &format!("Statements that applied a batch of {what}."),
+                count.batches.load(Relaxed),
+            );
+            out.counter(
+                &format!("leasehold_pg_{name}_batched_total"),
+                &format!("{carried} carried by those statements."),
+                count.carried.load(Relaxed),
+            );
+        }
     }
 
     fn failed(&self) -> BoxFuture<'static, String> {

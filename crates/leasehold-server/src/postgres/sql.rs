@@ -58,6 +58,31 @@ macro_rules! expire_live {
     };
 }
 
+/// Ends row `k`'s live term at `n.ms` as `$end` says (1 released, 2
+/// suspended), keeping the key for `$successor` (NULL: nobody) for
+/// `$for_ms`: a clean release resets the failure count and lifts a
+/// quarantine; a suspension counts as a failure.
+macro_rules! end_live {
+    ($end:literal, $successor:literal, $for_ms:literal) => {
+        concat!(
+            "ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
+         ended_end = ", $end, ", ended_at_ms = n.ms,
+         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
+         failures = CASE WHEN ", $end, " = 1 THEN 0 ELSE k.failures + 1 END,
+         quarantined = CASE WHEN ", $end, " = 1 THEN false
+                            ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
+                                                   AND k.failures + 1 >= k.live_max_recoveries) END,
+         reserved_kind        = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE 2 END,
+         reserved_after_fence = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE k.live_fence END,
+         reserved_successor   = ", $successor, ",
+         reserved_until_ms    = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE n.ms + ", $for_ms, " END,
+         live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
+         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
+         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false"
+        )
+    };
+}
+
 /// Whether row `k` is quarantined at `$now`, counting the failure of a live
 /// term past its deadline that nobody has moved to ended yet.
 macro_rules! quarantined_at {
@@ -141,35 +166,42 @@ macro_rules! record_history {
 
 /// A CTE that queues the Watch event of each term that ended in CTE `$rows`
 /// (`keys` rows after a write that ended their live term: a release or an
-/// expiry), for the sequencer to give it a revision (see `events`). The
-/// statement that moves a term to ended is the only one to queue its end:
-/// the row lock makes that happen once.
+/// expiry), for the sequencer to give it a revision (see `events`): one
+/// queue row for the statement, its events in key order (migration 0006),
+/// none when it ended nothing. The statement that moves a term to ended is
+/// the only one to queue its end: the row lock makes that happen once.
 macro_rules! queue_end_events {
     ($rows:literal) => {
         concat!(
             "events_queued AS (
-                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
-                SELECT r.key, r.ended_end + 1, r.ended_fence, r.ended_owner, r.ended_at_ms
+                INSERT INTO event_queue (keys, kinds, fences, owners, at_mss)
+                SELECT array_agg(r.key ORDER BY r.key), array_agg(r.ended_end + 1 ORDER BY r.key),
+                       array_agg(r.ended_fence ORDER BY r.key), array_agg(r.ended_owner ORDER BY r.key),
+                       array_agg(r.ended_at_ms ORDER BY r.key)
                 FROM ",
             $rows,
-            " r)"
+            " r
+                HAVING count(*) > 0)"
         )
     };
 }
 
 /// A CTE that queues the Watch events of a grant (CTE `$rows`, the granted
-/// `keys` rows): the end of the expired term it replaced, if it replaced
-/// one, then the grant, in that order (the queue's ids follow the sorted
-/// rows). Whether a grant ended a term is whether it added that term's
-/// history entry (`history_added`, which only the statement that ends a
-/// term can add): an expired term moved earlier (by the sweeper, say) was
-/// queued by whoever moved it.
+/// `keys` rows) as one queue row: the end of the expired term each grant
+/// replaced, if it replaced one, before every grant (so each key's end
+/// comes before its grant). Whether a grant ended a term is whether it
+/// added that term's history entry (`history_added`, which only the
+/// statement that ends a term can add): an expired term moved earlier (by
+/// the sweeper, say) was queued by whoever moved it.
 macro_rules! queue_grant_events {
     ($rows:literal) => {
         concat!(
             "events_queued AS (
-                INSERT INTO event_queue (key, kind, fence, owner, at_ms)
-                SELECT e.key, e.kind, e.fence, e.owner, e.at_ms FROM (
+                INSERT INTO event_queue (keys, kinds, fences, owners, at_mss)
+                SELECT array_agg(e.key ORDER BY e.step, e.key), array_agg(e.kind ORDER BY e.step, e.key),
+                       array_agg(e.fence ORDER BY e.step, e.key), array_agg(e.owner ORDER BY e.step, e.key),
+                       array_agg(e.at_ms ORDER BY e.step, e.key)
+                FROM (
                     SELECT 0 AS step, h.key, h.end_kind + 1 AS kind, h.fence, h.owner,
                            h.ended_at_ms AS at_ms
                     FROM history_added h
@@ -178,7 +210,7 @@ macro_rules! queue_grant_events {
                     FROM ",
             $rows,
             " g) e
-                ORDER BY e.step)"
+                HAVING count(*) > 0)"
         )
     };
 }
@@ -210,28 +242,40 @@ macro_rules! in_line {
     };
 }
 
-/// Grants a key to a newcomer: `$1` key, `$2` owner, `$3` lease_id, `$4`
-/// request_id (NULL for none), `$5` ttl_ms, `$6` lock_delay_ms, `$7` the
-/// term's recovery limit (NULL: none), `$8` force, `$9` the history length.
-/// The key must be free for it: no term, or a term past its deadline and
-/// its lock-delay; no reservation but a handoff to this owner; not
-/// quarantined (unless forced); and nobody alive in line who could take it,
-/// unless the handoff is to this owner (the successor goes ahead of every
-/// waiter). Returns the row after the grant (its ended_* are the grant's
-/// `previous`), or nothing when the key is not free for this newcomer. An
-/// expired term it replaces is recorded (history, failure count,
+/// Grants keys to newcomers, each on its own condition, in one statement:
+/// `$1` keys (distinct), `$2` owners, `$3` lease_ids, `$4` request_ids
+/// (NULL for none), `$5` ttl_ms, `$6` lock_delay_ms, `$7` the terms'
+/// recovery limits (NULL: none), `$8` force, as arrays of one length, and
+/// `$9` the history length. One request is an array of one; concurrent
+/// Acquires of this server share the statement (see `batch`).
+///
+/// A key must be free for its request: no term, or a term past its
+/// deadline and its lock-delay; no reservation but a handoff to this owner;
+/// not quarantined (unless forced); and nobody alive in line who could take
+/// it, unless the handoff is to this owner (the successor goes ahead of
+/// every waiter). Returns the row after each grant (its ended_* are the
+/// grant's `previous`); a key not returned was not free for its request.
+/// An expired term a grant replaces is recorded (history, failure count,
 /// quarantine) in the same statement.
 ///
 /// The fence is `nextval` in the `DO UPDATE` branch, which PostgreSQL
 /// evaluates only after it has locked the row: a grant that waited for the
-/// lock cannot carry a fence drawn before the term it replaces.
+/// lock cannot carry a fence drawn before the term it replaces. Rows are
+/// inserted (and so locked) in key order, so two servers' batches cannot
+/// deadlock.
 pub const GRANT: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
+     req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::bigint[],
+                                  $6::bigint[], $7::integer[], $8::boolean[])
+             AS req(key, owner, lease_id, request_id, ttl_ms, lock_delay_ms, max_recoveries,
+                    force)),
      granted AS (
      INSERT INTO keys AS k (key, live_fence, live_owner, live_lease_id, live_request_id,
                             live_ttl_ms, live_acquired_at_ms, live_expires_at_ms,
                             live_lock_delay_ms, live_max_recoveries)
-     SELECT $1, nextval('fences'), $2, $3, $4, $5, n.ms, n.ms + $5, $6::bigint, $7::integer FROM n
+     SELECT req.key, nextval('fences'), req.owner, req.lease_id, req.request_id, req.ttl_ms,
+            n.ms, n.ms + req.ttl_ms, req.lock_delay_ms, req.max_recoveries
+     FROM req, n ORDER BY req.key
      ON CONFLICT (key) DO UPDATE SET ",
     end_expired_live!(),
     ",
@@ -250,7 +294,7 @@ pub const GRANT: &str = concat!(
      WHERE ",
     takeable_by!("EXCLUDED.live_acquired_at_ms", "EXCLUDED.live_owner"),
     "
-       AND ($8::boolean OR NOT ",
+       AND ((SELECT req.force FROM req WHERE req.key = EXCLUDED.key) OR NOT ",
     quarantined_at!("EXCLUDED.live_acquired_at_ms"),
     ")
        AND (",
@@ -397,21 +441,9 @@ pub const RENEW_MANY: &str = "WITH n AS (SELECT now_ms() AS ms),
 pub const RELEASE: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
      released AS (
-     UPDATE keys k SET
-         ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
-         ended_end = $4::smallint, ended_at_ms = n.ms,
-         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
-         failures = CASE WHEN $4::smallint = 1 THEN 0 ELSE k.failures + 1 END,
-         quarantined = CASE WHEN $4::smallint = 1 THEN false
-                            ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
-                                                   AND k.failures + 1 >= k.live_max_recoveries) END,
-         reserved_kind        = CASE WHEN $5::text IS NULL THEN NULL ELSE 2 END,
-         reserved_after_fence = CASE WHEN $5::text IS NULL THEN NULL ELSE k.live_fence END,
-         reserved_successor   = $5::text,
-         reserved_until_ms    = CASE WHEN $5::text IS NULL THEN NULL ELSE n.ms + $6::bigint END,
-         live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
-         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
-         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false
+     UPDATE keys k SET ",
+    end_live!("$4::smallint", "$5::text", "$6::bigint"),
+    "
      FROM n
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
      RETURNING k.*),
@@ -422,6 +454,46 @@ pub const RELEASE: &str = concat!(
     queue_end_events!("released"),
     "
      SELECT * FROM released"
+);
+
+/// Ends live terms whose keys nobody waits for, each on its own condition,
+/// in one autocommit statement: `$1` keys (distinct), `$2` fences, `$3`
+/// lease_ids, `$4` how (1 released, 2 suspended), `$5` the successors to
+/// keep the keys for (NULL: none), `$6` for how long, as arrays of one
+/// length; `$7` the history length, `$8` the schema's channel. As
+/// [`RELEASE`] for each row, with its history entry and event, and a
+/// `NOTIFY` of each key (a waiter that entered the line after this
+/// statement's snapshot is woken by it, and serves itself). A key with
+/// someone alive in line is not released here: [`RELEASE`] then serves the
+/// line in a transaction. Returns the rows released; a key not returned
+/// was not. Rows are locked in key order first, so concurrent batches
+/// cannot deadlock.
+pub const RELEASE_MANY: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
+     req AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::smallint[],
+                                  $5::text[], $6::bigint[])
+             AS req(key, fence, lease_id, end_kind, successor, handoff_ms)),
+     locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM req)
+                ORDER BY k.key FOR UPDATE),
+     released AS (
+     UPDATE keys k SET ",
+    end_live!("req.end_kind", "req.successor", "req.handoff_ms"),
+    "
+     FROM n, req, locked
+     WHERE k.key = req.key AND locked.key = req.key
+       AND k.live_fence = req.fence AND k.live_lease_id = req.lease_id
+       AND k.live_expires_at_ms > n.ms
+       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
+    in_line!("w", "n.ms"),
+    ")
+     RETURNING k.*),
+     ",
+    record_history!("released", "$7"),
+    ",
+     ",
+    queue_end_events!("released"),
+    "
+     SELECT released.*, pg_notify($8, released.key) FROM released"
 );
 
 /// Puts an Acquire in line: `$1` key, `$2` owner, `$3` ttl_ms, `$4`
@@ -682,8 +754,10 @@ pub const EVENTS_QUEUED: &str = "SELECT EXISTS (SELECT 1 FROM event_queue)";
 
 /// The sequencer, in one statement: locks the one `event_head` row (waiting
 /// for another server's sequencer to commit), gives the next revisions to
-/// the oldest `$1` queued events, in queue order, and moves them to the log.
-/// Returns the new head and how many events it numbered.
+/// the events of the oldest `$1` queue rows, in queue order (a row's events
+/// in array order), and moves them to the log.
+/// Returns the new head, how many events it numbered and how many queue
+/// rows it moved.
 ///
 /// One statement, so a server that dies or drops it midway never leaves a
 /// transaction holding the lock. Its snapshot is older than the lock: an
@@ -699,17 +773,27 @@ pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head
          WHERE (SELECT revision FROM head) IS NOT NULL
            AND q.id IN (SELECT id FROM event_queue ORDER BY id LIMIT $1)
          RETURNING q.*),
+     flat AS (
+         SELECT m.id, 1::bigint AS ord, m.key, m.kind, m.fence, m.owner, m.at_ms
+         FROM moved m WHERE m.keys IS NULL
+         UNION ALL
+         SELECT m.id, u.ord, u.key, u.kind, u.fence, u.owner, u.at_ms
+         FROM moved m,
+              unnest(m.keys, m.kinds, m.fences, m.owners, m.at_mss)
+                  WITH ORDINALITY AS u(key, kind, fence, owner, at_ms, ord)
+         WHERE m.keys IS NOT NULL),
      numbered AS (
-         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id) AS revision,
+         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id, ord) AS revision,
                 key, kind, fence, owner, at_ms
-         FROM moved),
+         FROM flat),
      added AS (
          INSERT INTO events (revision, key, kind, fence, owner, at_ms)
          SELECT revision, key, kind, fence, owner, at_ms FROM numbered
          RETURNING revision)
      UPDATE event_head
      SET revision = (SELECT coalesce(max(a.revision), (SELECT revision FROM head)) FROM added a)
-     RETURNING revision, (SELECT count(*) FROM added) AS numbered";
+     RETURNING revision, (SELECT count(*) FROM added) AS numbered,
+               (SELECT count(*) FROM moved) AS moved";
 
 /// Trims the log to the newest `$1` revisions (idempotent; needs no lock).
 pub const TRIM_EVENTS: &str =

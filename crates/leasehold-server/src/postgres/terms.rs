@@ -46,16 +46,24 @@ impl Inner {
         suspend: bool,
         handoff: Option<Handoff>,
     ) -> Result<EndedTerm> {
-        let mut client = self.client().await?;
-        let successor = handoff.as_ref().map(|h| h.successor.as_str());
-        let handoff_ms = handoff
-            .as_ref()
-            .map_or(0, |h| h.for_ms.min(i64::MAX as u64) as i64);
         let end = if suspend {
             TermEnd::Suspended
         } else {
             TermEnd::Released
         };
+        // The common case, nobody in line: one autocommit statement, shared
+        // with this server's other releases (see `batch`).
+        if let Some(ended) = self
+            .release_batched(key, fence, lease_id, end, handoff.as_ref())
+            .await?
+        {
+            return Ok(ended);
+        }
+        let mut client = self.client().await?;
+        let successor = handoff.as_ref().map(|h| h.successor.as_str());
+        let handoff_ms = handoff
+            .as_ref()
+            .map_or(0, |h| h.for_ms.min(i64::MAX as u64) as i64);
         for _ in 0..RACE_RETRIES {
             let tx = client.transaction().await.map_err(db_error)?;
             let stmt = tx.prepare_cached(sql::RELEASE).await.map_err(db_error)?;

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The PostgreSQL backend's lock cycle (or renew) for two leasehold builds and
+# the hand-written lease row, interleaved, with what each costs the database.
+#
+#   bench/pg-ab.sh BEFORE_BIN AFTER_BIN [BENCH_BIN]
+#
+# Each round runs, in turn, one `leasehold serve --store $PG` of each build
+# (a fresh schema, dropped after) and `leasehold-bench --target pgrow`, with
+# the same clients and mode, and prints one line per run: ops/s, p99, and per
+# operation the database's transactions (pg_stat_database.xact_commit) and
+# WAL bytes (pg_current_wal_lsn()) over the whole run (warm-up included,
+# divided by the operations of the whole run, estimated from the rate), and
+# the load average. The servers are stopped by their PIDs on exit.
+#
+# Environment (all optional): PG=postgres://postgres@127.0.0.1:5432/test
+# ROUNDS=3 CLIENTS=64 MODE=cycle SHAPE=unary CONNECTIONS=8 DURATION=5
+# WARMUP=1 ROW_CONNECTIONS=16 TARGETS="before after row" SERVE_ARGS=""
+set -euo pipefail
+
+BEFORE=${1:?usage: bench/pg-ab.sh BEFORE_BIN AFTER_BIN [BENCH_BIN]}
+AFTER=${2:?usage: bench/pg-ab.sh BEFORE_BIN AFTER_BIN [BENCH_BIN]}
+BENCH=${3:-$(dirname "$AFTER")/leasehold-bench}
+PG=${PG:-postgres://postgres@127.0.0.1:5432/test}
+ROUNDS=${ROUNDS:-3}
+CLIENTS=${CLIENTS:-64}
+MODE=${MODE:-cycle}
+SHAPE=${SHAPE:-unary}
+CONNECTIONS=${CONNECTIONS:-8}
+DURATION=${DURATION:-5}
+WARMUP=${WARMUP:-1}
+ROW_CONNECTIONS=${ROW_CONNECTIONS:-16}
+TARGETS=${TARGETS:-before after row}
+SCHEMA=lh_bench_pg_ab
+PORT=${PORT:-7491}
+SERVE_ARGS=${SERVE_ARGS:-}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/leasehold-pg-ab.XXXXXX")
+SERVER=""
+
+cleanup() {
+  if [ -n "$SERVER" ] && kill -0 "$SERVER" 2>/dev/null; then
+    kill -TERM "$SERVER" 2>/dev/null || true
+    wait "$SERVER" 2>/dev/null || true
+  fi
+  psql -qX "$PG" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Transactions committed in the database so far, and the WAL position.
+counters() {
+  psql -qXAt "$PG" -c "SELECT xact_commit, pg_current_wal_lsn() FROM pg_stat_database WHERE datname = current_database()"
+}
+
+start_server() {
+  psql -qX "$PG" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1
+  # shellcheck disable=SC2086
+  "$1" serve --store "$PG" --pg-schema "$SCHEMA" --listen "127.0.0.1:$PORT" $SERVE_ARGS \
+    >"$WORK/server.log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 100); do
+    grep -q '^listening on' "$WORK/server.log" && return 0
+    sleep 0.1
+  done
+  echo "the server did not start:" >&2
+  cat "$WORK/server.log" >&2
+  exit 1
+}
+
+stop_server() {
+  kill -TERM "$SERVER" 2>/dev/null || true
+  wait "$SERVER" 2>/dev/null || true
+  SERVER=""
+  psql -qX "$PG" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1
+}
+
+printf 'round\ttarget\tclients\tops/s\tp99_ms\txacts/op\twal_bytes/op\tload\n'
+for round in $(seq "$ROUNDS"); do
+  for target in $TARGETS; do
+    common=(--mode "$MODE" -c "$CLIENTS" --duration-secs "$DURATION" --warmup-secs "$WARMUP" --json)
+    case $target in
+      before | after)
+        bin=$BEFORE
+        [ "$target" = after ] && bin=$AFTER
+        start_server "$bin"
+        read -r xacts0 lsn0 < <(counters | tr '|' ' ')
+        "$BENCH" --server "http://127.0.0.1:$PORT" --shape "$SHAPE" --connections "$CONNECTIONS" \
+          "${common[@]}" >"$WORK/out.json"
+        stop_server
+        ;;
+      row)
+        read -r xacts0 lsn0 < <(counters | tr '|' ' ')
+        "$BENCH" --target pgrow --pg "$PG" --connections "$ROW_CONNECTIONS" "${common[@]}" \
+          >"$WORK/out.json"
+        ;;
+    esac
+    sleep 1 # let the backends that closed report their counts
+    read -r xacts1 lsn1 < <(counters | tr '|' ' ')
+    wal=$(psql -qXAt "$PG" -c "SELECT pg_wal_lsn_diff('$lsn1', '$lsn0')")
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    python3 - "$WORK/out.json" "$round" "$target" "$((xacts1 - xacts0))" "$wal" "$load" "$DURATION" "$WARMUP" <<'EOF'
+import json, sys
+path, rnd, target, xacts, wal, load, dur, warm = sys.argv[1:]
+r = json.load(open(path))
+total = r["ops_per_sec"] * (float(dur) + float(warm)) or 1
+print(f'{rnd}\t{target}\t{r["clients"]}\t{r["ops_per_sec"]:.0f}\t{r["latency_ms"]["p99"]:.1f}'
+      f'\t{int(xacts) / total:.2f}\t{float(wal) / total:.0f}\t{load}'
+      + (f'\terrors={r["errors"]}' if r["errors"] else ''))
+EOF
+  done
+done

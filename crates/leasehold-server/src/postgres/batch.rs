@@ -1,0 +1,384 @@
+//! Grant and release batching: concurrent Acquires of free keys, and
+//! concurrent Releases of keys nobody waits for, share one statement each.
+//!
+//! A lock cycle on a free key is a grant and a release, each one conditional
+//! write on one row. On a small database host the cycle is bound by the
+//! database's CPU and WAL per commit, not by the rows: many grants in one
+//! `INSERT … SELECT FROM unnest(…) ON CONFLICT DO UPDATE … WHERE <free>`
+//! ([`sql::GRANT`]), and many releases in one `UPDATE … FROM unnest(…)`
+//! ([`sql::RELEASE_MANY`]), are still one conditional write per row, each
+//! with its own condition on the database clock, so batching changes no
+//! rule: it only shares the round trip, the statement and the commit.
+//!
+//! As for renewals (`renewals`), the window is zero: a request queues, and
+//! the next batch takes everything queued while the batches in flight ran
+//! (up to [`PgConfig::write_batch`]). One client alone waits for nobody.
+//! At most an eighth of the pool runs grant batches at once, and another
+//! eighth release batches, so the single-request paths always find
+//! connections and batches grow while the database is busy.
+//!
+//! A request its batch did not apply (its row was not returned: the key is
+//! held, reserved, quarantined, or has a line; a stale fence; a replay)
+//! goes on through the single-request path, which serves the line, explains
+//! refusals and replays exactly as before. Keys in one batch are distinct
+//! (the per-key order lets one write of a key run at a time on this
+//! server; a duplicate still goes alone), and rows are locked in key order,
+//! so two servers' batches cannot deadlock. An acknowledged grant or
+//! release is committed before its reply: the reply is sent once the
+//! batch's autocommit statement returned.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::*;
+
+/// Where requests queue for a batcher.
+pub(super) type Queue<J> = mpsc::UnboundedSender<J>;
+
+/// What became of a request sent through a batch.
+pub(super) enum Batched<T> {
+    /// Its statement applied it.
+    Applied(T),
+    /// Its statement ran and did not apply it (the single path explains why).
+    Refused,
+    /// No statement ran for it (batching is off, or the batcher is gone).
+    Unsent,
+}
+
+/// Statements that carried batches, and the requests they carried
+/// (metrics).
+#[derive(Default)]
+pub(super) struct Counts {
+    pub(super) batches: AtomicU64,
+    pub(super) carried: AtomicU64,
+}
+
+impl Counts {
+    fn add(&self, carried: usize) {
+        self.batches.fetch_add(1, Relaxed);
+        self.carried.fetch_add(carried as u64, Relaxed);
+    }
+}
+
+/// Takes queued jobs in batches of at most `max` until the queue closes,
+/// with at most `slots` batches running at once: while they run, the next
+/// batch grows.
+pub(super) async fn run_batches<J, F, Fut>(
+    mut queue: mpsc::UnboundedReceiver<J>,
+    max: usize,
+    slots: usize,
+    run: F,
+) where
+    J: Send + 'static,
+    F: Fn(Vec<J>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let running = Arc::new(Semaphore::new(slots.max(1)));
+    while let Some(first) = queue.recv().await {
+        let Ok(slot) = running.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < max {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let batch = run(batch);
+        tokio::spawn(async move {
+            batch.await;
+            drop(slot);
+        });
+    }
+}
+
+/// One Acquire's grant attempt, waiting for a batch.
+pub(super) struct GrantJob {
+    request: Acquire,
+    max_recoveries: Option<i32>,
+    /// The grant, `None` when the batch did not apply it, or the batch's
+    /// failure.
+    reply: oneshot::Sender<Result<Option<Grant>>>,
+}
+
+/// One Release, waiting for a batch.
+pub(super) struct ReleaseJob {
+    key: Key,
+    fence: Fence,
+    lease_id: LeaseId,
+    end: TermEnd,
+    handoff: Option<Handoff>,
+    /// The ended term, `None` when the batch did not apply it, or the
+    /// batch's failure.
+    reply: oneshot::Sender<Result<Option<EndedTerm>>>,
+}
+
+/// Sends `job` to `queue` and waits for its answer.
+async fn through<J, T>(
+    queue: &Queue<J>,
+    job: J,
+    replied: oneshot::Receiver<Result<Option<T>>>,
+) -> Result<Batched<T>> {
+    if queue.send(job).is_err() {
+        return Ok(Batched::Unsent);
+    }
+    match replied.await {
+        Ok(Ok(Some(done))) => Ok(Batched::Applied(done)),
+        Ok(Ok(None)) => Ok(Batched::Refused),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Ok(Batched::Unsent),
+    }
+}
+
+/// Drops the jobs whose key an earlier job of the batch has (they are
+/// answered `None` and go alone), and indexes the rest by key.
+fn distinct<J>(
+    batch: Vec<J>,
+    key: impl Fn(&J) -> &Key,
+    unapplied: impl Fn(J),
+) -> (Vec<J>, HashMap<String, usize>) {
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(batch.len());
+    let mut jobs = Vec::with_capacity(batch.len());
+    for job in batch {
+        let k = key(&job).as_str();
+        if seen.contains_key(k) {
+            unapplied(job);
+        } else {
+            seen.insert(k.to_owned(), jobs.len());
+            jobs.push(job);
+        }
+    }
+    (jobs, seen)
+}
+
+impl Inner {
+    /// Tries to grant `request` through a batch (the common case: a free
+    /// key and nobody in line).
+    pub(super) async fn grant_batched(&self, request: &Acquire) -> Result<Batched<Grant>> {
+        let Some(queue) = &self.grants else {
+            return Ok(Batched::Unsent);
+        };
+        let (reply, replied) = oneshot::channel();
+        let job = GrantJob {
+            request: request.clone(),
+            max_recoveries: self.max_recoveries(request),
+            reply,
+        };
+        through(queue, job, replied).await
+    }
+
+    /// Runs [`sql::GRANT`] for `requests` (distinct keys) with
+    /// `max_recoveries` each, on `client`: the grants made, by key.
+    pub(super) async fn grant_rows(
+        &self,
+        client: &Client,
+        requests: &[(&Acquire, Option<i32>)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let keys: Vec<&str> = requests.iter().map(|(r, _)| r.key.as_str()).collect();
+        let owners: Vec<&str> = requests.iter().map(|(r, _)| r.owner.as_str()).collect();
+        let lease_ids: Vec<uuid::Uuid> = requests.iter().map(|_| LeaseId::random().0).collect();
+        let request_ids: Vec<Option<&str>> = requests
+            .iter()
+            .map(|(r, _)| r.request_id.as_ref().map(|id| id.as_str()))
+            .collect();
+        let ttls: Vec<i64> = requests
+            .iter()
+            .map(|(r, _)| r.ttl.as_millis() as i64)
+            .collect();
+        let lock_delays: Vec<i64> = requests
+            .iter()
+            .map(|(r, _)| r.options.lock_delay_ms.min(i64::MAX as u64) as i64)
+            .collect();
+        let max_recoveries: Vec<Option<i32>> = requests.iter().map(|(_, m)| *m).collect();
+        let forces: Vec<bool> = requests.iter().map(|(r, _)| r.options.force).collect();
+        let stmt = client.prepare_cached(sql::GRANT).await.map_err(db_error)?;
+        client
+            .query(
+                &stmt,
+                &[
+                    &keys,
+                    &owners,
+                    &lease_ids,
+                    &request_ids,
+                    &ttls,
+                    &lock_delays,
+                    &max_recoveries,
+                    &forces,
+                    &self.history_len(),
+                ],
+            )
+            .await
+            .map_err(db_error)
+    }
+
+    /// Applies a batch of grant attempts in one statement and answers each.
+    pub(super) async fn run_grant_batch(&self, batch: Vec<GrantJob>) {
+        let (jobs, index) = distinct(
+            batch,
+            |j| &j.request.key,
+            |j| {
+                let _ = j.reply.send(Ok(None));
+            },
+        );
+        let requests: Vec<(&Acquire, Option<i32>)> = jobs
+            .iter()
+            .map(|j| (&j.request, j.max_recoveries))
+            .collect();
+        let applied = in_time(self.config.op_timeout, async {
+            let client = self.client().await?;
+            self.grant_rows(&client, &requests).await
+        })
+        .await;
+        drop(requests);
+        let rows = match applied {
+            Ok(rows) => rows,
+            Err(e) => {
+                for job in jobs {
+                    let _ = job.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        self.grant_counts.add(jobs.len());
+        let mut granted: Vec<Option<Result<Grant>>> = jobs.iter().map(|_| None).collect();
+        for row in &rows {
+            let key: String = row.get("key");
+            if let Some(&i) = index.get(key.as_str()) {
+                granted[i] = Some(grant_of(&jobs[i].request, row));
+            }
+        }
+        for (job, outcome) in jobs.into_iter().zip(granted) {
+            let _ = job.reply.send(outcome.transpose());
+        }
+    }
+
+    /// Releases through a batch, or alone in one statement when batching is
+    /// off: `None` when the key has someone in line or the term is not the
+    /// live one (the transaction path then serves the line or explains).
+    pub(super) async fn release_batched(
+        &self,
+        key: &Key,
+        fence: Fence,
+        lease_id: LeaseId,
+        end: TermEnd,
+        handoff: Option<&Handoff>,
+    ) -> Result<Option<EndedTerm>> {
+        let (reply, replied) = oneshot::channel();
+        let job = ReleaseJob {
+            key: key.clone(),
+            fence,
+            lease_id,
+            end,
+            handoff: handoff.cloned(),
+            reply,
+        };
+        let job = match &self.releases {
+            Some(queue) => match queue.send(job) {
+                // A batch dropped unanswered (the server is stopping) counts
+                // as not applied: the transaction path's release is
+                // conditional too, and finds a release that did commit.
+                Ok(()) => return replied.await.unwrap_or(Ok(None)),
+                Err(mpsc::error::SendError(job)) => job,
+            },
+            None => job,
+        };
+        self.run_release_batch(vec![job]).await;
+        replied.await.unwrap_or(Ok(None))
+    }
+
+    /// Applies a batch of releases in one statement and answers each.
+    pub(super) async fn run_release_batch(&self, batch: Vec<ReleaseJob>) {
+        let (jobs, index) = distinct(
+            batch,
+            |j| &j.key,
+            |j| {
+                let _ = j.reply.send(Ok(None));
+            },
+        );
+        let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+        let fences: Vec<i64> = jobs.iter().map(|j| j.fence.0 as i64).collect();
+        let lease_ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.lease_id.0).collect();
+        let ends: Vec<i16> = jobs.iter().map(|j| row::term_end_code(j.end)).collect();
+        let successors: Vec<Option<&str>> = jobs
+            .iter()
+            .map(|j| j.handoff.as_ref().map(|h| h.successor.as_str()))
+            .collect();
+        let handoff_ms: Vec<i64> = jobs
+            .iter()
+            .map(|j| {
+                j.handoff
+                    .as_ref()
+                    .map_or(0, |h| h.for_ms.min(i64::MAX as u64) as i64)
+            })
+            .collect();
+        let applied = in_time(self.config.op_timeout, async {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(sql::RELEASE_MANY)
+                .await
+                .map_err(db_error)?;
+            client
+                .query(
+                    &stmt,
+                    &[
+                        &keys,
+                        &fences,
+                        &lease_ids,
+                        &ends,
+                        &successors,
+                        &handoff_ms,
+                        &self.history_len(),
+                        &self.channel,
+                    ],
+                )
+                .await
+                .map_err(db_error)
+        })
+        .await;
+        drop((keys, successors));
+        let rows = match applied {
+            Ok(rows) => rows,
+            Err(e) => {
+                for job in jobs {
+                    let _ = job.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        self.release_counts.add(jobs.len());
+        let mut released: Vec<Option<Result<EndedTerm>>> = jobs.iter().map(|_| None).collect();
+        for row in &rows {
+            let key: String = row.get("key");
+            if let Some(&i) = index.get(key.as_str()) {
+                released[i] = Some(KeyRow::from_row(row).and_then(|r| {
+                    r.last_ended
+                        .ok_or_else(|| Error::Storage("a release returned no ended term".into()))
+                }));
+            }
+        }
+        for (job, outcome) in jobs.into_iter().zip(released) {
+            let _ = job.reply.send(outcome.transpose());
+        }
+    }
+}
+
+/// The grant of `request` that row `row` (returned by [`sql::GRANT`])
+/// records.
+pub(super) fn grant_of(request: &Acquire, row: &tokio_postgres::Row) -> Result<Grant> {
+    let stored = KeyRow::from_row(row)?;
+    let term = stored
+        .live
+        .ok_or_else(|| Error::Storage("a grant returned no term".into()))?;
+    Ok(Grant {
+        key: request.key.clone(),
+        term,
+        previous: stored.last_ended,
+        replayed: false,
+        unsettled_tool_calls: row.get::<_, i64>("unsettled") as usize,
+        visible_seq: 0,
+    })
+}
