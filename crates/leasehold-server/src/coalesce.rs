@@ -65,11 +65,6 @@ impl<T> Coalesce<T> {
             skip: 0,
         }
     }
-
-    /// The wrapped stream.
-    pub fn get_ref(&self) -> &T {
-        &self.inner
-    }
 }
 
 impl<T: AsyncWrite + Unpin> Coalesce<T> {

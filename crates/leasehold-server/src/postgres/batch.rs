@@ -136,7 +136,7 @@ async fn through<J, T>(
 
 /// Drops the jobs whose key an earlier job of the batch has (they are
 /// answered `None` and go alone), and indexes the rest by key.
-fn distinct<J>(
+pub(super) fn distinct<J>(
     batch: Vec<J>,
     key: impl Fn(&J) -> &Key,
     unapplied: impl Fn(J),
@@ -153,6 +153,39 @@ fn distinct<J>(
         }
     }
     (jobs, seen)
+}
+
+/// Answers every job of a batch from what its statement returned: a job
+/// whose key came back gets `outcome` of its row, the others `None` (the
+/// statement did not apply them; they go on alone); when the statement
+/// failed, every job gets its error. Returns whether the statement ran.
+pub(super) fn answer<J, T>(
+    jobs: Vec<J>,
+    index: &HashMap<String, usize>,
+    applied: Result<Vec<tokio_postgres::Row>>,
+    outcome: impl Fn(&J, &tokio_postgres::Row) -> Result<T>,
+    reply: impl Fn(J, Result<Option<T>>),
+) -> bool {
+    let rows = match applied {
+        Ok(rows) => rows,
+        Err(e) => {
+            for job in jobs {
+                reply(job, Err(e.clone()));
+            }
+            return false;
+        }
+    };
+    let mut outcomes: Vec<Option<Result<T>>> = jobs.iter().map(|_| None).collect();
+    for row in &rows {
+        let key: String = row.get("key");
+        if let Some(&i) = index.get(key.as_str()) {
+            outcomes[i] = Some(outcome(&jobs[i], row));
+        }
+    }
+    for (job, outcome) in jobs.into_iter().zip(outcomes) {
+        reply(job, outcome.transpose());
+    }
+    true
 }
 
 impl Inner {
@@ -234,25 +267,18 @@ impl Inner {
         })
         .await;
         drop(requests);
-        let rows = match applied {
-            Ok(rows) => rows,
-            Err(e) => {
-                for job in jobs {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-                return;
-            }
-        };
-        self.grant_counts.add(jobs.len());
-        let mut granted: Vec<Option<Result<Grant>>> = jobs.iter().map(|_| None).collect();
-        for row in &rows {
-            let key: String = row.get("key");
-            if let Some(&i) = index.get(key.as_str()) {
-                granted[i] = Some(grant_of(&jobs[i].request, row));
-            }
-        }
-        for (job, outcome) in jobs.into_iter().zip(granted) {
-            let _ = job.reply.send(outcome.transpose());
+        let batched = jobs.len();
+        let ran = answer(
+            jobs,
+            &index,
+            applied,
+            |j, row| grant_of(&j.request, row),
+            |j, outcome| {
+                let _ = j.reply.send(outcome);
+            },
+        );
+        if ran {
+            self.grant_counts.add(batched);
         }
     }
 
@@ -340,28 +366,23 @@ impl Inner {
         })
         .await;
         drop((keys, successors));
-        let rows = match applied {
-            Ok(rows) => rows,
-            Err(e) => {
-                for job in jobs {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-                return;
-            }
-        };
-        self.release_counts.add(jobs.len());
-        let mut released: Vec<Option<Result<EndedTerm>>> = jobs.iter().map(|_| None).collect();
-        for row in &rows {
-            let key: String = row.get("key");
-            if let Some(&i) = index.get(key.as_str()) {
-                released[i] = Some(KeyRow::from_row(row).and_then(|r| {
+        let batched = jobs.len();
+        let ran = answer(
+            jobs,
+            &index,
+            applied,
+            |_, row| {
+                KeyRow::from_row(row).and_then(|r| {
                     r.last_ended
                         .ok_or_else(|| Error::Storage("a release returned no ended term".into()))
-                }));
-            }
-        }
-        for (job, outcome) in jobs.into_iter().zip(released) {
-            let _ = job.reply.send(outcome.transpose());
+                })
+            },
+            |j, outcome| {
+                let _ = j.reply.send(outcome);
+            },
+        );
+        if ran {
+            self.release_counts.add(batched);
         }
     }
 }

@@ -22,7 +22,6 @@
 //! a duplicate still goes alone), and rows are locked in key order, so two
 //! servers' batches cannot deadlock.
 
-use std::collections::HashMap;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::*;
@@ -103,16 +102,13 @@ impl Inner {
     async fn run_batch(&self, batch: Vec<Job>) {
         // A key twice in one batch would be updated once: the later ones
         // go alone.
-        let mut seen: HashMap<String, usize> = HashMap::with_capacity(batch.len());
-        let mut jobs = Vec::with_capacity(batch.len());
-        for job in batch {
-            if seen.contains_key(job.key.as_str()) {
-                let _ = job.reply.send(Ok(None));
-            } else {
-                seen.insert(job.key.as_str().to_owned(), jobs.len());
-                jobs.push(job);
-            }
-        }
+        let (jobs, seen) = super::batch::distinct(
+            batch,
+            |j| &j.key,
+            |j| {
+                let _ = j.reply.send(Ok(None));
+            },
+        );
         let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
         let fences: Vec<i64> = jobs.iter().map(|j| j.fence.0 as i64).collect();
         let lease_ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.lease_id.0).collect();
@@ -132,32 +128,25 @@ impl Inner {
                 .map_err(db_error)
         })
         .await;
-        let rows = match applied {
-            Ok(rows) => {
-                use std::sync::atomic::Ordering::Relaxed;
-                self.renew_batches.fetch_add(1, Relaxed);
-                self.renew_batched.fetch_add(jobs.len() as u64, Relaxed);
-                rows
-            }
-            Err(e) => {
-                for job in jobs {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-                return;
-            }
-        };
-        let mut renewed: Vec<Option<Result<Term>>> = jobs.iter().map(|_| None).collect();
-        for row in &rows {
-            let key: String = row.get("key");
-            if let Some(&index) = seen.get(key.as_str()) {
-                renewed[index] = Some(KeyRow::from_row(row).and_then(|r| {
+        let batched = jobs.len() as u64;
+        let ran = super::batch::answer(
+            jobs,
+            &seen,
+            applied,
+            |_, row| {
+                KeyRow::from_row(row).and_then(|r| {
                     r.live
                         .ok_or_else(|| Error::Storage("a renewal returned no term".into()))
-                }));
-            }
-        }
-        for (job, outcome) in jobs.into_iter().zip(renewed) {
-            let _ = job.reply.send(outcome.transpose());
+                })
+            },
+            |j, outcome| {
+                let _ = j.reply.send(outcome);
+            },
+        );
+        if ran {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.renew_batches.fetch_add(1, Relaxed);
+            self.renew_batched.fetch_add(batched, Relaxed);
         }
     }
 }
