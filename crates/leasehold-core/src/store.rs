@@ -26,9 +26,12 @@ pub struct KeyRecord {
     /// In a batch: ended terms storage has not seen yet, to add (oldest
     /// first). At load: the key's whole history.
     pub history: Vec<HistoryEntry>,
-    /// In a batch: drop the key's history entries below this fence (they
-    /// fell out of the history). Unused at load.
-    pub history_from: Option<Fence>,
+    /// In a batch: the fences of the key's history entries that fell out of
+    /// the history since the last batch, for storage to delete. A fence is
+    /// never given twice, so it names one entry across all keys, and storage
+    /// can key its history by fence alone (rows of one commit then share a
+    /// page, instead of one page per key). Empty at load.
+    pub history_dropped: Vec<Fence>,
 }
 
 impl KeyRecord {
@@ -42,7 +45,7 @@ impl KeyRecord {
             failures: 0,
             quarantined: false,
             history: Vec::new(),
-            history_from: None,
+            history_dropped: Vec::new(),
         }
     }
 }
@@ -55,6 +58,9 @@ pub struct Batch {
     /// Keys forgotten (released cleanly long enough ago): their rows go.
     /// Applied before `records`, which may hold a key created again since.
     pub forgotten: Vec<Key>,
+    /// The fences of the forgotten keys' history entries, for storage to
+    /// delete (see [`KeyRecord::history_dropped`]).
+    pub forgotten_history: Vec<Fence>,
     /// Tool calls pruned from ledgers. Applied before `calls`.
     pub pruned_calls: Vec<(Key, Vec<CallRef>)>,
     /// The current state of every tool call changed since the last batch.

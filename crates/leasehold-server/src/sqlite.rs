@@ -46,6 +46,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/0003_lifecycle.sql"),
     include_str!("../../../migrations/0004_events.sql"),
     include_str!("../../../migrations/0005_tool_call_turns.sql"),
+    include_str!("../../../migrations/0006_history_by_fence.sql"),
 ];
 
 /// How hard a commit waits for the disk.
@@ -200,29 +201,23 @@ impl Store for SqliteStore {
             .map_err(io)?
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
-        // Both in key order: each key's history joins its record in one pass.
+        // In fence order (the table's own), so each key's entries arrive
+        // oldest first; records are in key order, so each finds its record
+        // by binary search instead of a sort of the whole history.
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT key, fence, owner, acquired_at_ms, ended_at_ms, end_kind,
                         unsettled_tool_calls, handed_off
-                 FROM term_history ORDER BY key, fence",
+                 FROM term_history ORDER BY fence",
             )
             .map_err(io)?;
-        let history = stmt
-            .query_map([], read_history)
-            .map_err(io)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(io)?;
-        let mut records_iter = records.iter_mut().peekable();
-        for (key, entry) in history {
-            while records_iter.peek().is_some_and(|r| r.key < key) {
-                records_iter.next();
-            }
-            match records_iter.peek_mut() {
-                Some(record) if record.key == key => record.history.push(entry),
-                // History of a key without a row: left over, never read.
-                _ => {}
+        let mut rows = stmt.query([]).map_err(io)?;
+        while let Some(row) = rows.next().map_err(io)? {
+            let (key, entry) = read_history(row).map_err(io)?;
+            // History of a key without a row: left over, never read.
+            if let Ok(at) = records.binary_search_by(|r| r.key.cmp(&key)) {
+                records[at].history.push(entry);
             }
         }
         let mut stmt = self
@@ -272,12 +267,16 @@ impl Store for SqliteStore {
             let mut forget = tx
                 .prepare_cached("DELETE FROM keys WHERE key = ?1")
                 .map_err(io)?;
-            let mut forget_history = tx
-                .prepare_cached("DELETE FROM term_history WHERE key = ?1")
-                .map_err(io)?;
             for key in &batch.forgotten {
                 forget.execute([Sql(key)]).map_err(io)?;
-                forget_history.execute([Sql(key)]).map_err(io)?;
+            }
+            // History rows go by fence (see migration 0006): a forgotten
+            // key's, and those that fell out of a key's history.
+            let mut drop_history = tx
+                .prepare_cached("DELETE FROM term_history WHERE fence = ?1")
+                .map_err(io)?;
+            for fence in &batch.forgotten_history {
+                drop_history.execute([Sql(fence)]).map_err(io)?;
             }
             let mut put = tx
                 .prepare_cached(
@@ -297,9 +296,6 @@ impl Store for SqliteStore {
                         ended_at_ms, end_kind, unsettled_tool_calls, handed_off)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )
-                .map_err(io)?;
-            let mut trim_history = tx
-                .prepare_cached("DELETE FROM term_history WHERE key = ?1 AND fence < ?2")
                 .map_err(io)?;
             for record in &batch.records {
                 let live = record.live.as_ref();
@@ -340,10 +336,8 @@ impl Store for SqliteStore {
                     record.quarantined,
                 ])
                 .map_err(io)?;
-                if let Some(from) = &record.history_from {
-                    trim_history
-                        .execute(params![Sql(&record.key), Sql(from)])
-                        .map_err(io)?;
+                for fence in &record.history_dropped {
+                    drop_history.execute([Sql(fence)]).map_err(io)?;
                 }
                 for h in &record.history {
                     put_history
@@ -689,7 +683,7 @@ fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
         failures: row.get::<_, i64>(20)? as u32,
         quarantined: row.get(21)?,
         history: Vec::new(),
-        history_from: None,
+        history_dropped: Vec::new(),
     })
 }
 
@@ -744,6 +738,46 @@ mod tests {
         let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
         assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
         assert_eq!(store.load().unwrap().fence_high_water, 41);
+    }
+
+    /// Migration 0006 re-keys the term history by fence and keeps every
+    /// entry, each key's oldest first.
+    #[test]
+    fn history_keyed_by_key_is_kept_when_rekeyed_by_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.db");
+        let conn = Connection::open(&path).unwrap();
+        for migration in &MIGRATIONS[..5] {
+            conn.execute_batch(migration).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 5).unwrap();
+        conn.execute_batch(
+            "INSERT INTO keys (key, ended_fence, ended_owner, ended_lease_id, ended_end,
+                 ended_at_ms) VALUES ('a', 4, 'o', x'00000000000000000000000000000001', 1, 40),
+                                     ('b', 3, 'o', x'00000000000000000000000000000002', 3, 30);
+             INSERT INTO term_history VALUES ('a', 4, 'o', 35, 40, 1, 0, 0),
+                                             ('b', 3, 'p', 25, 30, 3, 2, 0),
+                                             ('a', 1, 'o', 5, 10, 2, 0, 1),
+                                             ('b', 2, 'p', 15, 20, 1, 0, 0);",
+        )
+        .unwrap();
+        drop(conn);
+        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        assert_eq!(store.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        let snapshot = store.load().unwrap();
+        let history = |key: &str| -> Vec<(u64, u64, u32)> {
+            let record = snapshot.records.iter().find(|r| r.key == key).unwrap();
+            record
+                .history
+                .iter()
+                .map(|h| (h.fence.0, h.ended_at, h.unsettled_tool_calls))
+                .collect()
+        };
+        assert_eq!(history("a"), vec![(1, 10, 0), (4, 40, 0)]);
+        assert_eq!(history("b"), vec![(2, 20, 0), (3, 30, 2)]);
+        let a = snapshot.records.iter().find(|r| r.key == "a").unwrap();
+        assert!(a.history[0].handed_off);
+        assert_eq!(a.history[0].end, TermEnd::Suspended);
     }
 
     /// Fences survive a reopen whether they sit in a key's row or, once
@@ -828,6 +862,111 @@ mod tests {
             panic!("not granted");
         };
         assert!(d.term.fence > c.term.fence && c.term.fence > a.term.fence);
+    }
+
+    /// History rows are keyed by fence: the entries that fall out of a
+    /// key's history and a forgotten key's entries are deleted by fence, so
+    /// the table holds exactly what the lessor remembers, across reopens.
+    #[test]
+    fn history_rows_follow_the_lessor_across_reopens_and_forgetting() {
+        use leasehold_core::lessor::{AcquireOutcome, Lessor, WaiterHandle};
+        struct NoWaiter;
+        impl WaiterHandle for NoWaiter {
+            fn is_waiting(&self) -> bool {
+                false
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.db");
+        let k = |key: &str| Key::parse(key).unwrap();
+        let spec = |key: &str| leasehold_core::lessor::Acquire {
+            key: k(key),
+            owner: Owner::parse("o").unwrap(),
+            ttl: Ttl::from_millis(1000).unwrap(),
+            wait: Default::default(),
+            request_id: None,
+            options: Default::default(),
+        };
+        let rows = |store: &SqliteStore| -> Vec<(String, i64)> {
+            let mut stmt = store
+                .conn
+                .prepare("SELECT key, fence FROM term_history ORDER BY fence")
+                .unwrap();
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        let cycle = |lessor: &mut Lessor<NoWaiter>, key: &str, at: u64| {
+            let AcquireOutcome::Granted(g) = lessor.acquire(spec(key), at, None) else {
+                panic!("not granted");
+            };
+            lessor
+                .release(&k(key), g.term.fence, g.term.lease_id, false, None, at)
+                .unwrap();
+            g.term.fence.0 as i64
+        };
+        let mut lessor: Lessor<NoWaiter> = Lessor::new();
+        lessor.set_history_len(3);
+        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        // Interleaved keys, a commit every two cycles: the trims of one key
+        // must not touch the other's rows.
+        let mut fences = Vec::new();
+        for i in 0..5 {
+            fences.push(("x", cycle(&mut lessor, "x", i)));
+            fences.push(("y", cycle(&mut lessor, "y", i)));
+            store.commit(&lessor.take_batch()).unwrap();
+        }
+        let newest = |key: &str| -> Vec<(String, i64)> {
+            let mine: Vec<_> = fences.iter().filter(|(k, _)| *k == key).collect();
+            mine[mine.len() - 3..]
+                .iter()
+                .map(|(k, f)| (k.to_string(), *f))
+                .collect()
+        };
+        let mut want: Vec<(String, i64)> = newest("x").into_iter().chain(newest("y")).collect();
+        want.sort_by_key(|(_, f)| *f);
+        assert_eq!(rows(&store), want, "the newest 3 of each key, nothing else");
+
+        // Reopened with a shorter history, the lessor drops the oldest entry
+        // of each key, and storage with it once the key is written again.
+        drop(store);
+        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        let mut snapshot = store.load().unwrap();
+        let x = snapshot.records.iter().find(|r| r.key == k("x")).unwrap();
+        let loaded: Vec<i64> = x.history.iter().map(|h| h.fence.0 as i64).collect();
+        let want_x: Vec<i64> = newest("x").iter().map(|(_, f)| *f).collect();
+        assert_eq!(loaded, want_x, "oldest first, from the fence-ordered table");
+        let mut lessor: Lessor<NoWaiter> = Lessor::restore(
+            std::mem::take(&mut snapshot.records),
+            std::mem::take(&mut snapshot.calls),
+            snapshot.fence_high_water,
+            0,
+            100,
+        );
+        lessor.resume_revisions(snapshot.events.last().map_or(0, |e| e.revision));
+        lessor.set_history_len(2);
+        let page = lessor.history(&k("x"), None, 10, 0).unwrap();
+        assert_eq!(
+            page.entries.len(),
+            3,
+            "restored before the new length applies"
+        );
+        let f = cycle(&mut lessor, "x", 10);
+        store.commit(&lessor.take_batch()).unwrap();
+        let xs: Vec<i64> = rows(&store)
+            .into_iter()
+            .filter(|(key, _)| key == "x")
+            .map(|(_, f)| f)
+            .collect();
+        assert_eq!(xs, vec![want_x[2], f]);
+
+        // Forgotten (clean release, retention over): its rows go, y's stay.
+        lessor.expire_due(10_000);
+        let batch = lessor.take_batch();
+        assert_eq!(batch.forgotten.len(), 2);
+        store.commit(&batch).unwrap();
+        assert_eq!(rows(&store), Vec::<(String, i64)>::new());
     }
 
     /// What this build cannot read is refused at load, row by row: an

@@ -42,9 +42,9 @@ pub(super) struct KeyState<W> {
     pub history: VecDeque<HistoryEntry>,
     /// How many entries at the back of `history` storage has not seen.
     pub history_unsaved: usize,
-    /// Whether entries were dropped from the front since storage last saw
+    /// The fences of entries dropped from the front since storage last saw
     /// the key, so it must drop them too.
-    pub history_trimmed: bool,
+    pub history_dropped: Vec<Fence>,
 }
 
 impl<W> KeyState<W> {
@@ -62,7 +62,7 @@ impl<W> KeyState<W> {
             quarantined: false,
             history: VecDeque::new(),
             history_unsaved: 0,
-            history_trimmed: false,
+            history_dropped: Vec::new(),
         }
     }
 

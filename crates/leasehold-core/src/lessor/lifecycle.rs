@@ -66,8 +66,9 @@ impl<W> KeyState<W> {
         });
         self.history_unsaved += 1;
         while self.history.len() > history_len {
-            self.history.pop_front();
-            self.history_trimmed = true;
+            if let Some(dropped) = self.history.pop_front() {
+                self.history_dropped.push(dropped.fence);
+            }
         }
         self.history_unsaved = self.history_unsaved.min(self.history.len());
         if end == TermEnd::Released {
@@ -170,8 +171,9 @@ impl<W: WaiterHandle> Lessor<W> {
         state.quarantined = record.quarantined;
         state.history = record.history.iter().cloned().collect();
         while state.history.len() > self.history_len {
-            state.history.pop_front();
-            state.history_trimmed = true;
+            if let Some(dropped) = state.history.pop_front() {
+                state.history_dropped.push(dropped.fence);
+            }
         }
         if let Some(reservation) = record.reservation.as_ref().filter(|r| now < r.until()) {
             if record.live.is_none() {

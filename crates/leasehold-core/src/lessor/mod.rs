@@ -808,14 +808,10 @@ impl<W: WaiterHandle> Lessor<W> {
                     failures: state.failures,
                     quarantined: state.quarantined,
                     history: history.cloned().collect(),
-                    history_from: state
-                        .history_trimmed
-                        .then(|| state.history.front().map(|h| h.fence))
-                        .flatten(),
+                    history_dropped: std::mem::take(&mut state.history_dropped),
                     key,
                 };
                 state.history_unsaved = 0;
-                state.history_trimmed = false;
                 Some(record)
             })
             .collect();
@@ -846,6 +842,7 @@ impl<W: WaiterHandle> Lessor<W> {
         Batch {
             records,
             forgotten: taken.forgotten,
+            forgotten_history: taken.forgotten_history,
             pruned_calls: taken.pruned_calls,
             calls,
             fence_high_water: self.next_fence - 1,

