@@ -381,10 +381,9 @@ impl Gate {
             .by_principal
             .get_mut(principal)
             .and_then(|held| held.keys.get_mut(key))
+            && *fence == term.fence
         {
-            if *fence == term.fence {
-                *at = (*at).max(until);
-            }
+            *at = (*at).max(until);
         }
     }
 

@@ -835,6 +835,27 @@ fn explain(e: rusqlite::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_core::lessor::{Acquire, WaiterHandle};
+
+    /// No test here queues a waiter.
+    struct NoWaiter;
+    impl WaiterHandle for NoWaiter {
+        fn is_waiting(&self) -> bool {
+            false
+        }
+    }
+
+    /// An Acquire of `key` by owner "o" for `ttl_ms`, not waiting.
+    fn spec(key: &str, ttl_ms: u64) -> Acquire {
+        Acquire {
+            key: Key::parse(key).unwrap(),
+            owner: Owner::parse("o").unwrap(),
+            ttl: Ttl::from_millis(ttl_ms).unwrap(),
+            wait: Default::default(),
+            request_id: None,
+            options: Default::default(),
+        }
+    }
 
     #[test]
     fn migrating_twice_is_a_no_op() {
@@ -912,25 +933,11 @@ mod tests {
     /// rows are deleted (forgotten keys), in the high-water mark alone.
     #[test]
     fn fences_never_regress_across_a_reopen_even_after_rows_are_deleted() {
-        use leasehold_core::lessor::{Lessor, WaiterHandle};
-        /// No test here queues a waiter.
-        struct NoWaiter;
-        impl WaiterHandle for NoWaiter {
-            fn is_waiting(&self) -> bool {
-                false
-            }
-        }
+        use leasehold_core::lessor::Lessor;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.db");
         let mut lessor: Lessor<NoWaiter> = Lessor::restore(Vec::new(), Vec::new(), 0, 0, 100);
-        let spec = |key: &str| leasehold_core::lessor::Acquire {
-            key: Key::parse(key).unwrap(),
-            owner: Owner::parse("o").unwrap(),
-            ttl: Ttl::from_millis(1000).unwrap(),
-            wait: Default::default(),
-            request_id: None,
-            options: Default::default(),
-        };
+        let spec = |key: &str| spec(key, 1000);
         let k = |key: &str| Key::parse(key).unwrap();
         let leasehold_core::lessor::AcquireOutcome::Granted(a) = lessor.acquire(spec("a"), 0, None)
         else {
@@ -997,24 +1004,11 @@ mod tests {
     /// the table holds exactly what the lessor remembers, across reopens.
     #[test]
     fn history_rows_follow_the_lessor_across_reopens_and_forgetting() {
-        use leasehold_core::lessor::{AcquireOutcome, Lessor, WaiterHandle};
-        struct NoWaiter;
-        impl WaiterHandle for NoWaiter {
-            fn is_waiting(&self) -> bool {
-                false
-            }
-        }
+        use leasehold_core::lessor::{AcquireOutcome, Lessor};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.db");
         let k = |key: &str| Key::parse(key).unwrap();
-        let spec = |key: &str| leasehold_core::lessor::Acquire {
-            key: k(key),
-            owner: Owner::parse("o").unwrap(),
-            ttl: Ttl::from_millis(1000).unwrap(),
-            wait: Default::default(),
-            request_id: None,
-            options: Default::default(),
-        };
+        let spec = |key: &str| spec(key, 1000);
         let rows = |store: &SqliteStore| -> Vec<(String, i64)> {
             let mut stmt = store
                 .conn
@@ -1161,13 +1155,7 @@ mod tests {
     /// on its own connection, soon after commits.
     #[test]
     fn the_wal_is_checkpointed_off_the_writer() {
-        use leasehold_core::lessor::{Acquire, Lessor, WaiterHandle};
-        struct NoWaiter;
-        impl WaiterHandle for NoWaiter {
-            fn is_waiting(&self) -> bool {
-                false
-            }
-        }
+        use leasehold_core::lessor::Lessor;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.db");
         let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
@@ -1184,18 +1172,7 @@ mod tests {
         // pages), so only the checkpointer copies them into the database.
         let mut lessor: Lessor<NoWaiter> = Lessor::new();
         for i in 0..2_000 {
-            let _ = lessor.acquire(
-                Acquire {
-                    key: Key::parse(format!("session/{i:05}")).unwrap(),
-                    owner: Owner::parse("o").unwrap(),
-                    ttl: Ttl::from_millis(60_000).unwrap(),
-                    wait: Default::default(),
-                    request_id: None,
-                    options: Default::default(),
-                },
-                0,
-                None,
-            );
+            let _ = lessor.acquire(spec(&format!("session/{i:05}"), 60_000), 0, None);
         }
         store.commit(&lessor.take_batch()).unwrap();
         let mut grown = false;
