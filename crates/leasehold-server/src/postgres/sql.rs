@@ -755,7 +755,9 @@ pub const EVENTS_QUEUED: &str = "SELECT EXISTS (SELECT 1 FROM event_queue)";
 /// The sequencer, in one statement: locks the one `event_head` row (waiting
 /// for another server's sequencer to commit), gives the next revisions to
 /// the events of the oldest `$1` queue rows, in queue order (a row's events
-/// in array order), and moves them to the log.
+/// in array order), and moves them to the log as rows of at most
+/// `$2` events (`events::EVENTS_PER_ROW`; migration 0007: one row, not one per event,
+/// keeps the log's insert, index entry and delete off every event).
 /// Returns the new head, how many events it numbered and how many queue
 /// rows it moved.
 ///
@@ -783,31 +785,67 @@ pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head
                   WITH ORDINALITY AS u(key, kind, fence, owner, at_ms, ord)
          WHERE m.keys IS NOT NULL),
      numbered AS (
-         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id, ord) AS revision,
-                key, kind, fence, owner, at_ms
+         SELECT row_number() OVER (ORDER BY id, ord) AS n, key, kind, fence, owner, at_ms
          FROM flat),
      added AS (
-         INSERT INTO events (revision, key, kind, fence, owner, at_ms)
-         SELECT revision, key, kind, fence, owner, at_ms FROM numbered
-         RETURNING revision)
+         INSERT INTO events (revision, keys, kinds, fences, owners, at_mss)
+         SELECT (SELECT revision FROM head) + min(n), array_agg(key ORDER BY n),
+                array_agg(kind ORDER BY n), array_agg(fence ORDER BY n),
+                array_agg(owner ORDER BY n), array_agg(at_ms ORDER BY n)
+         FROM numbered
+         GROUP BY (n - 1) / $2::bigint
+         RETURNING revision + cardinality(keys) - 1 AS last, cardinality(keys) AS events)
      UPDATE event_head
-     SET revision = (SELECT coalesce(max(a.revision), (SELECT revision FROM head)) FROM added a)
-     RETURNING revision, (SELECT count(*) FROM added) AS numbered,
+     SET revision = (SELECT coalesce(max(a.last), (SELECT revision FROM head)) FROM added a)
+     RETURNING revision, (SELECT coalesce(sum(a.events), 0)::bigint FROM added a) AS numbered,
                (SELECT count(*) FROM moved) AS moved";
 
-/// Trims the log to the newest `$1` revisions (idempotent; needs no lock).
-pub const TRIM_EVENTS: &str =
-    "DELETE FROM events WHERE revision <= (SELECT revision FROM event_head) - $1::bigint";
+/// Trims the log to the newest `$1` revisions (idempotent; needs no lock): a
+/// row goes once its last event is older than those (a row of one event
+/// has no `keys`), and the row the cut falls inside keeps only its newer
+/// events, so the oldest revision kept is exactly the first after the cut.
+/// The index finds the rows that begin at or before the cut. Two servers
+/// trimming at once cannot clash: the second to reach the cut row re-reads
+/// it and finds it moved past its own cut (or cuts it further).
+pub const TRIM_EVENTS: &str = "WITH cut AS (SELECT revision - $1::bigint AS at FROM event_head),
+     gone AS (
+         DELETE FROM events x USING cut
+         WHERE x.revision <= cut.at
+           AND x.revision + coalesce(cardinality(x.keys), 1) - 1 <= cut.at)
+     UPDATE events x
+     SET revision = cut.at + 1,
+         keys   = x.keys[(cut.at + 2 - x.revision)::int:],
+         kinds  = x.kinds[(cut.at + 2 - x.revision)::int:],
+         fences = x.fences[(cut.at + 2 - x.revision)::int:],
+         owners = x.owners[(cut.at + 2 - x.revision)::int:],
+         at_mss = x.at_mss[(cut.at + 2 - x.revision)::int:]
+     FROM cut
+     WHERE x.revision <= cut.at AND x.keys IS NOT NULL
+       AND x.revision + cardinality(x.keys) - 1 > cut.at";
 
 /// The head and the oldest revision kept (NULL: the log is empty), and up to
 /// `$2` events after revision `$1` in revision order (a row with NULL
-/// `revision` when there are none), as of one snapshot.
+/// `revision` when there are none), as of one snapshot. Rows of many events
+/// are unnested (a row of one event as an array of one); only the rows that
+/// can hold revisions `$1 + 1 ..= $1 + $2` are read, through the index: from
+/// the last one that begins at or before `$1 + 1` to the last that begins
+/// at or before `$1 + $2` (the caller keeps `$1 + $2 + 1` within `bigint`).
 pub const READ_EVENTS: &str = "SELECT h.revision AS head,
             (SELECT min(x.revision) FROM events x) AS oldest,
             e.revision, e.key, e.kind, e.fence, e.owner, e.at_ms
      FROM event_head h
-     LEFT JOIN LATERAL (SELECT * FROM events WHERE revision > $1::bigint
-                        ORDER BY revision LIMIT $2) e ON true
+     LEFT JOIN LATERAL (
+         SELECT x.revision + u.ord - 1 AS revision, u.key, u.kind, u.fence, u.owner, u.at_ms
+         FROM events x,
+              unnest(coalesce(x.keys, ARRAY[x.key]), coalesce(x.kinds, ARRAY[x.kind]),
+                     coalesce(x.fences, ARRAY[x.fence]), coalesce(x.owners, ARRAY[x.owner]),
+                     coalesce(x.at_mss, ARRAY[x.at_ms]))
+                  WITH ORDINALITY AS u(key, kind, fence, owner, at_ms, ord)
+         WHERE x.revision >= coalesce((SELECT max(y.revision) FROM events y
+                                       WHERE y.revision <= $1::bigint + 1), 0)
+           AND x.revision <= $1::bigint + $2::bigint
+           AND x.revision + u.ord - 1 > $1::bigint
+         ORDER BY 1 LIMIT $2) e ON true
      ORDER BY e.revision";
 
 /// Migrations, step 0: the schema and the table of versions applied. `{schema}`
