@@ -126,17 +126,32 @@ macro_rules! handoff_to {
 }
 
 /// Two CTEs that record the ended term of each row of CTE `$rows` (a
-/// `keys` row after the write) in `term_history`, once per (key, fence)
-/// however often it is offered, and trim the key's history to the newest
-/// `$len` entries when one was added. `history_added` returns the entries
-/// added: the terms this statement ended (see [`queue_grant_events`]). `$which` narrows the rows offered (a
-/// grant only ever ends an expired term: `r.ended_end = 3` spares the hot
-/// path of a key released and taken again a look at the history).
+/// `keys` row after the write) in `term_history`, and trim the key's
+/// history to the newest `$len` entries when one was added.
+/// `history_added` returns the entries added: the terms this statement
+/// ended (see [`queue_grant_events`]).
+///
+/// With `$which`, the rows offered may carry a term ended earlier (a grant
+/// or a served waiter replaces an expired term, or finds one the sweeper
+/// moved and recorded already): each is recorded once per (key, fence)
+/// however often it is offered (`ON CONFLICT DO NOTHING`), and `$which`
+/// narrows the rows offered (a grant only ever ends an expired term:
+/// `r.ended_end = 3` spares the hot path of a key released and taken again
+/// a look at the history). Without it, every row is a term this very
+/// statement moved from live to ended (a release, an expiry moved), which
+/// no statement can have recorded before (a term ends once, under its row
+/// lock, and fences are never reused): a plain insert, without the
+/// speculative insertion and its confirmation record that `ON CONFLICT`
+/// writes for every row (#12; a duplicate would fail the statement, not
+/// pass silently).
 macro_rules! record_history {
     ($rows:literal, $len:literal) => {
-        record_history!($rows, $len, "true")
+        record_history!(@ $rows, $len, "true", "")
     };
     ($rows:literal, $len:literal, $which:literal) => {
+        record_history!(@ $rows, $len, $which, "ON CONFLICT (key, fence) DO NOTHING")
+    };
+    (@ $rows:literal, $len:literal, $which:literal, $conflict:literal) => {
         concat!(
             "history_added AS (
                 INSERT INTO term_history (key, fence, owner, acquired_at_ms, ended_at_ms, end_kind,
@@ -151,7 +166,9 @@ macro_rules! record_history {
                 WHERE r.ended_fence IS NOT NULL AND r.ended_acquired_at_ms IS NOT NULL AND ",
             $which,
             "
-                ON CONFLICT (key, fence) DO NOTHING
+                ",
+            $conflict,
+            "
                 RETURNING key, fence, owner, ended_at_ms, end_kind),
              history_trimmed AS (
                 DELETE FROM term_history x USING history_added a
@@ -456,6 +473,44 @@ pub const RELEASE: &str = concat!(
      SELECT * FROM released"
 );
 
+/// [`RELEASE_MANY`] and [`RELEASE_ONE`]: `$locked` the CTE that locks the
+/// rows first (or nothing), `$from` and `$on` join it (or nothing).
+macro_rules! release_many {
+    ($locked:literal, $from:literal, $on:literal) => {
+        concat!(
+            "WITH n AS (SELECT now_ms() AS ms),
+     req AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::smallint[],
+                                  $5::text[], $6::bigint[])
+             AS req(key, fence, lease_id, end_kind, successor, handoff_ms)),",
+            $locked,
+            "
+     released AS (
+     UPDATE keys k SET ",
+            end_live!("req.end_kind", "req.successor", "req.handoff_ms"),
+            "
+     FROM n, req",
+            $from,
+            "
+     WHERE k.key = req.key",
+            $on,
+            "
+       AND k.live_fence = req.fence AND k.live_lease_id = req.lease_id
+       AND k.live_expires_at_ms > n.ms
+       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
+            in_line!("w", "n.ms"),
+            ")
+     RETURNING k.*),
+     ",
+            record_history!("released", "$7"),
+            ",
+     ",
+            queue_end_events!("released"),
+            "
+     SELECT released.*, pg_notify($8, released.key) FROM released"
+        )
+    };
+}
+
 /// Ends live terms whose keys nobody waits for, each on its own condition,
 /// in one autocommit statement: `$1` keys (distinct), `$2` fences, `$3`
 /// lease_ids, `$4` how (1 released, 2 suspended), `$5` the successors to
@@ -468,33 +523,21 @@ pub const RELEASE: &str = concat!(
 /// line in a transaction. Returns the rows released; a key not returned
 /// was not. Rows are locked in key order first, so concurrent batches
 /// cannot deadlock.
-pub const RELEASE_MANY: &str = concat!(
-    "WITH n AS (SELECT now_ms() AS ms),
-     req AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::smallint[],
-                                  $5::text[], $6::bigint[])
-             AS req(key, fence, lease_id, end_kind, successor, handoff_ms)),
+pub const RELEASE_MANY: &str = release_many!(
+    "
      locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM req)
-                ORDER BY k.key FOR UPDATE),
-     released AS (
-     UPDATE keys k SET ",
-    end_live!("req.end_kind", "req.successor", "req.handoff_ms"),
-    "
-     FROM n, req, locked
-     WHERE k.key = req.key AND locked.key = req.key
-       AND k.live_fence = req.fence AND k.live_lease_id = req.lease_id
-       AND k.live_expires_at_ms > n.ms
-       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
-    in_line!("w", "n.ms"),
-    ")
-     RETURNING k.*),
-     ",
-    record_history!("released", "$7"),
-    ",
-     ",
-    queue_end_events!("released"),
-    "
-     SELECT released.*, pg_notify($8, released.key) FROM released"
+                ORDER BY k.key FOR UPDATE),",
+    ", locked",
+    " AND locked.key = req.key"
 );
+
+/// [`RELEASE_MANY`] for a batch of one key, without locking its row first:
+/// a statement that waits for one `keys` row only, holding none, cannot be
+/// part of a deadlock (the history rows it trims are only ever touched
+/// under their key's row lock), and the lock taken first writes a WAL
+/// record of its own before the update's (#12: about 55 bytes, most of a
+/// lone client's cycle's extra over the unbatched release).
+pub const RELEASE_ONE: &str = release_many!("", "", "");
 
 /// Puts an Acquire in line: `$1` key, `$2` owner, `$3` ttl_ms, `$4`
 /// request_id, `$5` wait_ms, `$6` how long the row lives without a
