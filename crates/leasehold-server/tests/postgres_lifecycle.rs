@@ -160,9 +160,7 @@ async fn history_is_bounded_and_forgotten_with_the_key() {
         .await
         .unwrap()
         .get(0);
-    // Releases trim at every 16th (migration 0008): History reads the
-    // newest 3, the rows beyond wait for the trim.
-    assert_eq!(rows, 5);
+    assert_eq!(rows, 3);
 
     // Released cleanly: forgotten after the retention, history and all.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -146,9 +146,7 @@ pub struct PgConfig {
     /// forever. Its outcome is then unknown, as for any lost reply.
     pub op_timeout: Duration,
     /// How many ended terms each key remembers (History); the statement
-    /// that records an end trims the key's history to this many (a
-    /// release only at every 16th, so up to 15 more rows may wait for it,
-    /// which History never shows).
+    /// that records an end trims the key's history to this many.
     pub history_len: usize,
     /// The recovery limit of terms whose Acquire names none (`None`: keys
     /// are quarantined only when their Acquire asks). Fixed into each term

@@ -58,18 +58,6 @@ macro_rules! expire_live {
     };
 }
 
-/// A release trims its key's history only at every this many releases
-/// (`keys.history_since_trim` wraps to 0; migration 0008): finding the
-/// key's len-th newest entry reads its whole history, about half of a
-/// release batch's execution time when done at each release. A key keeps
-/// between the history length and that plus 15 rows; readers only ever
-/// read the newest N.
-macro_rules! history_trim_every {
-    () => {
-        "16"
-    };
-}
-
 /// Ends row `k`'s live term at `n.ms` as `$end` says (1 released, 2
 /// suspended), keeping the key for `$successor` (NULL: nobody) for
 /// `$for_ms`: a clean release resets the failure count and lifts a
@@ -81,7 +69,6 @@ macro_rules! end_live {
          ended_end = ", $end, ", ended_at_ms = n.ms,
          ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
          failures = CASE WHEN ", $end, " = 1 THEN 0 ELSE k.failures + 1 END,
-         history_since_trim = (k.history_since_trim + 1) % ", history_trim_every!(), ",
          quarantined = CASE WHEN ", $end, " = 1 THEN false
                             ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
                                                    AND k.failures + 1 >= k.live_max_recoveries) END,
@@ -156,20 +143,15 @@ macro_rules! handoff_to {
 /// lock, and fences are never reused): a plain insert, without the
 /// speculative insertion and its confirmation record that `ON CONFLICT`
 /// writes for every row (#12; a duplicate would fail the statement, not
-/// pass silently). `released` before `$rows`: rows of a release, which
-/// trims only when its key's `history_since_trim` wrapped to 0 (see
-/// `history_trim_every`); every other statement trims each time.
+/// pass silently).
 macro_rules! record_history {
     ($rows:literal, $len:literal) => {
-        record_history!(@ $rows, $len, "true", "", "true")
+        record_history!(@ $rows, $len, "true", "")
     };
     ($rows:literal, $len:literal, $which:literal) => {
-        record_history!(@ $rows, $len, $which, "ON CONFLICT (key, fence) DO NOTHING", "true")
+        record_history!(@ $rows, $len, $which, "ON CONFLICT (key, fence) DO NOTHING")
     };
-    (released $rows:literal, $len:literal) => {
-        record_history!(@ $rows, $len, "true", "", "t.history_since_trim = 0")
-    };
-    (@ $rows:literal, $len:literal, $which:literal, $conflict:literal, $trim:literal) => {
+    (@ $rows:literal, $len:literal, $which:literal, $conflict:literal) => {
         concat!(
             "history_added AS (
                 INSERT INTO term_history (key, fence, owner, acquired_at_ms, ended_at_ms, end_kind,
@@ -189,12 +171,8 @@ macro_rules! record_history {
             "
                 RETURNING key, fence, owner, ended_at_ms, end_kind),
              history_trimmed AS (
-                DELETE FROM term_history x USING history_added a, ",
-            $rows,
-            " t
-                WHERE x.key = a.key AND t.key = a.key AND ",
-            $trim,
-            "
+                DELETE FROM term_history x USING history_added a
+                WHERE x.key = a.key
                   AND x.fence <= (SELECT y.fence FROM term_history y WHERE y.key = a.key
                                   ORDER BY y.fence DESC OFFSET (",
             $len,
@@ -487,7 +465,7 @@ pub const RELEASE: &str = concat!(
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
      RETURNING k.*),
      ",
-    record_history!(released "released", "$7"),
+    record_history!("released", "$7"),
     ",
      ",
     queue_end_events!("released"),
@@ -523,7 +501,7 @@ macro_rules! release_many {
             ")
      RETURNING k.*),
      ",
-            record_history!(released "released", "$7"),
+            record_history!("released", "$7"),
             ",
      ",
             queue_end_events!("released"),
