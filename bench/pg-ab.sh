@@ -15,6 +15,10 @@
 # Environment (all optional): PG=postgres://postgres@127.0.0.1:5432/test
 # ROUNDS=3 CLIENTS=64 MODE=cycle SHAPE=unary CONNECTIONS=8 DURATION=5
 # WARMUP=1 ROW_CONNECTIONS=16 TARGETS="before after row" SERVE_ARGS=""
+# WALINSPECT=1: also print, on stderr, where each leasehold run's WAL went
+# (pg_walinspect, by relation and record type, per operation), read before
+# its schema is dropped. Other sessions writing to the database meanwhile
+# count too.
 set -euo pipefail
 
 BEFORE=${1:?usage: bench/pg-ab.sh BEFORE_BIN AFTER_BIN [BENCH_BIN]}
@@ -33,6 +37,7 @@ TARGETS=${TARGETS:-before after row}
 SCHEMA=lh_bench_pg_ab
 PORT=${PORT:-7491}
 SERVE_ARGS=${SERVE_ARGS:-}
+WALINSPECT=${WALINSPECT:-}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/leasehold-pg-ab.XXXXXX")
 SERVER=""
 
@@ -74,6 +79,28 @@ stop_server() {
   psql -qX "$PG" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1
 }
 
+# WAL since $1 by relation (the first block a record touches) and record
+# type, per operation of a run of $2 ops/s: on stderr.
+wal_breakdown() {
+  psql -qX "$PG" -c "CREATE EXTENSION IF NOT EXISTS pg_walinspect" >/dev/null
+  echo "WAL by relation and record type, per operation (round $round, $target):" >&2
+  psql -qXA -F $'\t' "$PG" >&2 <<SQL
+WITH r AS (
+    SELECT resource_manager || '/' || record_type AS kind, record_length, fpi_length,
+           (regexp_match(block_ref, 'rel \\d+/\\d+/(\\d+)'))[1]::oid AS filenode
+    FROM pg_get_wal_records_info('$1', pg_current_wal_lsn())),
+ops AS (SELECT $2::float8 * ($DURATION + $WARMUP) AS n)
+SELECT coalesce(c.relname, '-') AS relation, r.kind,
+       round(count(*) / ops.n, 2) AS records_per_op,
+       round(sum(r.record_length) / ops.n) AS bytes_per_op,
+       round(sum(r.fpi_length) / ops.n) AS fpi_bytes_per_op
+FROM r CROSS JOIN ops
+LEFT JOIN pg_class c ON c.relfilenode = r.filenode AND c.relnamespace IN
+     (SELECT oid FROM pg_namespace WHERE nspname IN ('$SCHEMA', 'pg_catalog'))
+GROUP BY 1, 2, ops.n ORDER BY sum(r.record_length) DESC LIMIT 30;
+SQL
+}
+
 printf 'round\ttarget\tclients\tops/s\tp99_ms\txacts/op\twal_bytes/op\tload\n'
 for round in $(seq "$ROUNDS"); do
   for target in $TARGETS; do
@@ -86,6 +113,9 @@ for round in $(seq "$ROUNDS"); do
         read -r xacts0 lsn0 < <(counters | tr '|' ' ')
         "$BENCH" --server "http://127.0.0.1:$PORT" --shape "$SHAPE" --connections "$CONNECTIONS" \
           "${common[@]}" >"$WORK/out.json"
+        if [ -n "$WALINSPECT" ]; then
+          wal_breakdown "$lsn0" "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ops_per_sec"])' "$WORK/out.json")"
+        fi
         stop_server
         ;;
       row)

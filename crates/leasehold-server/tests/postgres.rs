@@ -1762,3 +1762,110 @@ async fn two_servers_batching_contended_keys_keep_exclusion() {
         assert!(counter(server, "leasehold_pg_release_batches_total") > 0);
     }
 }
+
+/// Every way a term ends records it in the history exactly once, and the
+/// history keeps exactly the newest `history_len` (#12: the statements
+/// that end a term themselves insert its entry without `ON CONFLICT`, and
+/// a lone release skips the row lock taken first): a lone release, an
+/// expiry moved by the grant that replaces it, an expiry moved by the
+/// sweeper and then found again by a grant (which must not record it twice,
+/// nor fail), and releases batched together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ended_term_is_recorded_once_and_the_newest_are_kept() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start_with(PgConfig {
+        history_len: 6,
+        ..schema.config_without_sweeper()
+    })
+    .await;
+    let mut c = server.client().await;
+    let history = |mut c: LeaseholdClient<Channel>, key: &str| {
+        let key = key.to_string();
+        async move {
+            c.history(pb::HistoryRequest {
+                key,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .entries
+            .iter()
+            .map(|h| (h.fence, h.end))
+            .collect::<Vec<_>>()
+        }
+    };
+    let (released, expired) = (pb::TermEnd::Released as i32, pb::TermEnd::Expired as i32);
+    let mut ended = Vec::new();
+
+    let lone = lease_of(c.acquire(acquire("h", "a", 5_000)).await.unwrap());
+    c.release(release(&lone, false)).await.unwrap();
+    ended.push((lone.fence, released));
+
+    // Expired, and moved by the grant that replaces it.
+    let lapsed = lease_of(c.acquire(acquire("h", "a", 200)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let next = lease_of(c.acquire(acquire("h", "b", 5_000)).await.unwrap());
+    ended.push((lapsed.fence, expired));
+    c.release(release(&next, false)).await.unwrap();
+    ended.push((next.fence, released));
+
+    // Expired, moved by the sweeper, then offered again by a grant.
+    let lapsed = lease_of(c.acquire(acquire("h", "a", 200)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.backend.sweep().await.unwrap();
+    let next = lease_of(c.acquire(acquire("h", "b", 5_000)).await.unwrap());
+    ended.push((lapsed.fence, expired));
+    c.release(release(&next, false)).await.unwrap();
+    ended.push((next.fence, released));
+    let mut newest_first = ended.clone();
+    newest_first.reverse();
+    assert_eq!(history(c.clone(), "h").await, newest_first);
+
+    for i in 0..4 {
+        let lease = lease_of(
+            c.acquire(acquire("h", &format!("w{i}"), 5_000))
+                .await
+                .unwrap(),
+        );
+        c.release(release(&lease, false)).await.unwrap();
+        ended.push((lease.fence, released));
+    }
+    // `ended` is in fence order (each term began after the one before).
+    let newest_first: Vec<_> = ended.iter().rev().take(6).cloned().collect();
+    assert_eq!(history(c.clone(), "h").await, newest_first);
+    let db = schema.db().await;
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM term_history WHERE key = 'h'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 6, "trimmed to the newest 6");
+
+    // Releases batched together: each term once.
+    let keys: Vec<String> = (0..24).map(|i| format!("m/{i}")).collect();
+    for round in 0..8 {
+        let cycles: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (mut c, key) = (c.clone(), key.clone());
+                tokio::spawn(async move {
+                    let lease = lease_of(c.acquire(acquire(&key, "m", 5_000)).await.unwrap());
+                    c.release(release(&lease, false)).await.unwrap();
+                    lease.fence
+                })
+            })
+            .collect();
+        for (key, cycle) in keys.iter().zip(cycles) {
+            let fence = cycle.await.unwrap();
+            let got = history(c.clone(), key).await;
+            assert_eq!(got.len(), (round + 1).min(6), "{key}: {got:?}");
+            assert_eq!(got[0], (fence, released), "{key}");
+        }
+    }
+    assert!(
+        counter(&server, "leasehold_pg_release_batches_total")
+            < counter(&server, "leasehold_pg_release_batched_total"),
+        "some releases shared a statement"
+    );
+}

@@ -586,3 +586,77 @@ async fn a_log_trimmed_past_the_feed_ends_its_watchers_with_out_of_range() {
         .unwrap();
     assert_dense(&next_events(&mut again, 2).await, 21);
 }
+
+/// The log keeps many events to a row (#12, migration 0007) and reads them
+/// back as before: a backlog of 300 cycles numbered by one sweep is a few
+/// rows, not 600, and a watch from revision 1 gets every event once, in
+/// order, across rows and pages, together with a row of one event as an
+/// older server's sequencer writes it; trimming to a length that cuts a
+/// row inside keeps exactly that many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stored_many_to_a_row_read_back_in_order_and_trim_exactly() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start_with(schema.config_without_sweeper()).await;
+    let db = schema.db().await;
+    // Revision 1 as a server of schema version 6 numbers it: a row of one.
+    db.batch_execute(
+        "INSERT INTO events (revision, key, kind, fence, owner, at_ms) VALUES (1, 'old', 5, 1, 'w', 1);
+         UPDATE event_head SET revision = 1",
+    )
+    .await
+    .unwrap();
+    let mut c = server.client().await;
+    let mut expected = vec![("old".to_string(), EventKind::Forgotten)];
+    for i in 0..300 {
+        let key = format!("k{}", i % 7);
+        cycle(&mut c, &key).await;
+        expected.push((key.clone(), EventKind::Granted));
+        expected.push((key, EventKind::Released));
+    }
+    server.backend.sweep().await.unwrap();
+    let rows: i64 = db
+        .query_one("SELECT count(*) FROM events", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(rows <= 4, "601 events in {rows} rows");
+
+    let client = Client::connect(server.url()).await.unwrap();
+    let mut watch = client
+        .watch(Selector::Prefix(String::new()), 1)
+        .await
+        .unwrap();
+    let events = next_events(&mut watch, expected.len()).await;
+    assert_dense(&events, 1);
+    let got: Vec<(String, EventKind)> = events
+        .iter()
+        .map(|e| (e.key.as_str().to_string(), e.kind))
+        .collect();
+    assert_eq!(got, expected);
+    for pair in events[1..].chunks(2) {
+        assert_eq!(pair[0].fence, pair[1].fence, "a term's grant and release");
+    }
+    quiet(&mut watch).await;
+
+    // Cut inside the second row: exactly the newest 300 are kept.
+    let trimming = PgServer::start_with(PgConfig {
+        event_log_len: 300,
+        ..schema.config_without_sweeper()
+    })
+    .await;
+    trimming.backend.sweep().await.unwrap();
+    match client.watch(Selector::Prefix(String::new()), 301).await {
+        Err(ClientError::Server(Error::Compacted {
+            requested: 301,
+            oldest: 302,
+        })) => {}
+        other => panic!("expected compacted, got {:?}", other.map(|_| ())),
+    }
+    let mut kept = client
+        .watch(Selector::Prefix(String::new()), 302)
+        .await
+        .unwrap();
+    let tail = next_events(&mut kept, 300).await;
+    assert_dense(&tail, 302);
+    assert_eq!(tail[..], events[301..]);
+}

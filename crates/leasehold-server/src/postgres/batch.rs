@@ -343,10 +343,13 @@ impl Inner {
             .collect();
         let applied = in_time(self.config.op_timeout, async {
             let client = self.client().await?;
-            let stmt = client
-                .prepare_cached(sql::RELEASE_MANY)
-                .await
-                .map_err(db_error)?;
+            // One key needs no lock in key order first (see RELEASE_ONE).
+            let text = if keys.len() == 1 {
+                sql::RELEASE_ONE
+            } else {
+                sql::RELEASE_MANY
+            };
+            let stmt = client.prepare_cached(text).await.map_err(db_error)?;
             client
                 .query(
                     &stmt,

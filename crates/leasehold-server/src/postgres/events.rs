@@ -25,6 +25,16 @@
 //! in one of their possible orders. No two leasehold servers ever need to
 //! agree on anything: the sequencer's lock and the rows decide.
 //!
+//! # Rows of many events
+//! The sequencer writes what it numbers as rows of up to [`EVENTS_PER_ROW`]
+//! events (arrays, revisions `revision ..` in array order; migration 0007),
+//! not one row per event: a row per event cost an insert, an index entry
+//! and a delete for each of the two events of a lock cycle (#12). Rows of
+//! one event in the scalar columns, as servers before version 7 wrote them,
+//! are read the same way. A read unnests only the rows that can hold the
+//! page it asks for; the trim cuts the row the cut falls inside, so the
+//! oldest revision kept is exact.
+//!
 //! # When events appear
 //! Every server sequences at each sweep (so the queue stays short with
 //! nobody watching), and a server with watchers also sequences and reads
@@ -64,6 +74,11 @@ const PAGE: usize = 256;
 /// Queue rows one sequencer statement moves at most (each holds one
 /// event, or one statement's events: at most a batch, or a sweep's 1000).
 const SEQUENCE_BATCH: i64 = 1_000;
+
+/// Events the sequencer puts in one log row at most (migration 0007): a
+/// page of [`PAGE`] events then reads at most two rows it does not need
+/// whole, however large the backlog it numbered at once.
+const EVENTS_PER_ROW: i64 = 256;
 
 /// Pages the feed reads per poll at most, so one poll cannot run long.
 const PAGES_PER_POLL: usize = 16;
@@ -183,7 +198,7 @@ impl Inner {
         let mut total = 0;
         loop {
             let row = client
-                .query_one(&number, &[&SEQUENCE_BATCH])
+                .query_one(&number, &[&SEQUENCE_BATCH, &EVENTS_PER_ROW])
                 .await
                 .map_err(db_error)?;
             total += row.get::<_, i64>("numbered");
@@ -215,7 +230,9 @@ impl Inner {
             .prepare_cached(sql::READ_EVENTS)
             .await
             .map_err(db_error)?;
-        let after = after.min(i64::MAX as u64) as i64;
+        // `after + limit + 1` must stay within `bigint` (only the read of the
+        // head alone, with no limit, asks from the very end).
+        let after = after.min(i64::MAX as u64 - limit as u64 - 1) as i64;
         let rows = client
             .query(&stmt, &[&after, &(limit as i64)])
             .await

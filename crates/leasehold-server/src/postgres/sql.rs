@@ -126,17 +126,32 @@ macro_rules! handoff_to {
 }
 
 /// Two CTEs that record the ended term of each row of CTE `$rows` (a
-/// `keys` row after the write) in `term_history`, once per (key, fence)
-/// however often it is offered, and trim the key's history to the newest
-/// `$len` entries when one was added. `history_added` returns the entries
-/// added: the terms this statement ended (see [`queue_grant_events`]). `$which` narrows the rows offered (a
-/// grant only ever ends an expired term: `r.ended_end = 3` spares the hot
-/// path of a key released and taken again a look at the history).
+/// `keys` row after the write) in `term_history`, and trim the key's
+/// history to the newest `$len` entries when one was added.
+/// `history_added` returns the entries added: the terms this statement
+/// ended (see [`queue_grant_events`]).
+///
+/// With `$which`, the rows offered may carry a term ended earlier (a grant
+/// or a served waiter replaces an expired term, or finds one the sweeper
+/// moved and recorded already): each is recorded once per (key, fence)
+/// however often it is offered (`ON CONFLICT DO NOTHING`), and `$which`
+/// narrows the rows offered (a grant only ever ends an expired term:
+/// `r.ended_end = 3` spares the hot path of a key released and taken again
+/// a look at the history). Without it, every row is a term this very
+/// statement moved from live to ended (a release, an expiry moved), which
+/// no statement can have recorded before (a term ends once, under its row
+/// lock, and fences are never reused): a plain insert, without the
+/// speculative insertion and its confirmation record that `ON CONFLICT`
+/// writes for every row (#12; a duplicate would fail the statement, not
+/// pass silently).
 macro_rules! record_history {
     ($rows:literal, $len:literal) => {
-        record_history!($rows, $len, "true")
+        record_history!(@ $rows, $len, "true", "")
     };
     ($rows:literal, $len:literal, $which:literal) => {
+        record_history!(@ $rows, $len, $which, "ON CONFLICT (key, fence) DO NOTHING")
+    };
+    (@ $rows:literal, $len:literal, $which:literal, $conflict:literal) => {
         concat!(
             "history_added AS (
                 INSERT INTO term_history (key, fence, owner, acquired_at_ms, ended_at_ms, end_kind,
@@ -151,7 +166,9 @@ macro_rules! record_history {
                 WHERE r.ended_fence IS NOT NULL AND r.ended_acquired_at_ms IS NOT NULL AND ",
             $which,
             "
-                ON CONFLICT (key, fence) DO NOTHING
+                ",
+            $conflict,
+            "
                 RETURNING key, fence, owner, ended_at_ms, end_kind),
              history_trimmed AS (
                 DELETE FROM term_history x USING history_added a
@@ -456,6 +473,44 @@ pub const RELEASE: &str = concat!(
      SELECT * FROM released"
 );
 
+/// [`RELEASE_MANY`] and [`RELEASE_ONE`]: `$locked` the CTE that locks the
+/// rows first (or nothing), `$from` and `$on` join it (or nothing).
+macro_rules! release_many {
+    ($locked:literal, $from:literal, $on:literal) => {
+        concat!(
+            "WITH n AS (SELECT now_ms() AS ms),
+     req AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::smallint[],
+                                  $5::text[], $6::bigint[])
+             AS req(key, fence, lease_id, end_kind, successor, handoff_ms)),",
+            $locked,
+            "
+     released AS (
+     UPDATE keys k SET ",
+            end_live!("req.end_kind", "req.successor", "req.handoff_ms"),
+            "
+     FROM n, req",
+            $from,
+            "
+     WHERE k.key = req.key",
+            $on,
+            "
+       AND k.live_fence = req.fence AND k.live_lease_id = req.lease_id
+       AND k.live_expires_at_ms > n.ms
+       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
+            in_line!("w", "n.ms"),
+            ")
+     RETURNING k.*),
+     ",
+            record_history!("released", "$7"),
+            ",
+     ",
+            queue_end_events!("released"),
+            "
+     SELECT released.*, pg_notify($8, released.key) FROM released"
+        )
+    };
+}
+
 /// Ends live terms whose keys nobody waits for, each on its own condition,
 /// in one autocommit statement: `$1` keys (distinct), `$2` fences, `$3`
 /// lease_ids, `$4` how (1 released, 2 suspended), `$5` the successors to
@@ -468,33 +523,21 @@ pub const RELEASE: &str = concat!(
 /// line in a transaction. Returns the rows released; a key not returned
 /// was not. Rows are locked in key order first, so concurrent batches
 /// cannot deadlock.
-pub const RELEASE_MANY: &str = concat!(
-    "WITH n AS (SELECT now_ms() AS ms),
-     req AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::smallint[],
-                                  $5::text[], $6::bigint[])
-             AS req(key, fence, lease_id, end_kind, successor, handoff_ms)),
+pub const RELEASE_MANY: &str = release_many!(
+    "
      locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM req)
-                ORDER BY k.key FOR UPDATE),
-     released AS (
-     UPDATE keys k SET ",
-    end_live!("req.end_kind", "req.successor", "req.handoff_ms"),
-    "
-     FROM n, req, locked
-     WHERE k.key = req.key AND locked.key = req.key
-       AND k.live_fence = req.fence AND k.live_lease_id = req.lease_id
-       AND k.live_expires_at_ms > n.ms
-       AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND ",
-    in_line!("w", "n.ms"),
-    ")
-     RETURNING k.*),
-     ",
-    record_history!("released", "$7"),
-    ",
-     ",
-    queue_end_events!("released"),
-    "
-     SELECT released.*, pg_notify($8, released.key) FROM released"
+                ORDER BY k.key FOR UPDATE),",
+    ", locked",
+    " AND locked.key = req.key"
 );
+
+/// [`RELEASE_MANY`] for a batch of one key, without locking its row first:
+/// a statement that waits for one `keys` row only, holding none, cannot be
+/// part of a deadlock (the history rows it trims are only ever touched
+/// under their key's row lock), and the lock taken first writes a WAL
+/// record of its own before the update's (#12: about 55 bytes, most of a
+/// lone client's cycle's extra over the unbatched release).
+pub const RELEASE_ONE: &str = release_many!("", "", "");
 
 /// Puts an Acquire in line: `$1` key, `$2` owner, `$3` ttl_ms, `$4`
 /// request_id, `$5` wait_ms, `$6` how long the row lives without a
@@ -755,7 +798,9 @@ pub const EVENTS_QUEUED: &str = "SELECT EXISTS (SELECT 1 FROM event_queue)";
 /// The sequencer, in one statement: locks the one `event_head` row (waiting
 /// for another server's sequencer to commit), gives the next revisions to
 /// the events of the oldest `$1` queue rows, in queue order (a row's events
-/// in array order), and moves them to the log.
+/// in array order), and moves them to the log as rows of at most
+/// `$2` events (`events::EVENTS_PER_ROW`; migration 0007: one row, not one per event,
+/// keeps the log's insert, index entry and delete off every event).
 /// Returns the new head, how many events it numbered and how many queue
 /// rows it moved.
 ///
@@ -783,31 +828,67 @@ pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head
                   WITH ORDINALITY AS u(key, kind, fence, owner, at_ms, ord)
          WHERE m.keys IS NOT NULL),
      numbered AS (
-         SELECT (SELECT revision FROM head) + row_number() OVER (ORDER BY id, ord) AS revision,
-                key, kind, fence, owner, at_ms
+         SELECT row_number() OVER (ORDER BY id, ord) AS n, key, kind, fence, owner, at_ms
          FROM flat),
      added AS (
-         INSERT INTO events (revision, key, kind, fence, owner, at_ms)
-         SELECT revision, key, kind, fence, owner, at_ms FROM numbered
-         RETURNING revision)
+         INSERT INTO events (revision, keys, kinds, fences, owners, at_mss)
+         SELECT (SELECT revision FROM head) + min(n), array_agg(key ORDER BY n),
+                array_agg(kind ORDER BY n), array_agg(fence ORDER BY n),
+                array_agg(owner ORDER BY n), array_agg(at_ms ORDER BY n)
+         FROM numbered
+         GROUP BY (n - 1) / $2::bigint
+         RETURNING revision + cardinality(keys) - 1 AS last, cardinality(keys) AS events)
      UPDATE event_head
-     SET revision = (SELECT coalesce(max(a.revision), (SELECT revision FROM head)) FROM added a)
-     RETURNING revision, (SELECT count(*) FROM added) AS numbered,
+     SET revision = (SELECT coalesce(max(a.last), (SELECT revision FROM head)) FROM added a)
+     RETURNING revision, (SELECT coalesce(sum(a.events), 0)::bigint FROM added a) AS numbered,
                (SELECT count(*) FROM moved) AS moved";
 
-/// Trims the log to the newest `$1` revisions (idempotent; needs no lock).
-pub const TRIM_EVENTS: &str =
-    "DELETE FROM events WHERE revision <= (SELECT revision FROM event_head) - $1::bigint";
+/// Trims the log to the newest `$1` revisions (idempotent; needs no lock): a
+/// row goes once its last event is older than those (a row of one event
+/// has no `keys`), and the row the cut falls inside keeps only its newer
+/// events, so the oldest revision kept is exactly the first after the cut.
+/// The index finds the rows that begin at or before the cut. Two servers
+/// trimming at once cannot clash: the second to reach the cut row re-reads
+/// it and finds it moved past its own cut (or cuts it further).
+pub const TRIM_EVENTS: &str = "WITH cut AS (SELECT revision - $1::bigint AS at FROM event_head),
+     gone AS (
+         DELETE FROM events x USING cut
+         WHERE x.revision <= cut.at
+           AND x.revision + coalesce(cardinality(x.keys), 1) - 1 <= cut.at)
+     UPDATE events x
+     SET revision = cut.at + 1,
+         keys   = x.keys[(cut.at + 2 - x.revision)::int:],
+         kinds  = x.kinds[(cut.at + 2 - x.revision)::int:],
+         fences = x.fences[(cut.at + 2 - x.revision)::int:],
+         owners = x.owners[(cut.at + 2 - x.revision)::int:],
+         at_mss = x.at_mss[(cut.at + 2 - x.revision)::int:]
+     FROM cut
+     WHERE x.revision <= cut.at AND x.keys IS NOT NULL
+       AND x.revision + cardinality(x.keys) - 1 > cut.at";
 
 /// The head and the oldest revision kept (NULL: the log is empty), and up to
 /// `$2` events after revision `$1` in revision order (a row with NULL
-/// `revision` when there are none), as of one snapshot.
+/// `revision` when there are none), as of one snapshot. Rows of many events
+/// are unnested (a row of one event as an array of one); only the rows that
+/// can hold revisions `$1 + 1 ..= $1 + $2` are read, through the index: from
+/// the last one that begins at or before `$1 + 1` to the last that begins
+/// at or before `$1 + $2` (the caller keeps `$1 + $2 + 1` within `bigint`).
 pub const READ_EVENTS: &str = "SELECT h.revision AS head,
             (SELECT min(x.revision) FROM events x) AS oldest,
             e.revision, e.key, e.kind, e.fence, e.owner, e.at_ms
      FROM event_head h
-     LEFT JOIN LATERAL (SELECT * FROM events WHERE revision > $1::bigint
-                        ORDER BY revision LIMIT $2) e ON true
+     LEFT JOIN LATERAL (
+         SELECT x.revision + u.ord - 1 AS revision, u.key, u.kind, u.fence, u.owner, u.at_ms
+         FROM events x,
+              unnest(coalesce(x.keys, ARRAY[x.key]), coalesce(x.kinds, ARRAY[x.kind]),
+                     coalesce(x.fences, ARRAY[x.fence]), coalesce(x.owners, ARRAY[x.owner]),
+                     coalesce(x.at_mss, ARRAY[x.at_ms]))
+                  WITH ORDINALITY AS u(key, kind, fence, owner, at_ms, ord)
+         WHERE x.revision >= coalesce((SELECT max(y.revision) FROM events y
+                                       WHERE y.revision <= $1::bigint + 1), 0)
+           AND x.revision <= $1::bigint + $2::bigint
+           AND x.revision + u.ord - 1 > $1::bigint
+         ORDER BY 1 LIMIT $2) e ON true
      ORDER BY e.revision";
 
 /// Migrations, step 0: the schema and the table of versions applied. `{schema}`
