@@ -654,10 +654,10 @@ async fn serve_backend(
             }
         },
     };
-    if let Some(metrics) = &metrics_listener
-        && let Ok(at) = metrics.local_addr()
-    {
-        tracing::info!(%at, "metrics at /metrics");
+    if let Some(metrics) = &metrics_listener {
+        if let Ok(at) = metrics.local_addr() {
+            tracing::info!(%at, "metrics at /metrics");
+        }
     }
     // Catch SIGINT/SIGTERM from here on: a supervisor (or test) that signals
     // as soon as it reads the line below gets a clean shutdown, not the

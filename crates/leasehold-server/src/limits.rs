@@ -381,9 +381,10 @@ impl Gate {
             .by_principal
             .get_mut(principal)
             .and_then(|held| held.keys.get_mut(key))
-            && *fence == term.fence
         {
-            *at = (*at).max(until);
+            if *fence == term.fence {
+                *at = (*at).max(until);
+            }
         }
     }
 

@@ -8,13 +8,10 @@
 //! than this build knows is refused, never reset.
 //!
 //! # Locking
-//! One server per file: the store holds an exclusive OS lock (`flock`) on a
-//! side file, `<database>.lock`, from before it reads the database until the
-//! process exits, so a second server on the same file fails at start-up
-//! instead of handing out fences of its own. An OS lock, so `kill -9`
-//! releases it. (Until issue 16 the connection ran in
-//! `locking_mode=EXCLUSIVE`, which also kept out the second connection that
-//! checkpoints, below.)
+//! The connection runs in `locking_mode=EXCLUSIVE`: the first server to read
+//! the file keeps it locked until it exits, so a second server on the same
+//! file fails at start-up instead of handing out fences of its own. The lock
+//! is an OS file lock, so `kill -9` releases it.
 //!
 //! # Durability
 //! WAL with `synchronous=FULL` by default: a commit returns only after the
@@ -24,21 +21,9 @@
 //!
 //! # Performance
 //! One commit carries a whole batch from the group-commit writer; rows are
-//! written with one cached statement per key. The writer's connection never
-//! checkpoints the WAL (`wal_autocheckpoint=0`): a checkpoint copies the
-//! WAL's pages into the database and syncs it, tens of milliseconds after a
-//! mass expiry, and a commit that ran one kept every reply waiting on it
-//! that long. A thread of the store's own checkpoints instead, on its own
-//! connection (`wal_checkpoint(PASSIVE)`, which never blocks the writer),
-//! woken once [`CHECKPOINT_AFTER_ROWS`] rows were written since it last was,
-//! at most every [`CHECKPOINT_INTERVAL`] (a checkpoint syncs the database
-//! file, and a sync on every commit's heels would compete with the WAL's
-//! own).
+//! written with one cached statement per key.
 
 use std::path::Path;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
@@ -74,31 +59,10 @@ pub enum SyncMode {
     Normal,
 }
 
-/// The checkpointer runs at most this often (a passive checkpoint with
-/// nothing to copy costs little, but a busy writer would wake it on every
-/// commit).
-pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(50);
-
-/// The checkpointer is woken once commits wrote this many rows since it was
-/// last woken: at one row a commit (a lone client) that is about the 1,000
-/// WAL pages at which SQLite itself would checkpoint; a mass expiry reaches
-/// it every few commits.
-pub const CHECKPOINT_AFTER_ROWS: usize = 256;
-
 /// Lease storage in one SQLite file.
 pub struct SqliteStore {
-    /// The writer's connection; the engine's writer thread owns the store.
+    /// The one connection; the engine's writer thread owns the store.
     conn: Connection,
-    /// Wakes the checkpointer after a commit (a full channel means it is
-    /// already due). Dropped first, so the checkpointer stops.
-    checkpoint_due: Option<mpsc::SyncSender<()>>,
-    /// The checkpointer thread, joined on drop.
-    checkpointer: Option<JoinHandle<()>>,
-    /// Rows written since the checkpointer was last woken.
-    unchecked_rows: usize,
-    /// The OS lock on `<database>.lock` that keeps a second server out;
-    /// held as long as the store (or, after a failed commit, the process).
-    _lock: std::fs::File,
     /// Transactions committed, for batching metrics.
     commits: u64,
     /// How many events the stored log keeps at least; older rows go.
@@ -129,11 +93,13 @@ impl SqliteStore {
             path: shown.clone(),
             reason: explain(e),
         };
-        let lock = lock_file(path)?;
         let conn = Connection::open(path).map_err(open_err)?;
-        // A server from before the lock file kept the database itself
-        // locked (exclusive mode): say so quickly rather than wait.
-        conn.busy_timeout(Duration::from_millis(200))
+        // rusqlite waits 5 s on a locked file by default; the lock is ours
+        // alone (exclusive mode), so a locked file means another server:
+        // say so quickly.
+        conn.busy_timeout(std::time::Duration::from_millis(200))
+            .map_err(open_err)?;
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
             .map_err(open_err)?;
         let mode: String = conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
@@ -150,43 +116,13 @@ impl SqliteStore {
         };
         conn.pragma_update(None, "synchronous", sync)
             .map_err(open_err)?;
-        conn.pragma_update(None, "wal_autocheckpoint", 0)
-            .map_err(open_err)?;
         let mut store = SqliteStore {
             conn,
-            checkpoint_due: None,
-            checkpointer: None,
-            unchecked_rows: 0,
-            _lock: lock,
             commits: 0,
             event_log_len: DEFAULT_EVENT_LOG_LEN as u64,
             oldest_revision: 0,
         };
         store.migrate(&shown)?;
-        // From here on the only other connection is our checkpointer, which
-        // never holds the write lock: a busy writer would be a bug, so wait
-        // rather than fail a commit.
-        store
-            .conn
-            .busy_timeout(Duration::from_secs(5))
-            .map_err(open_err)?;
-        let checkpoints = Connection::open(path).map_err(open_err)?;
-        checkpoints
-            .busy_timeout(Duration::from_secs(5))
-            .map_err(open_err)?;
-        checkpoints
-            .pragma_update(None, "synchronous", sync)
-            .map_err(open_err)?;
-        let (due, wakes) = mpsc::sync_channel(1);
-        let checkpointer = std::thread::Builder::new()
-            .name("leasehold-checkpoint".into())
-            .spawn(move || checkpoint_loop(&checkpoints, &wakes))
-            .map_err(|e| StoreError::Open {
-                path: shown.clone(),
-                reason: format!("cannot start the checkpoint thread: {e}"),
-            })?;
-        store.checkpoint_due = Some(due);
-        store.checkpointer = Some(checkpointer);
         Ok(store)
     }
 
@@ -496,17 +432,6 @@ impl Store for SqliteStore {
         }
         tx.commit().map_err(io)?;
         self.commits += 1;
-        self.unchecked_rows += batch.records.len()
-            + batch.calls.len()
-            + batch.forgotten.len()
-            + usize::from(!batch.events.is_empty());
-        if self.unchecked_rows >= CHECKPOINT_AFTER_ROWS {
-            if let Some(due) = &self.checkpoint_due {
-                // Full: a wake-up is already pending, which covers this commit.
-                let _ = due.try_send(());
-            }
-            self.unchecked_rows = 0;
-        }
         Ok(())
     }
 
@@ -764,59 +689,6 @@ fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
 
 fn io(e: rusqlite::Error) -> StoreError {
     StoreError::Io(e.to_string())
-}
-
-impl Drop for SqliteStore {
-    fn drop(&mut self) {
-        self.checkpoint_due = None;
-        if let Some(checkpointer) = self.checkpointer.take() {
-            let _ = checkpointer.join();
-        }
-    }
-}
-
-/// Takes the exclusive OS lock on `<path>.lock` (created if missing), or
-/// says which server holds it.
-fn lock_file(path: &Path) -> Result<std::fs::File, StoreError> {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".lock");
-    let lock_path = std::path::PathBuf::from(name);
-    let refused = |reason: String| StoreError::Open {
-        path: path.display().to_string(),
-        reason,
-    };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| refused(format!("cannot open {}: {e}", lock_path.display())))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(refused(format!(
-            "{} is locked (is another leasehold server using this file?)",
-            lock_path.display()
-        ))),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(refused(format!("cannot lock {}: {e}", lock_path.display())))
-        }
-    }
-}
-
-/// The checkpointer: after commits (at most every [`CHECKPOINT_INTERVAL`])
-/// copies the WAL into the database, on its own connection, so the writer
-/// never does. Passive: it copies what no reader needs and never blocks the
-/// writer; the writer starts the WAL over once a checkpoint has copied it
-/// all. Ends when the store is dropped.
-fn checkpoint_loop(conn: &Connection, wakes: &mpsc::Receiver<()>) {
-    while wakes.recv().is_ok() {
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            // The WAL keeps every commit; only its growth is at stake, and
-            // the next wake-up tries again.
-            tracing::warn!(error = %e, "WAL checkpoint failed");
-        }
-        std::thread::sleep(CHECKPOINT_INTERVAL);
-    }
 }
 
 /// Turns SQLite's terse open errors into advice.
@@ -1139,50 +1011,11 @@ mod tests {
     fn a_second_server_on_the_same_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l.db");
-        let first = SqliteStore::open(&path, SyncMode::Full).unwrap();
+        let _first = SqliteStore::open(&path, SyncMode::Full).unwrap();
         let err = SqliteStore::open(&path, SyncMode::Full).unwrap_err();
         assert!(
             err.to_string().contains("another leasehold server"),
             "{err}"
         );
-        assert!(err.to_string().contains("l.db.lock"), "{err}");
-        // The lock goes with the store that held it.
-        drop(first);
-        SqliteStore::open(&path, SyncMode::Full).unwrap();
-    }
-
-    /// The writer never checkpoints the WAL; the store's checkpointer does,
-    /// on its own connection, soon after commits.
-    #[test]
-    fn the_wal_is_checkpointed_off_the_writer() {
-        use leasehold_core::lessor::Lessor;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.db");
-        let mut store = SqliteStore::open(&path, SyncMode::Full).unwrap();
-        let autocheckpoint: i64 = store
-            .conn
-            .pragma_query_value(None, "wal_autocheckpoint", |row| row.get(0))
-            .unwrap();
-        assert_eq!(
-            autocheckpoint, 0,
-            "the writer's connection never checkpoints"
-        );
-        let before = std::fs::metadata(&path).unwrap().len();
-        // A few hundred WAL pages: below SQLite's own auto-checkpoint (1000
-        // pages), so only the checkpointer copies them into the database.
-        let mut lessor: Lessor<NoWaiter> = Lessor::new();
-        for i in 0..2_000 {
-            let _ = lessor.acquire(spec(&format!("session/{i:05}"), 60_000), 0, None);
-        }
-        store.commit(&lessor.take_batch()).unwrap();
-        let mut grown = false;
-        for _ in 0..200 {
-            if std::fs::metadata(&path).unwrap().len() > before {
-                grown = true;
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert!(grown, "the database file never received the WAL's pages");
     }
 }
