@@ -134,6 +134,10 @@ impl Changes {
         !self.lazy_dirty.is_empty()
     }
 
+    pub fn lazy_backlog(&self) -> usize {
+        self.lazy_dirty.len()
+    }
+
     /// Takes every urgent change and at most `lazy_limit` lazily changed
     /// keys (the rest stay for the next batch), keys in order.
     pub fn take(&mut self, lazy_limit: usize) -> Taken {

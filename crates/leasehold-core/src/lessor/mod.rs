@@ -783,6 +783,11 @@ impl<W: WaiterHandle> Lessor<W> {
         self.changes.has_lazy_backlog()
     }
 
+    /// How many keys changed lazily wait for storage.
+    pub fn lazy_backlog(&self) -> usize {
+        self.changes.lazy_backlog()
+    }
+
     /// Takes every change since the last batch, for storage to commit at once.
     pub fn take_batch(&mut self) -> Batch {
         self.take_batch_up_to(usize::MAX)
