@@ -129,3 +129,67 @@ async fn an_urgent_commit_carries_few_lazy_changes() {
     );
     engine.shutdown().await;
 }
+
+/// A mass expiry larger than the writer keeps up with: the timer ends terms
+/// only while at most about 4,000 lazily changed keys wait for storage (the
+/// expired terms already look expired to readers), so the writer's takes
+/// stay small and the lessor lock stays free; once the writer drains the
+/// backlog, the timer ends the rest.
+#[tokio::test]
+async fn the_expiry_timer_waits_for_the_writer_to_catch_up() {
+    const EXPIRING: u64 = 6_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("leasehold.db"), SyncMode::Normal).unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let config = EngineConfig {
+        // Lazy changes are written only as a backlog after an urgent commit.
+        lazy_flush: Duration::from_secs(3600),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(
+        Box::new(store),
+        Arc::new(clock.clone()) as Arc<dyn Clock>,
+        config,
+    )
+    .unwrap();
+    let mut grants = tokio::task::JoinSet::new();
+    for i in 0..EXPIRING {
+        let engine = engine.clone();
+        grants.spawn(async move { engine.acquire(acquire(&format!("s/{i:05}"), 1_000)).await });
+    }
+    while let Some(granted) = grants.join_next().await {
+        granted.unwrap().unwrap();
+    }
+    clock.advance(2_000);
+
+    // The timer stops once the unwritten expiries pass its limit.
+    let mut last = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let now = engine.stats().expirations;
+        if now > 0 && now == last {
+            break;
+        }
+        last = now;
+    }
+    assert!(
+        (4_000..EXPIRING).contains(&last),
+        "the timer ended {last} terms with nothing written"
+    );
+
+    // An urgent commit starts the writer on the backlog; the rest then end.
+    engine.acquire(acquire("urgent", 30_000)).await.unwrap();
+    let mut ended = 0;
+    for _ in 0..500 {
+        ended = engine.stats().expirations;
+        if ended == EXPIRING {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        ended, EXPIRING,
+        "every term ended once the writer caught up"
+    );
+    engine.shutdown().await;
+}
