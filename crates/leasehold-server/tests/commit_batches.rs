@@ -51,6 +51,19 @@ fn acquire(key: &str, ttl_ms: u64) -> Acquire {
     }
 }
 
+/// An engine on `store` with a manual clock, whose lazy changes are written
+/// only as a backlog after an urgent commit (or at the lazy flush, an hour
+/// away here).
+fn start(store: Box<dyn Store>) -> (Engine, ManualClock) {
+    let clock = ManualClock::new(1_000_000);
+    let config = EngineConfig {
+        lazy_flush: Duration::from_secs(3600),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(store, Arc::new(clock.clone()) as Arc<dyn Clock>, config).unwrap();
+    (engine, clock)
+}
+
 /// 300 terms expire at once and their rows wait to be written lazily; an
 /// Acquire made then is committed with at most a small slice of them (it
 /// used to carry up to 500, and during a mass expiry every Acquire waited
@@ -64,19 +77,7 @@ async fn an_urgent_commit_carries_few_lazy_changes() {
         inner: SqliteStore::open(&dir.path().join("leasehold.db"), SyncMode::Full).unwrap(),
         commits: commits.clone(),
     };
-    let clock = ManualClock::new(1_000_000);
-    let config = EngineConfig {
-        // Lazy changes are written only as a backlog after an urgent commit
-        // (or at the lazy flush, an hour away here).
-        lazy_flush: Duration::from_secs(3600),
-        ..EngineConfig::default()
-    };
-    let engine = Engine::start(
-        Box::new(store),
-        Arc::new(clock.clone()) as Arc<dyn Clock>,
-        config,
-    )
-    .unwrap();
+    let (engine, clock) = start(Box::new(store));
 
     for i in 0..EXPIRING {
         engine
@@ -140,18 +141,7 @@ async fn the_expiry_timer_waits_for_the_writer_to_catch_up() {
     const EXPIRING: u64 = 6_000;
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&dir.path().join("leasehold.db"), SyncMode::Normal).unwrap();
-    let clock = ManualClock::new(1_000_000);
-    let config = EngineConfig {
-        // Lazy changes are written only as a backlog after an urgent commit.
-        lazy_flush: Duration::from_secs(3600),
-        ..EngineConfig::default()
-    };
-    let engine = Engine::start(
-        Box::new(store),
-        Arc::new(clock.clone()) as Arc<dyn Clock>,
-        config,
-    )
-    .unwrap();
+    let (engine, clock) = start(Box::new(store));
     let mut grants = tokio::task::JoinSet::new();
     for i in 0..EXPIRING {
         let engine = engine.clone();
