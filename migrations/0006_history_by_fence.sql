@@ -1,9 +1,9 @@
 -- Term history keyed by fence alone. A fence is never given twice, so it
 -- names one history entry across all keys. Keyed by (key, fence), every
 -- release wrote its entry into a B-tree page of its own key, so a commit of
--- N releases dirtied about N history pages (two of the three WAL writes of a
--- lock cycle); keyed by fence, the entries of one commit have neighbouring
--- fences and share the rightmost page, and the entries that fall out of the
+-- N releases (or N expiries) dirtied about N history pages; keyed by fence,
+-- the entries of one commit have neighbouring fences and share the rightmost
+-- page, and the entries that fall out of the
 -- history (by fence, named by the server) sit together further left. The
 -- server deletes a forgotten key's entries by their fences too, so no index
 -- on key is kept. An older leasehold refuses this database (its schema

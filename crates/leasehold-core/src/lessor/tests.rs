@@ -976,13 +976,8 @@ fn events_get_revisions_in_commit_order_and_wait_for_their_keys_row() {
 fn partial_takes_carry_exactly_their_keys_events_in_order() {
     use crate::events::EventKind;
     let mut lessor: Lessor<Tag> = Lessor::new();
-    let mut grants = Vec::new();
     for i in 0..6 {
-        grants.push(granted(lessor.acquire(
-            spec(&format!("e{i}"), "a"),
-            0,
-            None,
-        )));
+        granted(lessor.acquire(spec(&format!("e{i}"), "a"), 0, None));
     }
     lessor.take_batch();
     lessor.expire_due(1000); // six lazy expiries
