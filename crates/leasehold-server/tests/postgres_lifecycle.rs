@@ -122,8 +122,9 @@ async fn a_successor_in_line_on_another_server_goes_first() {
     assert!(late.previous.unwrap().handed_off);
 }
 
-/// Each key keeps its newest `history_len` entries (the rows beyond are
-/// deleted), and the history goes with the key when it is forgotten.
+/// Each key keeps its newest `history_len` entries (in a ring of that many
+/// rows, overwritten in turn), and the history goes with the key when it
+/// is forgotten.
 #[tokio::test]
 async fn history_is_bounded_and_forgotten_with_the_key() {
     let schema = schema_or_skip!();

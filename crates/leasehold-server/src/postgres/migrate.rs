@@ -22,6 +22,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../../migrations/postgres/0005_events.sql"),
     include_str!("../../../../migrations/postgres/0006_event_batches.sql"),
     include_str!("../../../../migrations/postgres/0007_event_log_batches.sql"),
+    include_str!("../../../../migrations/postgres/0008_history_ring.sql"),
 ];
 
 /// Creates `schema` if needed and brings it to the newest version.

@@ -35,8 +35,9 @@
 //! term history (#15) are columns of the key's row and rows of
 //! `term_history`, written by the same single statements as the terms: the
 //! statement that ends a term (release, sweeper, or the grant that replaces
-//! an expired term) records its history entry (idempotent by key and
-//! fence), counts the failure and starts its lock-delay; the grant's
+//! an expired term) records its history entry (once: in the next slot of
+//! the key's ring of rows, updated in place; see `sql::record_history` and
+//! migration 0008), counts the failure and starts its lock-delay; the grant's
 //! condition checks lock-delay, handoff (the successor goes ahead of the
 //! line) and quarantine. Expiry stays lazy: until someone moves an expired
 //! term, readers derive what its end does from the row (`row::KeyRow::at`),
@@ -145,8 +146,11 @@ pub struct PgConfig {
     /// answering (a partition, a hung failover) must not hold requests
     /// forever. Its outcome is then unknown, as for any lost reply.
     pub op_timeout: Duration,
-    /// How many ended terms each key remembers (History); the statement
-    /// that records an end trims the key's history to this many.
+    /// How many ended terms each key remembers (History): the newest this
+    /// many are shown. Each key's ring of history rows grows to the
+    /// largest length any server wrote it with and never shrinks while the
+    /// key exists (migration 0008), so servers with different lengths on
+    /// one schema each see their own newest N.
     pub history_len: usize,
     /// The recovery limit of terms whose Acquire names none (`None`: keys
     /// are quarantined only when their Acquire asks). Fixed into each term
@@ -580,9 +584,10 @@ impl Inner {
         tx.commit().await.map_err(db_error)
     }
 
-    /// The history length, as a statement parameter.
+    /// The history length, as a statement parameter (at most `i32::MAX`:
+    /// a key's ring length is an `integer`, migration 0008).
     fn history_len(&self) -> i64 {
-        self.config.history_len.clamp(1, i64::MAX as usize) as i64
+        self.config.history_len.clamp(1, i32::MAX as usize) as i64
     }
 
     async fn read_key(&self, client: &Client, key: &Key) -> Result<Snapshot> {

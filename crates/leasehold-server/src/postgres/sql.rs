@@ -11,14 +11,58 @@
 //! Unqualified names resolve in the backend's schema (each connection's
 //! `search_path`).
 
+/// The `keys` columns that place the history entry of the term a statement
+/// ends (migration 0008): when `$moved` (the term moves from live to ended
+/// in this statement; nobody else records it) the entry gets the next
+/// position of the key's ring of `$len` (the server's history length)
+/// slots; otherwise they stay, and `history_rotated` is cleared.
+///
+/// A ring only grows: with `$len` above the ring's length, the ring grows
+/// to `$len` and its entries are renumbered from position 0, oldest first
+/// (`history_ends` becomes how many it held, plus this one). A ring that
+/// had wrapped at a position other than 0 cannot be renumbered in place,
+/// so it gets a new base past its old slots and `history_rotated` says
+/// where its oldest entry was, for [`record_history`] to move its rows
+/// there in the same statement. With `$len` at or below the ring's length
+/// the entry simply takes the next position of the ring as it is.
+/// `history_ends` is kept at most twice the ring's length (less the length
+/// once past it: the position, and whether the ring is full, stay), so it
+/// fits an `integer` (every column here adds to each `keys` update).
+macro_rules! ring_advance {
+    ($moved:literal, $len:literal) => {
+        concat!(
+            "history_slots = CASE WHEN ", $moved, " THEN GREATEST(k.history_slots, ", $len, ")
+                              ELSE k.history_slots END,
+         history_ends = CASE WHEN NOT ", $moved, " THEN k.history_ends
+                             WHEN ", $len, " > k.history_slots
+                             THEN LEAST(k.history_ends, k.history_slots) + 1
+                             WHEN k.history_ends >= 2 * k.history_slots
+                             THEN k.history_ends + 1 - k.history_slots
+                             ELSE k.history_ends + 1 END,
+         history_base = CASE WHEN ", $moved, " AND ", $len, " > k.history_slots
+                                  AND k.history_ends > k.history_slots
+                                  AND k.history_ends % NULLIF(k.history_slots, 0) <> 0
+                             THEN k.history_base + k.history_slots
+                             ELSE k.history_base END,
+         history_rotated = CASE WHEN ", $moved, " AND ", $len, " > k.history_slots
+                                     AND k.history_ends > k.history_slots
+                                     AND k.history_ends % NULLIF(k.history_slots, 0) <> 0
+                                THEN (k.history_ends % NULLIF(k.history_slots, 0))::integer END"
+        )
+    };
+}
+
 /// The ended term a grant moves out of the way: an expired live term
 /// becomes the last ended one (ended at its deadline), with its failure
 /// counted and the quarantine it earns; with no live term the last ended
 /// term stays. (The grant then clears any reservation, and a term's
 /// lock-delay only keeps others out: the `WHERE` of the grant checks it.)
 macro_rules! end_expired_live {
-    () => {
-        "ended_fence    = CASE WHEN k.live_fence IS NULL THEN k.ended_fence    ELSE k.live_fence END,
+    ($len:literal) => {
+        concat!(
+            ring_advance!("(k.live_fence IS NOT NULL AND k.live_acquired_at_ms IS NOT NULL)", $len),
+            ",
+         ended_fence    = CASE WHEN k.live_fence IS NULL THEN k.ended_fence    ELSE k.live_fence END,
          ended_owner    = CASE WHEN k.live_fence IS NULL THEN k.ended_owner    ELSE k.live_owner END,
          ended_lease_id = CASE WHEN k.live_fence IS NULL THEN k.ended_lease_id ELSE k.live_lease_id END,
          ended_end      = CASE WHEN k.live_fence IS NULL THEN k.ended_end      ELSE 3 END,
@@ -33,6 +77,7 @@ macro_rules! end_expired_live {
                                                       AND k.failures + 1 >= k.live_max_recoveries) END,
          reserved_kind = NULL, reserved_after_fence = NULL, reserved_successor = NULL,
          reserved_until_ms = NULL"
+        )
     };
 }
 
@@ -40,8 +85,11 @@ macro_rules! end_expired_live {
 /// failure counted, the quarantine it earns, and its lock-delay (a
 /// reservation from its deadline) if it asked for one.
 macro_rules! expire_live {
-    () => {
-        "ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
+    ($len:literal) => {
+        concat!(
+            ring_advance!("(k.live_acquired_at_ms IS NOT NULL)", $len),
+            ",
+         ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
          ended_end = 3, ended_at_ms = k.live_expires_at_ms,
          ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
          failures = k.failures + 1,
@@ -55,6 +103,7 @@ macro_rules! expire_live {
          live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
          live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
          live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false"
+        )
     };
 }
 
@@ -63,9 +112,11 @@ macro_rules! expire_live {
 /// `$for_ms`: a clean release resets the failure count and lifts a
 /// quarantine; a suspension counts as a failure.
 macro_rules! end_live {
-    ($end:literal, $successor:literal, $for_ms:literal) => {
+    ($end:literal, $successor:literal, $for_ms:literal, $len:literal) => {
         concat!(
-            "ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
+            ring_advance!("(k.live_acquired_at_ms IS NOT NULL)", $len),
+            ",
+         ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
          ended_end = ", $end, ", ended_at_ms = n.ms,
          ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
          failures = CASE WHEN ", $end, " = 1 THEN 0 ELSE k.failures + 1 END,
@@ -125,38 +176,129 @@ macro_rules! handoff_to {
     };
 }
 
-/// Two CTEs that record the ended term of each row of CTE `$rows` (a
-/// `keys` row after the write) in `term_history`, and trim the key's
-/// history to the newest `$len` entries when one was added.
+/// CTEs that record the ended term of each row of CTE `$rows` (a `keys`
+/// row after a write that set its ring columns with [`ring_advance`]) in
+/// the key's ring of `term_history` rows (migration 0008).
 /// `history_added` returns the entries added: the terms this statement
 /// ended (see [`queue_grant_events`]).
 ///
-/// With `$which`, the rows offered may carry a term ended earlier (a grant
-/// or a served waiter replaces an expired term, or finds one the sweeper
-/// moved and recorded already): each is recorded once per (key, fence)
-/// however often it is offered (`ON CONFLICT DO NOTHING`), and `$which`
-/// narrows the rows offered (a grant only ever ends an expired term:
-/// `r.ended_end = 3` spares the hot path of a key released and taken again
-/// a look at the history). Without it, every row is a term this very
-/// statement moved from live to ended (a release, an expiry moved), which
-/// no statement can have recorded before (a term ends once, under its row
-/// lock, and fences are never reused): a plain insert, without the
-/// speculative insertion and its confirmation record that `ON CONFLICT`
-/// writes for every row (#12; a duplicate would fail the statement, not
-/// pass silently).
+/// The entry goes to the slot of ring position `history_ends - 1`: a new
+/// row while the ring fills, and from then on the oldest entry's row,
+/// updated in place without changing an indexed column (HOT, and no
+/// trim). Readers order by fence, so the slot order never shows.
+/// `history_regrown` moves the rows of a ring that [`ring_advance`] grew
+/// after it had wrapped to their new positions, oldest first (from their
+/// slots alone, so a row updated since the snapshot moves right too).
+///
+/// Three forms, by what the statement's snapshot may have missed:
+/// - `released`: a release ends a term that was granted (and so every
+///   earlier entry of the key written) before the statement began, and
+///   no entry of the key can be written while that term is live, so the
+///   snapshot sees every slot: a plain `UPDATE` of a full ring's slot (no
+///   row lock record, no speculative insertion), a plain `INSERT` while it
+///   fills (a duplicate would fail the statement, not pass silently), and
+///   an `INSERT` too for a full ring's slot that has no row (see below).
+/// - `$rows` alone: an expiry moved by the sweeper or by a read. The term
+///   it moves may have been granted, and a slot filled, after the
+///   statement's snapshot (while it waited for the key's row lock, or for
+///   another key's in a batch), which an `UPDATE` would not see: `INSERT
+///   … ON CONFLICT (key, slot) DO UPDATE` does. A term moved by this
+///   statement cannot have been recorded before (a term ends once, under
+///   its row lock, and fences are never reused). For the same reason
+///   (here and in the next form) `history_regrown` can miss a row filled
+///   after the snapshot (only when two terms of the key ended while this
+///   statement waited, and the ring grows in it): that row stays below the
+///   new ring's slots (a real entry, still read by fence, never
+///   overwritten, deleted with the key), and its position in the new
+///   ring, which has no row, gets one when the ring comes round to it.
+/// - with `$which`: a grant or a served waiter, whose rows offered may
+///   carry a term ended earlier (it replaces an expired term, or finds one
+///   the sweeper moved and recorded already); `$which` narrows the rows
+///   offered (a grant only ever ends an expired term: `r.ended_end = 3`
+///   spares the hot path of a key released and taken again a look at the
+///   ring). A term someone else moved did not advance the ring, so its
+///   slot is the newest entry's, which holds that very term: the
+///   conflict's `WHERE` (the slot holds an older fence) leaves it alone,
+///   and each term is recorded once.
 macro_rules! record_history {
-    ($rows:literal, $len:literal) => {
-        record_history!(@ $rows, $len, "true", "")
+    (released $rows:literal) => {
+        concat!(
+            history_regrown!($rows),
+            ",
+             history_overwritten AS (
+                UPDATE term_history h
+                SET fence = r.ended_fence, owner = r.ended_owner,
+                    acquired_at_ms = r.ended_acquired_at_ms, ended_at_ms = r.ended_at_ms,
+                    end_kind = r.ended_end,
+                    unsettled_tool_calls =
+                        (SELECT count(*) FROM tool_calls t WHERE t.key = r.key AND t.state = 1),
+                    handed_off = r.ended_handed_off
+                FROM ",
+            $rows,
+            " r
+                WHERE r.ended_fence IS NOT NULL AND r.ended_acquired_at_ms IS NOT NULL
+                  AND r.history_ends - 1 >= r.history_slots
+                  AND h.key = r.key AND h.slot = r.history_base + (r.history_ends - 1) % r.history_slots
+                RETURNING h.key),
+             ",
+            history_insert!(
+                $rows,
+                "(r.history_ends - 1 < r.history_slots
+                  OR NOT EXISTS (SELECT 1 FROM history_overwritten o WHERE o.key = r.key))",
+                ""
+            )
+        )
     };
-    ($rows:literal, $len:literal, $which:literal) => {
-        record_history!(@ $rows, $len, $which, "ON CONFLICT (key, fence) DO NOTHING")
+    ($rows:literal) => {
+        concat!(
+            history_regrown!($rows),
+            ",
+             ",
+            history_insert!($rows, "r.history_ends > 0", history_upsert!(""))
+        )
     };
-    (@ $rows:literal, $len:literal, $which:literal, $conflict:literal) => {
+    ($rows:literal, $which:literal) => {
+        concat!(
+            history_regrown!($rows),
+            ",
+             ",
+            history_insert!(
+                $rows,
+                concat!("r.history_ends > 0 AND ", $which),
+                history_upsert!("WHERE term_history.fence < EXCLUDED.fence")
+            )
+        )
+    };
+}
+
+/// [`record_history`]'s move of a regrown ring's rows.
+macro_rules! history_regrown {
+    ($rows:literal) => {
+        concat!(
+            "history_regrown AS (
+                UPDATE term_history h
+                SET slot = r.history_base
+                           + (h.slot - (r.history_base - (r.history_ends - 1)) - r.history_rotated
+                              + (r.history_ends - 1)) % (r.history_ends - 1)
+                FROM ",
+            $rows,
+            " r
+                WHERE r.history_rotated IS NOT NULL AND h.key = r.key
+                  AND h.slot >= r.history_base - (r.history_ends - 1) AND h.slot < r.history_base)"
+        )
+    };
+}
+
+/// [`record_history`]'s insert of the entries of `$rows` that `$which`
+/// picks, with `$conflict` (or none).
+macro_rules! history_insert {
+    ($rows:literal, $which:expr, $conflict:expr) => {
         concat!(
             "history_added AS (
-                INSERT INTO term_history (key, fence, owner, acquired_at_ms, ended_at_ms, end_kind,
-                                          unsettled_tool_calls, handed_off)
-                SELECT r.key, r.ended_fence, r.ended_owner, r.ended_acquired_at_ms, r.ended_at_ms,
+                INSERT INTO term_history (key, slot, fence, owner, acquired_at_ms, ended_at_ms,
+                                          end_kind, unsettled_tool_calls, handed_off)
+                SELECT r.key, r.history_base + (r.history_ends - 1) % r.history_slots,
+                       r.ended_fence, r.ended_owner, r.ended_acquired_at_ms, r.ended_at_ms,
                        r.ended_end,
                        (SELECT count(*) FROM tool_calls t WHERE t.key = r.key AND t.state = 1),
                        r.ended_handed_off
@@ -169,14 +311,24 @@ macro_rules! record_history {
                 ",
             $conflict,
             "
-                RETURNING key, fence, owner, ended_at_ms, end_kind),
-             history_trimmed AS (
-                DELETE FROM term_history x USING history_added a
-                WHERE x.key = a.key
-                  AND x.fence <= (SELECT y.fence FROM term_history y WHERE y.key = a.key
-                                  ORDER BY y.fence DESC OFFSET (",
-            $len,
-            "::bigint - 1) LIMIT 1))"
+                RETURNING key, fence, owner, ended_at_ms, end_kind)"
+        )
+    };
+}
+
+/// [`record_history`]'s overwrite of a ring slot that exists, `$older`
+/// its condition.
+macro_rules! history_upsert {
+    ($older:literal) => {
+        concat!(
+            "ON CONFLICT (key, slot) DO UPDATE
+                SET fence = EXCLUDED.fence, owner = EXCLUDED.owner,
+                    acquired_at_ms = EXCLUDED.acquired_at_ms, ended_at_ms = EXCLUDED.ended_at_ms,
+                    end_kind = EXCLUDED.end_kind,
+                    unsettled_tool_calls = EXCLUDED.unsettled_tool_calls,
+                    handed_off = EXCLUDED.handed_off
+                ",
+            $older
         )
     };
 }
@@ -294,7 +446,7 @@ pub const GRANT: &str = concat!(
             n.ms, n.ms + req.ttl_ms, req.lock_delay_ms, req.max_recoveries
      FROM req, n ORDER BY req.key
      ON CONFLICT (key) DO UPDATE SET ",
-    end_expired_live!(),
+    end_expired_live!("$9::bigint"),
     ",
          live_fence          = nextval('fences'),
          live_owner          = EXCLUDED.live_owner,
@@ -325,7 +477,7 @@ pub const GRANT: &str = concat!(
     unsettled!(),
     "),
      ",
-    record_history!("granted", "$9", "r.ended_end = 3"),
+    record_history!("granted", "r.ended_end = 3"),
     ",
      ",
     queue_grant_events!("granted"),
@@ -361,7 +513,7 @@ pub const SERVE_FIRST: &str = concat!(
            ORDER BY w.id LIMIT 1),
      served AS (
      UPDATE keys k SET ",
-    end_expired_live!(),
+    end_expired_live!("$3::bigint"),
     ",
          live_fence          = nextval('fences'),
          live_owner          = w.owner,
@@ -390,7 +542,7 @@ pub const SERVE_FIRST: &str = concat!(
     "
          RETURNING w.id),
      ",
-    record_history!("served", "$3", "r.ended_end = 3"),
+    record_history!("served", "r.ended_end = 3"),
     ",
      ",
     queue_grant_events!("served"),
@@ -459,13 +611,13 @@ pub const RELEASE: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
      released AS (
      UPDATE keys k SET ",
-    end_live!("$4::smallint", "$5::text", "$6::bigint"),
+    end_live!("$4::smallint", "$5::text", "$6::bigint", "$7::bigint"),
     "
      FROM n
      WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3 AND k.live_expires_at_ms > n.ms
      RETURNING k.*),
      ",
-    record_history!("released", "$7"),
+    record_history!(released "released"),
     ",
      ",
     queue_end_events!("released"),
@@ -486,7 +638,7 @@ macro_rules! release_many {
             "
      released AS (
      UPDATE keys k SET ",
-            end_live!("req.end_kind", "req.successor", "req.handoff_ms"),
+            end_live!("req.end_kind", "req.successor", "req.handoff_ms", "$7::bigint"),
             "
      FROM n, req",
             $from,
@@ -501,7 +653,7 @@ macro_rules! release_many {
             ")
      RETURNING k.*),
      ",
-            record_history!("released", "$7"),
+            record_history!(released "released"),
             ",
      ",
             queue_end_events!("released"),
@@ -533,7 +685,7 @@ pub const RELEASE_MANY: &str = release_many!(
 
 /// [`RELEASE_MANY`] for a batch of one key, without locking its row first:
 /// a statement that waits for one `keys` row only, holding none, cannot be
-/// part of a deadlock (the history rows it trims are only ever touched
+/// part of a deadlock (the history rows it writes are only ever touched
 /// under their key's row lock), and the lock taken first writes a WAL
 /// record of its own before the update's (#12: about 55 bytes, most of a
 /// lone client's cycle's extra over the unbatched release).
@@ -583,13 +735,13 @@ pub const SWEEP_EXPIRED: &str = concat!(
              ORDER BY k.live_expires_at_ms LIMIT 1000 FOR UPDATE OF k SKIP LOCKED),
      moved AS (
          UPDATE keys k SET ",
-    expire_live!(),
+    expire_live!("$2::bigint"),
     "
          FROM due, n
          WHERE k.key = due.key AND k.live_fence IS NOT NULL AND k.live_expires_at_ms <= n.ms
          RETURNING k.*),
      ",
-    record_history!("moved", "$2"),
+    record_history!("moved"),
     ",
      ",
     queue_end_events!("moved"),
@@ -605,13 +757,13 @@ pub const EXPIRE_KEY: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
      moved AS (
          UPDATE keys k SET ",
-    expire_live!(),
+    expire_live!("$2::bigint"),
     "
          FROM n
          WHERE k.key = $1 AND k.live_fence IS NOT NULL AND k.live_expires_at_ms <= n.ms
          RETURNING k.*),
      ",
-    record_history!("moved", "$2"),
+    record_history!("moved"),
     ",
      ",
     queue_end_events!("moved"),
