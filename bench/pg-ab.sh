@@ -91,9 +91,9 @@ WITH r AS (
     FROM pg_get_wal_records_info('$1', pg_current_wal_lsn())),
 ops AS (SELECT $2::float8 * ($DURATION + $WARMUP) AS n)
 SELECT coalesce(c.relname, '-') AS relation, r.kind,
-       round(count(*) / ops.n, 2) AS records_per_op,
-       round(sum(r.record_length) / ops.n) AS bytes_per_op,
-       round(sum(r.fpi_length) / ops.n) AS fpi_bytes_per_op
+       round((count(*) / ops.n)::numeric, 2) AS records_per_op,
+       round((sum(r.record_length) / ops.n)::numeric) AS bytes_per_op,
+       round((sum(r.fpi_length) / ops.n)::numeric) AS fpi_bytes_per_op
 FROM r CROSS JOIN ops
 LEFT JOIN pg_class c ON c.relfilenode = r.filenode AND c.relnamespace IN
      (SELECT oid FROM pg_namespace WHERE nspname IN ('$SCHEMA', 'pg_catalog'))
