@@ -94,6 +94,13 @@ enum Command {
         /// How many commits a watcher may fall behind before it is cut off.
         #[arg(long, default_value_t = 4096)]
         watch_buffer: usize,
+        /// SQLite only. How long the writer stays awake after a commit for
+        /// the next request before it sleeps, in microseconds (0, the
+        /// default: never): lower latency for a request that follows a reply
+        /// closely, for up to this much CPU per commit. For a host with a
+        /// core to spare (400 is a good start); see docs/operations.md.
+        #[arg(long, default_value_t = default_writer_spin_us())]
+        writer_spin_us: u64,
         /// Log lines on stderr: text for people (coloured only on a terminal,
         /// and not when NO_COLOR is set), json for log pipelines (one JSON
         /// object per line). RUST_LOG picks the level (default info).
@@ -453,6 +460,7 @@ async fn run(command: Command) -> ExitCode {
             max_recoveries,
             event_log_len,
             watch_buffer,
+            writer_spin_us,
             log_format,
             metrics_listen,
             tls,
@@ -481,6 +489,7 @@ async fn run(command: Command) -> ExitCode {
                         default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
                         event_log_len,
                         watch_buffer,
+                        writer_spin: Duration::from_micros(writer_spin_us),
                         ..EngineConfig::default()
                     };
                     serve(db, sync, config, edge).await
@@ -1264,4 +1273,9 @@ fn one_line(value: &Value) -> String {
             .join(" "),
         other => other.to_string(),
     }
+}
+
+/// The CLI's `--writer-spin-us` default: the engine's.
+const fn default_writer_spin_us() -> u64 {
+    leasehold_server::engine::DEFAULT_WRITER_SPIN.as_micros() as u64
 }

@@ -99,7 +99,19 @@ pub struct EngineConfig {
     pub event_log_len: usize,
     /// How many commits a watcher may fall behind before it is cut off.
     pub watch_buffer: usize,
+    /// How long the writer stays awake after a commit, waiting for the
+    /// next urgent change, before it sleeps (zero, the default: it sleeps
+    /// at once). It spares one sleep and wake-up of the writer on the path
+    /// of a request that follows a reply closely, at the cost of up to
+    /// this much CPU per commit (the writer yields its core to any other
+    /// runnable thread meanwhile). Off by default: on a host whose cores
+    /// are all busy, or under a container's CPU quota, the spin takes CPU
+    /// from the requests it waits for (docs/benchmarks.md, session 8).
+    pub writer_spin: Duration,
 }
+
+/// The writer's default [`EngineConfig::writer_spin`]: none.
+pub const DEFAULT_WRITER_SPIN: Duration = Duration::ZERO;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -112,6 +124,7 @@ impl Default for EngineConfig {
             default_max_recoveries: None,
             event_log_len: DEFAULT_EVENT_LOG_LEN,
             watch_buffer: 4096,
+            writer_spin: DEFAULT_WRITER_SPIN,
         }
     }
 }
@@ -223,6 +236,12 @@ struct Shared {
     /// the lessor locked, so a change never misses a sleeping writer; it
     /// spares every write while the writer is busy committing a futex wake.
     writer_idle: AtomicBool,
+    /// Set when a change leaves urgent work for the writer: what the writer
+    /// watches while it stays awake after a commit
+    /// ([`EngineConfig::writer_spin`]).
+    urgent_hint: AtomicBool,
+    /// How often the writer went to sleep with nothing to commit.
+    writer_sleeps: AtomicU64,
     /// Published by the writer after each commit; replies wait on it.
     durable: watch::Sender<Durable>,
     /// Wakes the expiry timer when a grant moved the earliest deadline.
@@ -311,6 +330,8 @@ impl Engine {
             lessor: Mutex::new(lessor),
             writer_wake: Condvar::new(),
             writer_idle: AtomicBool::new(false),
+            urgent_hint: AtomicBool::new(false),
+            writer_sleeps: AtomicU64::new(0),
             durable: watch::Sender::new(Durable::default()),
             events,
             timer_wake: Notify::new(),
@@ -602,6 +623,12 @@ impl Engine {
         self.shared.commits.load(Ordering::Relaxed)
     }
 
+    /// How often the writer went to sleep with nothing to commit (each
+    /// sleep costs the next urgent request a wake-up of the writer).
+    pub fn writer_sleeps(&self) -> u64 {
+        self.shared.writer_sleeps.load(Ordering::Relaxed)
+    }
+
     /// The number of keys in the table.
     pub fn key_count(&self) -> usize {
         self.shared.with_lessor(|l| l.key_count())
@@ -658,7 +685,11 @@ impl Shared {
             let mut lessor = self.lessor.lock().expect("lessor lock");
             let out = f(&mut lessor);
             let handoffs = lessor.take_handoffs();
-            let wake_writer = lessor.has_urgent() && self.writer_idle.load(Ordering::Relaxed);
+            let urgent = lessor.has_urgent();
+            if urgent && !self.urgent_hint.load(Ordering::Relaxed) {
+                self.urgent_hint.store(true, Ordering::Relaxed);
+            }
+            let wake_writer = urgent && self.writer_idle.load(Ordering::Relaxed);
             (out, handoffs, wake_writer, lessor.take_deadline_changed())
         };
         for (Waiter(tx), delivery) in handoffs {
@@ -1022,6 +1053,11 @@ impl Backend for Engine {
             "leasehold_commits_total",
             "Transactions committed to storage (one serves many requests).",
             self.commits(),
+        );
+        out.counter(
+            "leasehold_writer_sleeps_total",
+            "Times the writer went to sleep with nothing to commit (see --writer-spin-us).",
+            self.writer_sleeps(),
         );
         out.histograms(
             "leasehold_commit_seconds",
