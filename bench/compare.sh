@@ -23,6 +23,7 @@
 #   ROUNDS=3  DURATION=10  WARMUP=2  CLIENTS="1 16 64"  MODES="cycle hot renew check"
 #   SHAPES="unary session pipelined"   leasehold's shapes, each its own row
 #   CONNECTIONS=8   connections the clients share; CONNECTIONS=each: one per client
+#   LEASEHOLD_SERVE_ARGS=""   extra flags for `leasehold serve` (e.g. "--writer-spin-us 400")
 #   STREAM=1        only the pipelined shape (SHAPES=pipelined), as before shapes
 #   PEERS="zookeeper etcd"   the peers to run (PEERS="": leasehold alone)
 #   KEEP=1          keep the temp dir (raw JSON lines in results.jsonl, logs)

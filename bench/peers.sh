@@ -72,7 +72,10 @@ build_leasehold() {
 start_leasehold() {
   local db=${1:-$WORK/leasehold/leasehold.db}
   mkdir -p "$(dirname "$db")"
-  "$BIN" serve --listen 127.0.0.1:7420 --db "$db" >"$WORK/leasehold.out" 2>"$WORK/leasehold.log" &
+  # LEASEHOLD_SERVE_ARGS: extra `serve` flags (e.g. "--writer-spin-us 400").
+  # shellcheck disable=SC2086
+  "$BIN" serve --listen 127.0.0.1:7420 --db "$db" ${LEASEHOLD_SERVE_ARGS:-} \
+    >"$WORK/leasehold.out" 2>"$WORK/leasehold.log" &
   LEASEHOLD_PID=$!
   PIDS+=("$LEASEHOLD_PID")
   wait_port 7420 leasehold
