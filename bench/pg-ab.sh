@@ -47,6 +47,8 @@ cleanup() {
     wait "$SERVER" 2>/dev/null || true
   fi
   psql -qX "$PG" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true
+  # The hand-written row's schema (leasehold-bench --target pgrow makes it).
+  psql -qX "$PG" -c "DROP SCHEMA IF EXISTS leasehold_bench_row CASCADE" >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
