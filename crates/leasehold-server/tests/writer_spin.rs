@@ -23,11 +23,17 @@ fn acquire(key: &str) -> Acquire {
 }
 
 fn start(dir: &tempfile::TempDir, writer_spin: Duration) -> Engine {
+    start_with(
+        dir,
+        EngineConfig {
+            writer_spin,
+            ..EngineConfig::default()
+        },
+    )
+}
+
+fn start_with(dir: &tempfile::TempDir, config: EngineConfig) -> Engine {
     let store = SqliteStore::open(&dir.path().join("leasehold.db"), SyncMode::Full).unwrap();
-    let config = EngineConfig {
-        writer_spin,
-        ..EngineConfig::default()
-    };
     let clock = Arc::new(ManualClock::new(1_000_000)) as Arc<dyn Clock>;
     Engine::start(Box::new(store), clock, config).unwrap()
 }
@@ -79,4 +85,36 @@ async fn the_writer_sleeps_past_its_window() {
         assert!(slept, "the writer never slept with a window of {spin:?}");
         engine.shutdown().await;
     }
+}
+
+/// A window longer than the lazy flush does not hold lazy changes (a
+/// renewal) past the flush: the spin ends at the flush.
+#[tokio::test]
+async fn a_long_window_does_not_hold_lazy_changes_past_the_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = start_with(
+        &dir,
+        EngineConfig {
+            writer_spin: Duration::from_secs(30),
+            lazy_flush: Duration::from_millis(50),
+            ..EngineConfig::default()
+        },
+    );
+    let grant = engine.acquire(acquire("k")).await.unwrap();
+    let commits = engine.commits();
+    // A renewal keeping its TTL is lazy: no reply waits for its commit.
+    engine
+        .renew(&grant.key, grant.term.fence, grant.term.lease_id, None)
+        .await
+        .unwrap();
+    let mut flushed = false;
+    for _ in 0..200 {
+        if engine.commits() > commits {
+            flushed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(flushed, "the renewal waited out the writer's spin");
+    engine.shutdown().await;
 }

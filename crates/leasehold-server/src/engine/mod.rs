@@ -101,7 +101,7 @@ pub struct EngineConfig {
     pub watch_buffer: usize,
     /// How long the writer stays awake after a commit, waiting for the
     /// next urgent change, before it sleeps (zero, the default: it sleeps
-    /// at once). It spares one sleep and wake-up of the writer on the path
+    /// at once; never longer than `lazy_flush`). It spares one sleep and wake-up of the writer on the path
     /// of a request that follows a reply closely, at the cost of up to
     /// this much CPU per commit (the writer yields its core to any other
     /// runnable thread meanwhile). Off by default: on a host whose cores
@@ -686,7 +686,12 @@ impl Shared {
             let out = f(&mut lessor);
             let handoffs = lessor.take_handoffs();
             let urgent = lessor.has_urgent();
-            if urgent && !self.urgent_hint.load(Ordering::Relaxed) {
+            // Only a spinning writer reads the hint; a load first spares the
+            // shared cache line a write when it is set already.
+            if urgent
+                && !self.config.writer_spin.is_zero()
+                && !self.urgent_hint.load(Ordering::Relaxed)
+            {
                 self.urgent_hint.store(true, Ordering::Relaxed);
             }
             let wake_writer = urgent && self.writer_idle.load(Ordering::Relaxed);

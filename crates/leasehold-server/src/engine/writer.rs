@@ -72,7 +72,9 @@ impl Shared {
                     .send_modify(|d| d.failure = Some("the server has stopped".into()));
                 return;
             }
-            let spin = self.config.writer_spin;
+            // Never past the lazy flush: renewals and expiries must not wait
+            // on a window an operator set long.
+            let spin = self.config.writer_spin.min(lazy_flush);
             if !spin.is_zero() && last_flush.elapsed() < spin {
                 // Nothing to commit now, but a commit just ended: the next
                 // request usually follows a reply within the window. Waiting
@@ -100,9 +102,7 @@ impl Shared {
             self.writer_idle.store(false, Ordering::Relaxed);
         }
     }
-}
 
-impl Shared {
     /// Waits, awake, until urgent work arrives, the server stops, or the
     /// window of `spin` after `last_flush` ends, yielding the core to any
     /// other runnable thread at each turn.
