@@ -368,14 +368,22 @@ impl PgBackend {
         let prober = tokio::spawn(inner.clone().probe_loop()).abort_handle();
         let feed = tokio::spawn(inner.clone().feed_loop()).abort_handle();
         let mut tasks = vec![listener, sweeper, prober, feed];
-        if let Some(queued) = renewal_queue {
-            tasks.push(tokio::spawn(inner.clone().batch_renewals(queued, batch)).abort_handle());
-        }
-        // An eighth of the pool each for grant and release batches at once
-        // (renewals may take half), so single requests always find
-        // connections, and so a batch waits long enough to grow: each
-        // statement and commit costs the database more than a row in it.
+        // An eighth of the pool each for renewal, grant and release batches
+        // at once, so single requests always find connections, and so a
+        // batch waits long enough to grow: each statement and commit costs
+        // the database more than a row in it (renewals had half the pool
+        // until session 9: batches of about 4 where 64 clients renewed,
+        // 0.6x the renewals/s of two slots; docs/benchmarks.md).
         let slots = (inner.config.pool_size / 8).max(1);
+        if let Some(queued) = renewal_queue {
+            let batcher = inner.clone();
+            let run = move |jobs| {
+                let inner = batcher.clone();
+                async move { inner.run_renew_batch(jobs).await }
+            };
+            let loop_ = batch::run_batches(queued, batch, slots, run);
+            tasks.push(tokio::spawn(loop_).abort_handle());
+        }
         if let Some(queued) = grant_queue {
             let batcher = inner.clone();
             let run = move |jobs| {

@@ -11,8 +11,10 @@
 //!
 //! Like the SQLite engine's group commit: renewals queue while the batches
 //! already in flight run, and the next batch takes everything queued (up to
-//! [`PgConfig::renew_batch`]). At most half the pool runs batches at once,
-//! so acquires and releases always find connections.
+//! [`PgConfig::renew_batch`]), through the same loop as grants and releases
+//! (`batch::run_batches`): an eighth of the pool runs renewal batches at
+//! once, so acquires and releases always find connections and a batch
+//! grows while the ones before it run.
 //!
 //! A renewal the batch did not apply (its row was not returned: a stale
 //! fence, a wrong lease id, a key that changed under it) is sent again on
@@ -22,7 +24,7 @@
 //! a duplicate still goes alone), and rows are locked in key order, so two
 //! servers' batches cannot deadlock.
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 
@@ -71,35 +73,8 @@ impl Inner {
         self.renew(key, fence, lease_id, ttl).await
     }
 
-    /// Takes queued renewals in batches until the queue closes.
-    pub(super) async fn batch_renewals(
-        self: Arc<Self>,
-        mut queue: mpsc::UnboundedReceiver<Job>,
-        max: usize,
-    ) {
-        let running = Arc::new(Semaphore::new((self.config.pool_size / 2).max(1)));
-        while let Some(first) = queue.recv().await {
-            // Wait for a free slot first: meanwhile the batch grows.
-            let Ok(slot) = running.clone().acquire_owned().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < max {
-                match queue.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            let inner = self.clone();
-            tokio::spawn(async move {
-                inner.run_batch(batch).await;
-                drop(slot);
-            });
-        }
-    }
-
     /// Applies `batch` in one statement and answers each renewal.
-    async fn run_batch(&self, batch: Vec<Job>) {
+    pub(super) async fn run_renew_batch(&self, batch: Vec<Job>) {
         // A key twice in one batch would be updated once: the later ones
         // go alone.
         let (jobs, seen) = super::batch::distinct(
