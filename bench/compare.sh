@@ -24,6 +24,7 @@
 #   SHAPES="unary session pipelined"   leasehold's shapes, each its own row
 #   CONNECTIONS=8   connections the clients share; CONNECTIONS=each: one per client
 #   LEASEHOLD_SERVE_ARGS=""   extra flags for `leasehold serve` (e.g. "--writer-spin-us 400")
+#   PIN=0:1         servers on CPU 0, the load generator on CPU 1 (taskset lists)
 #   STREAM=1        only the pipelined shape (SHAPES=pipelined), as before shapes
 #   PEERS="zookeeper etcd"   the peers to run (PEERS="": leasehold alone)
 #   KEEP=1          keep the temp dir (raw JSON lines in results.jsonl, logs)
@@ -69,7 +70,7 @@ run_bench() {
   local what=$1
   shift
   log "round $round: $what"
-  if ! "$BENCH" "$@" "${conn_flag[@]}" --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
+  if ! "${PIN_BENCH[@]}" "$BENCH" "$@" "${conn_flag[@]}" --duration-secs "$DURATION" --warmup-secs "$WARMUP" \
     --label "$round" --json >>"$RESULTS" 2>>"$WORK/bench.log"; then
     log "  failed (see $WORK/bench.log)"
   fi
@@ -97,7 +98,7 @@ done
 [ -n "${OUT:-}" ] && cp "$RESULTS" "$OUT"
 echo
 echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%Y-%m-%d)"
-echo "Each server single-node on loopback; client on the same machine; ${ROUNDS} rounds of ${DURATION} s (after ${WARMUP} s warm-up), interleaved."
+echo "Each server single-node on loopback; client on the same machine${PIN:+ (servers pinned to CPUs ${PIN%%:*}, the load generator to ${PIN#*:})}; ${ROUNDS} rounds of ${DURATION} s (after ${WARMUP} s warm-up), interleaved."
 echo "Connections: $CONNECTIONS (shared by the clients; \"each\": one per client). Leasehold shapes: $SHAPES. Ratios: leasehold ops/s over the peer's, median of the per-round ratios."
 echo
 "$BENCH" --summarize "$RESULTS"

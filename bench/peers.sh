@@ -4,6 +4,16 @@
 
 PIDS=()
 
+# PIN="SERVER_CPUS:BENCH_CPUS" (taskset lists, e.g. PIN=0:1): every server
+# runs on the first CPUs and the load generator on the others, so the two
+# do not compete for cores. Unset: nothing is pinned.
+PIN_SERVER=()
+PIN_BENCH=()
+if [ -n "${PIN:-}" ]; then
+  PIN_SERVER=(taskset -c "${PIN%%:*}")
+  PIN_BENCH=(taskset -c "${PIN#*:}")
+fi
+
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
 stop_all() {
@@ -74,7 +84,7 @@ start_leasehold() {
   mkdir -p "$(dirname "$db")"
   # LEASEHOLD_SERVE_ARGS: extra `serve` flags (e.g. "--writer-spin-us 400").
   # shellcheck disable=SC2086
-  "$BIN" serve --listen 127.0.0.1:7420 --db "$db" ${LEASEHOLD_SERVE_ARGS:-} \
+  "${PIN_SERVER[@]}" "$BIN" serve --listen 127.0.0.1:7420 --db "$db" ${LEASEHOLD_SERVE_ARGS:-} \
     >"$WORK/leasehold.out" 2>"$WORK/leasehold.log" &
   LEASEHOLD_PID=$!
   PIDS+=("$LEASEHOLD_PID")
@@ -83,7 +93,7 @@ start_leasehold() {
 
 start_etcd() {
   mkdir -p "$WORK/etcd"
-  etcd --name bench --data-dir "$WORK/etcd" \
+  "${PIN_SERVER[@]}" etcd --name bench --data-dir "$WORK/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster bench=http://127.0.0.1:2380 \
@@ -106,7 +116,7 @@ maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=ruok
 EOF
-  java -Dzookeeper.log.dir="$WORK" -Dzookeeper.root.logger=WARN,CONSOLE \
+  "${PIN_SERVER[@]}" java -Dzookeeper.log.dir="$WORK" -Dzookeeper.root.logger=WARN,CONSOLE \
     -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar \
     org.apache.zookeeper.server.quorum.QuorumPeerMain "$WORK/zookeeper/zoo.cfg" \
     >"$WORK/zookeeper.log" 2>&1 &

@@ -10,7 +10,9 @@
 # operation the database's transactions (pg_stat_database.xact_commit) and
 # WAL bytes (pg_current_wal_lsn()) over the whole run (warm-up included,
 # divided by the operations of the whole run, estimated from the rate), and
-# the load average. The servers are stopped by their PIDs on exit.
+# the CPU each process used (every PostgreSQL process on this host, the
+# leasehold server, the load generator), and the load average. The servers
+# are stopped by their PIDs on exit.
 #
 # Environment (all optional): PG=postgres://postgres@127.0.0.1:5432/test
 # ROUNDS=3 CLIENTS=64 MODE=cycle SHAPE=unary CONNECTIONS=8 DURATION=5
@@ -59,6 +61,21 @@ counters() {
   psql -qXAt "$PG" -c "SELECT xact_commit, pg_current_wal_lsn() FROM pg_stat_database WHERE datname = current_database()"
 }
 
+# CPU ticks PostgreSQL has used: every live postgres process, plus what
+# the postmaster (the oldest) reaped from backends that exited meanwhile.
+# Empty when no PostgreSQL runs on this host.
+pg_ticks() {
+  local postmaster
+  postmaster=$(pgrep -o -x postgres) || return 0
+  {
+    for pid in $(pgrep -x postgres); do awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null; done
+    awk '{print $16 + $17}' "/proc/$postmaster/stat"
+  } | awk '{s += $1} END {print s}'
+}
+
+# CPU ticks process $1 has used.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
 start_server() {
   psql -qX "$PG" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1
   # shellcheck disable=SC2086
@@ -103,7 +120,8 @@ GROUP BY 1, 2, ops.n ORDER BY sum(r.record_length) DESC LIMIT 30;
 SQL
 }
 
-printf 'round\ttarget\tclients\tops/s\tp99_ms\txacts/op\twal_bytes/op\tload\n'
+printf 'round\ttarget\tclients\tops/s\tp99_ms\txacts/op\twal_bytes/op\tpg_us/op\tserver_us/op\tbench_us/op\tload\n'
+TIMEFORMAT='%U %S'
 for round in $(seq "$ROUNDS"); do
   for target in $TARGETS; do
     common=(--mode "$MODE" -c "$CLIENTS" --duration-secs "$DURATION" --warmup-secs "$WARMUP" --json)
@@ -113,8 +131,12 @@ for round in $(seq "$ROUNDS"); do
         [ "$target" = after ] && bin=$AFTER
         start_server "$bin"
         read -r xacts0 lsn0 < <(counters | tr '|' ' ')
-        "$BENCH" --server "http://127.0.0.1:$PORT" --shape "$SHAPE" --connections "$CONNECTIONS" \
-          "${common[@]}" >"$WORK/out.json"
+        pg0=$(pg_ticks)
+        server0=$(ticks "$SERVER")
+        { time "$BENCH" --server "http://127.0.0.1:$PORT" --shape "$SHAPE" \
+          --connections "$CONNECTIONS" "${common[@]}" >"$WORK/out.json"; } 2>"$WORK/time"
+        server_ticks=$(($(ticks "$SERVER") - server0))
+        pg1=$(pg_ticks)
         if [ -n "$WALINSPECT" ]; then
           wal_breakdown "$lsn0" "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ops_per_sec"])' "$WORK/out.json")"
         fi
@@ -122,21 +144,33 @@ for round in $(seq "$ROUNDS"); do
         ;;
       row)
         read -r xacts0 lsn0 < <(counters | tr '|' ' ')
-        "$BENCH" --target pgrow --pg "$PG" --connections "$ROW_CONNECTIONS" "${common[@]}" \
-          >"$WORK/out.json"
+        pg0=$(pg_ticks)
+        { time "$BENCH" --target pgrow --pg "$PG" --connections "$ROW_CONNECTIONS" \
+          "${common[@]}" >"$WORK/out.json"; } 2>"$WORK/time"
+        server_ticks=""
+        sleep 0.2 # the row's backends exit with it: let the postmaster reap them
+        pg1=$(pg_ticks)
         ;;
     esac
     sleep 1 # let the backends that closed report their counts
     read -r xacts1 lsn1 < <(counters | tr '|' ' ')
     wal=$(psql -qXAt "$PG" -c "SELECT pg_wal_lsn_diff('$lsn1', '$lsn0')")
     load=$(cut -d' ' -f1 /proc/loadavg)
-    python3 - "$WORK/out.json" "$round" "$target" "$((xacts1 - xacts0))" "$wal" "$load" "$DURATION" "$WARMUP" <<'EOF'
+    pg_ticks_run=""
+    [ -n "$pg0" ] && [ -n "$pg1" ] && pg_ticks_run=$((pg1 - pg0))
+    python3 - "$WORK/out.json" "$round" "$target" "$((xacts1 - xacts0))" "$wal" "$load" "$DURATION" "$WARMUP" \
+      "$pg_ticks_run" "$server_ticks" "$(tail -1 "$WORK/time")" "$(getconf CLK_TCK)" <<'EOF'
 import json, sys
-path, rnd, target, xacts, wal, load, dur, warm = sys.argv[1:]
+path, rnd, target, xacts, wal, load, dur, warm, pg, server, bench, hz = sys.argv[1:]
 r = json.load(open(path))
 total = r["ops_per_sec"] * (float(dur) + float(warm)) or 1
+# CPU per operation over the whole run (warm-up included, like the rest).
+def per_op(ticks):
+    return f'{float(ticks) / float(hz) * 1e6 / total:.0f}' if ticks else '-'
+bench_s = sum(float(x) for x in bench.split()) if bench.strip() else 0.0
 print(f'{rnd}\t{target}\t{r["clients"]}\t{r["ops_per_sec"]:.0f}\t{r["latency_ms"]["p99"]:.1f}'
-      f'\t{int(xacts) / total:.2f}\t{float(wal) / total:.0f}\t{load}'
+      f'\t{int(xacts) / total:.2f}\t{float(wal) / total:.0f}'
+      f'\t{per_op(pg)}\t{per_op(server)}\t{bench_s * 1e6 / total:.0f}\t{load}'
       + (f'\terrors={r["errors"]}' if r["errors"] else ''))
 EOF
   done
