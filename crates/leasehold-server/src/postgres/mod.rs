@@ -375,33 +375,24 @@ impl PgBackend {
         // until session 9: batches of about 4 where 64 clients renewed,
         // 0.6x the renewals/s of two slots; docs/benchmarks.md).
         let slots = (inner.config.pool_size / 8).max(1);
-        if let Some(queued) = renewal_queue {
-            let batcher = inner.clone();
-            let run = move |jobs| {
-                let inner = batcher.clone();
-                async move { inner.run_renew_batch(jobs).await }
+        // One batching loop per kind: what queued, at most `$max` a
+        // statement, run by `Inner::$run`.
+        macro_rules! batcher {
+            ($queue:expr, $max:expr, $run:ident) => {
+                if let Some(queued) = $queue {
+                    let batcher = inner.clone();
+                    let run = move |jobs| {
+                        let inner = batcher.clone();
+                        async move { inner.$run(jobs).await }
+                    };
+                    let loop_ = batch::run_batches(queued, $max, slots, run);
+                    tasks.push(tokio::spawn(loop_).abort_handle());
+                }
             };
-            let loop_ = batch::run_batches(queued, batch, slots, run);
-            tasks.push(tokio::spawn(loop_).abort_handle());
         }
-        if let Some(queued) = grant_queue {
-            let batcher = inner.clone();
-            let run = move |jobs| {
-                let inner = batcher.clone();
-                async move { inner.run_grant_batch(jobs).await }
-            };
-            let loop_ = batch::run_batches(queued, write_batch, slots, run);
-            tasks.push(tokio::spawn(loop_).abort_handle());
-        }
-        if let Some(queued) = release_queue {
-            let batcher = inner.clone();
-            let run = move |jobs| {
-                let inner = batcher.clone();
-                async move { inner.run_release_batch(jobs).await }
-            };
-            let loop_ = batch::run_batches(queued, write_batch, slots, run);
-            tasks.push(tokio::spawn(loop_).abort_handle());
-        }
+        batcher!(renewal_queue, batch, run_renew_batch);
+        batcher!(grant_queue, write_batch, run_grant_batch);
+        batcher!(release_queue, write_batch, run_release_batch);
         tracing::info!(database = %origin, schema = %inner.config.schema, "PostgreSQL backend ready");
         Ok(PgBackend {
             inner,
