@@ -371,9 +371,9 @@ impl PgBackend {
         // An eighth of the pool each for renewal, grant and release batches
         // at once, so single requests always find connections, and so a
         // batch waits long enough to grow: each statement and commit costs
-        // the database more than a row in it (renewals had half the pool
-        // until session 9: batches of about 4 where 64 clients renewed,
-        // 0.6x the renewals/s of two slots; docs/benchmarks.md).
+        // the database more than a row in it (renewals had half the pool:
+        // batches of about 4 where 64 clients renewed, and 0.7-0.8x the
+        // renewals/s of two slots; docs/benchmarks.md, session 9).
         let slots = (inner.config.pool_size / 8).max(1);
         // One batching loop per kind: what queued, at most `$max` a
         // statement, run by `Inner::$run`.
