@@ -47,3 +47,36 @@ echo "== mypy --strict"
 "$venv/bin/mypy" --strict leasehold
 echo "== pytest"
 "$py" -m pytest -q "$@"
+
+# sqlite3's autocommit modes exist from Python 3.12 on: the SQLite fence
+# helper's tests run again under the first 3.12+ found (PYTHON312, then
+# PATH, then pyenv), in a venv of their own with the same pins.
+py312="${PYTHON312:-}"
+if [[ -z "$py312" ]]; then
+    for candidate in python3.13 python3.12 \
+        "$(pyenv root 2>/dev/null)"/versions/3.13*/bin/python \
+        "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python; do
+        if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+            py312="$candidate"
+            break
+        fi
+    done
+fi
+if [[ -z "$py312" ]]; then
+    echo "test.sh: no Python 3.12 or later found (set PYTHON312): sqlite3's autocommit modes are untested" >&2
+    exit 1
+fi
+venv312="$here/.venv-312"
+if [[ ! -x "$venv312/bin/python" ]]; then
+    "$py312" -m venv "$venv312"
+fi
+stamp312="$venv312/.leasehold-installed"
+if [[ ! -f "$stamp312" || "$(cat "$stamp312")" != "$want" ]]; then
+    echo "== installing the package into $venv312"
+    "$venv312/bin/python" -m pip install --quiet --disable-pip-version-check \
+        $(grep -E '^(grpcio|protobuf|pytest|pytest-asyncio)==' requirements-test.txt)
+    "$venv312/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
+    echo "$want" > "$stamp312"
+fi
+echo "== pytest (sqlite3 transaction modes, $("$venv312/bin/python" -V))"
+"$venv312/bin/python" -m pytest -q tests/test_fence_sqlite_modes.py

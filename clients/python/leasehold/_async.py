@@ -147,7 +147,11 @@ class _Mux:
     ) -> pb.SessionResponse:
         request.id = next(self._ids)
         if self._stream is None or self._stream.broken is not None:
-            self._stream = _Stream(self._stub, self._metadata)
+            try:
+                self._stream = _Stream(self._stub, self._metadata)
+            except grpc.aio.UsageError:
+                # The channel was closed under a caller still running.
+                raise Unavailable("the client is closed") from None
         return await self._stream.call(name, request, timeout)
 
     def close(self) -> None:
@@ -203,6 +207,12 @@ class _Connection:
         self.nodes = [_Node(t, e, options, metadata) for t, e in endpoints]
         #: Which server calls go to first.
         self.rotation = _core.Rotation(len(self.nodes))
+        #: The leases' keep-alive tasks, cancelled and awaited by close() so
+        #: no task outlives the channels it calls through.
+        self.tasks: set[asyncio.Task[None]] = set()
+        #: Set by close(): a keep-alive task stopped by it leaves its term
+        #: to expire at its TTL (as documented) instead of suspending it.
+        self.closed = False
 
     @property
     def current(self) -> _Node:
@@ -232,7 +242,18 @@ class _Connection:
             return False
         return self.pid == os.getpid() and self.loop is loop and not loop.is_closed()
 
+    def track(self, task: asyncio.Task[None]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
     async def close(self) -> None:
+        self.closed = True
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        # Awaited, so their exceptions (if any) are retrieved here and never
+        # reported as "Task exception was never retrieved".
+        await asyncio.gather(*tasks, return_exceptions=True)
         for node in self.nodes:
             await node.close()
 
@@ -242,6 +263,8 @@ async def _unary(
 ) -> Any:
     try:
         return await call(request, timeout=timeout, metadata=metadata)
+    except grpc.aio.UsageError:
+        raise Unavailable(f"{name}: the client is closed") from None
     except grpc.aio.AioRpcError as err:
         failure = from_aio_error(err)
         if failure.code == "DEADLINE_EXCEEDED":
@@ -582,6 +605,7 @@ class AsyncLease:
             self.lost.set()
         loop = asyncio.get_running_loop()
         task = loop.create_task(_keep_alive(core, conn, first))
+        conn.track(task)
         self._task = task
 
         def abandon() -> None:
@@ -1022,15 +1046,22 @@ async def _keep_alive(core: Standing, conn: _Connection, first: float) -> None:
                 next_renewal = time.monotonic() + jittered(timing.retry_pause(failures))
                 continue
             finally:
-                renewal.cancel()
+                if renewal.done():
+                    # Retrieved even when this task is being cancelled, so a
+                    # renewal that failed as the loop ended is never reported.
+                    if not renewal.cancelled():
+                        renewal.exception()
+                else:
+                    renewal.cancel()
             failures = 0
             core.renewed(sent, reply.lease)
             next_renewal = sent + timing.renew_every
     except asyncio.CancelledError:
-        if core.final is None:
+        if core.final is None and not conn.closed:
             core.end(core.lost_error("ended", "the lease was dropped without release"))
             request = core.release_request(True)
-            with contextlib.suppress(Error, asyncio.CancelledError):
+            # Best effort: the loop may be ending and the channel closing.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await conn.run(
                     True, lambda node: node.mux.call("Release", request, timing.rpc_timeout)
                 )

@@ -143,7 +143,12 @@ class _Mux:
         for _ in range(2):
             with self._lock:
                 if self._stream is None or self._stream.broken is not None:
-                    self._stream = _Stream(self._stub, self._metadata)
+                    try:
+                        self._stream = _Stream(self._stub, self._metadata)
+                    except ValueError:
+                        # grpc's "Cannot invoke RPC: Channel closed!": the
+                        # client was closed while a lease's thread still ran.
+                        raise Unavailable("the client is closed") from None
                 stream = self._stream
             waiter = stream.submit(request)
             if waiter is not None:

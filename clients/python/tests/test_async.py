@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import subprocess
 import sys
 import time
@@ -48,6 +49,31 @@ async def test_wait_and_fifo(server: Server) -> None:
     assert granted == ["first", "second", "third"]
     assert time.monotonic() - started < 5
     await client.close()
+
+
+async def test_a_replay_of_a_supplied_request_id_trusts_nothing_until_a_renewal(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The asyncio twin of the sync test: with every renewal refused, a replay
+    of a caller-supplied request id is never valid."""
+    srv = Server(tmp_path / "db", extra=("--max-streams-per-connection", "0"))
+    try:
+        worker = leasehold.AsyncClient(srv.address)
+        first = await worker.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+        late = leasehold.AsyncClient(srv.address)
+        try:
+            again = await late.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+        except leasehold.Unavailable:
+            pass
+        else:
+            assert again.replayed and again.fence == first.fence
+            assert not again.is_valid(), "a replayed grant of unknown age was trusted"
+            with pytest.raises(leasehold.LeaseLost):
+                await again.gate()
+        await late.close()
+        await worker.close()
+    finally:
+        srv.stop()
 
 
 async def test_request_id_replay(server: Server) -> None:
@@ -401,3 +427,49 @@ async def test_a_dropped_async_lease_is_suspended(server: Server) -> None:
     assert (nxt.previous.fence, nxt.previous.end) == (fence, "suspended")
     await nxt.release()
     await client.close()
+
+
+SHUTDOWN_SCRIPT = r"""
+import asyncio, sys
+import leasehold
+
+address, case = sys.argv[1], sys.argv[2]
+
+async def main() -> None:
+    client = leasehold.AsyncClient(address, owner="w")
+    held = await client.acquire(f"shutdown:{case}:held", ttl=0.9, renew_every=0.1)
+    # A lost lease: its term is ended through a second handle (a replay).
+    lost = await client.acquire(f"shutdown:{case}:lost", ttl=0.9, renew_every=0.1, request_id="r")
+    twin = await client.acquire(f"shutdown:{case}:lost", ttl=0.9, renew_every=0.1, request_id="r")
+    await twin.release()
+    await asyncio.wait_for(lost.lost.wait(), 5)
+    assert held.is_valid()
+    if case == "close":
+        # Closed with a lease held: its renewals must stop quietly.
+        await client.close()
+        await asyncio.sleep(0.4)
+    elif case == "close-midway":
+        # Closed while a renewal is on the wire (renew_every is 100 ms).
+        await asyncio.sleep(0.1)
+        await client.close()
+    # "end": the event loop ends with the lease held and the client open.
+
+asyncio.run(main(), debug=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["end", "close", "close-midway"])
+def test_shutdown_with_leases_held_or_lost_prints_nothing(server: Server, case: str) -> None:
+    """Ending the event loop, or closing the client, while leases are held
+    (and after one was lost) leaves no unretrieved task exception and no
+    warning: the whole run under ``-W error``, ``-X dev`` and asyncio debug
+    mode writes nothing to stderr."""
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c", SHUTDOWN_SCRIPT, server.address, case],
+        timeout=60,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""

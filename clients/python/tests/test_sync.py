@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pathlib
 import signal
 import threading
 import time
@@ -85,6 +86,33 @@ def test_a_retried_acquire_with_the_same_request_id_replays_the_term(server: Ser
     assert ended.fence == lease.fence
     with pytest.raises(leasehold.LeaseLost):
         lease.gate()
+
+
+def test_a_replay_of_a_supplied_request_id_trusts_nothing_until_a_renewal(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A replay of a caller-supplied request id may answer a grant made long
+    ago by another process: with every renewal refused (the server allows no
+    Session stream), the replayed lease is never valid. The same case as the
+    Rust (client_guard.rs) and TypeScript (replay.test.ts) clients' tests."""
+    srv = Server(tmp_path / "db", extra=("--max-streams-per-connection", "0"))
+    try:
+        worker = leasehold.Client(srv.address)
+        first = worker.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+        late = leasehold.Client(srv.address)
+        try:
+            again = late.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+        except leasehold.Unavailable:
+            pass
+        else:
+            assert again.replayed and again.fence == first.fence
+            assert not again.is_valid(), "a replayed grant of unknown age was trusted"
+            with pytest.raises(leasehold.LeaseLost):
+                again.gate()
+        late.close()
+        worker.close()
+    finally:
+        srv.stop()
 
 
 def test_release_ends_the_term_and_cannot_be_repeated(server: Server) -> None:

@@ -209,19 +209,29 @@ export class LeaseholdClient implements AsyncDisposable {
       owner: options.owner ?? this.owner,
       ttlMs: BigInt(t.ttlMs),
       waitMs: BigInt(waitMs),
+      // Made up here unless the caller supplied one (then another attempt,
+      // or another process, may have made the grant a replay answers).
       requestId: options.requestId ?? randomUUID(),
       lockDelayMs: BigInt(lockDelayMs),
       maxRecoveries,
       force: options.force ?? false,
     };
+    const generatedId = options.requestId === undefined;
+    // Taken once, before the first attempt: a grant that a retry's reply
+    // replays was made after this send, never before it.
+    const firstSent = now();
     for (let attempt = 1; ; attempt++) {
-      const sentAt = now();
       try {
         // Safe to resend on another server: the request id makes the server
         // replay a grant whose reply was lost.
         const reply = await this.#endpoints.run("safe", "Acquire", (n) =>
           n.rpc.acquire(request, { timeoutMs: waitMs + t.rpcTimeoutMs }),
         );
+        // A fresh grant happened after our first send, so that send time is a
+        // safe basis for the local deadline. A replayed one happened at some
+        // earlier attempt: ours if we made up the id, of unknown age (another
+        // process's, perhaps long ago) if the caller supplied it.
+        const sentAt = !reply.replayed || generatedId ? firstSent : undefined;
         return await Lease.start({ endpoints: this.#endpoints, ops: this.#ops, timing: t, reply, sentAt });
       } catch (err) {
         const mapped = fromCallError(err, "Acquire");

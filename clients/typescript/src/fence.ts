@@ -86,7 +86,9 @@ export async function pgFencedWrite<T>(
     await client.query("COMMIT");
     return out;
   } catch (err) {
-    await client.query("ROLLBACK");
+    // A failed ROLLBACK (a broken connection) must not hide why the write
+    // failed; PostgreSQL rolls back a connection's open transaction anyway.
+    await client.query("ROLLBACK").catch(() => undefined);
     throw err;
   }
 }

@@ -72,7 +72,13 @@ export interface LeaseInit {
   readonly ops: LeaseOps;
   readonly timing: Timing;
   readonly reply: AcquireResponse;
-  /** The local time the granting Acquire was sent, if it is known to be the grant's. */
+  /**
+   * The local time of the first Acquire attempt when the grant surely came
+   * after it (a fresh grant, or a replay of a request id made up by this
+   * client); undefined when the grant's age is unknown (a replay of a
+   * caller-supplied request id), so the lease trusts nothing until a renewal
+   * it sent is answered.
+   */
   readonly sentAt: number | undefined;
 }
 
@@ -152,6 +158,8 @@ export class Lease implements AsyncDisposable {
     const lease = new Lease(init, pb);
     init.ops.hold();
     const t = init.timing;
+    // A replay renews at once even with a basis: the term may be near its
+    // end on the server, and a renewal makes it last a whole TTL again.
     const firstRenewal = init.sentAt === undefined || init.reply.replayed ? now() : init.sentAt + t.renewEveryMs;
     if (firstRenewal <= now()) {
       // The grant is of unknown age (replayed) or a long wait ate into it:

@@ -13,6 +13,7 @@ use common::client_support::{FreezingProxy, black_hole, eventually, within};
 use common::{T0, TestServer};
 use leasehold_client::{Client, ClientError, LossReason};
 use leasehold_core::lease::TermEnd;
+use leasehold_server::{limits::Limits, server};
 use tokio::time::Instant;
 use {leasehold_core::Error, leasehold_wire::pb};
 
@@ -161,6 +162,49 @@ async fn a_repeated_request_id_replays_the_term() {
     // The term is over for the replayed guard too.
     let err = again.verify().await.unwrap_err();
     assert!(matches!(err, ClientError::Lost { .. }), "{err:?}");
+}
+
+/// A replay of a caller-supplied request id may answer a grant made long ago
+/// by another process: with every renewal refused (the server allows no
+/// Session stream), the replayed guard is never valid. The same case as the
+/// Python (test_sync.py, test_async.py) and TypeScript (replay.test.ts)
+/// clients' tests.
+#[tokio::test]
+async fn a_replay_of_a_supplied_request_id_trusts_nothing_until_a_renewal() {
+    let options = server::ServeOptions {
+        limits: Limits {
+            streams_per_connection: 0,
+            ..Limits::default()
+        },
+        ..common::test_options()
+    };
+    let server = TestServer::builder().options(options).start().await;
+    let worker = client_of(&server).await;
+    let first = worker
+        .acquire("k")
+        .owner("graph-a")
+        .ttl(3000 * MS)
+        .request_id("R1")
+        .await
+        .unwrap();
+    let late = client_of(&server).await;
+    match late
+        .acquire("k")
+        .owner("graph-a")
+        .ttl(3000 * MS)
+        .request_id("R1")
+        .await
+    {
+        Ok(again) => {
+            assert!(again.replayed());
+            assert_eq!(again.fence(), first.fence());
+            assert!(
+                !again.is_valid(),
+                "a replayed grant of unknown age was trusted"
+            );
+        }
+        Err(err) => assert!(err.is_transient(), "{err:?}"),
+    }
 }
 
 /// Release ends the term as finished; suspend ends it as unfinished, so the

@@ -23,6 +23,23 @@ Locking: ``write()`` begins with ``BEGIN IMMEDIATE``, taking the write lock
 at once, so the comparison and the writes see the latest committed fence and
 nothing commits in between. Compatibility: the upsert needs SQLite 3.24 or
 later; fences are stored as INTEGER (signed 64-bit).
+
+Transaction control (Python 3.12's ``autocommit``): every mode works, and
+``with fence.write(...)`` always ends in a real COMMIT or ROLLBACK:
+
+- the legacy mode (the default, and the only one before 3.12), with any
+  ``isolation_level``: ``write()`` begins ``BEGIN IMMEDIATE`` when no
+  transaction is open and ends it with ``commit()`` / ``rollback()``;
+- ``autocommit=True``: the same, but ended with ``COMMIT`` / ``ROLLBACK``
+  statements, since ``commit()`` and ``rollback()`` do nothing in that mode;
+- ``autocommit=False``: a transaction is always open (sqlite3 begins it,
+  deferred), so ``write()`` records the fence in it and the ``with`` block
+  ends it: ``commit()`` at the end, ``rollback()`` on an exception or a stale
+  fence, taking any earlier uncommitted writes on the connection with it.
+  The fence's upsert is the transaction's first write, so it takes the
+  write lock; if the transaction had already read, SQLite may refuse the
+  upgrade (``database is locked``) rather than compare against an old
+  snapshot. Call ``conn.commit()`` before the block to start afresh.
 """
 
 from __future__ import annotations
@@ -48,6 +65,26 @@ WHERE excluded.fence >= leasehold_fence.fence"""
 HIGHEST = "SELECT fence FROM leasehold_fence WHERE key = :key"
 
 _MAX = 2**63 - 1
+
+#: Python 3.12's sqlite3.LEGACY_TRANSACTION_CONTROL (-1), for older Pythons too.
+_LEGACY = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+
+
+def _mode(conn: sqlite3.Connection) -> object:
+    """The connection's transaction control: True, False or legacy."""
+    return getattr(conn, "autocommit", _LEGACY)
+
+
+def _end(conn: sqlite3.Connection, commit: bool) -> None:
+    """Ends the transaction ``write`` owns, by SQL where the connection's
+    ``commit()`` / ``rollback()`` would do nothing (``autocommit=True``)."""
+    if _mode(conn) is True:
+        if conn.in_transaction:
+            conn.execute("COMMIT" if commit else "ROLLBACK")
+    elif commit:
+        conn.commit()
+    else:
+        conn.rollback()
 
 
 def install(conn: sqlite3.Connection) -> None:
@@ -99,18 +136,16 @@ class FencedWrite:
     ) -> None:
         if not self.began:
             return
-        if exc_type is None:
-            self.conn.commit()
-        else:
-            self.conn.rollback()
+        _end(self.conn, exc_type is None)
 
 
 def write(conn: sqlite3.Connection, key: str, fence: int) -> FencedWrite:
     """Records ``fence`` as the highest fence of ``key`` before the caller's
     writes, inside the caller's open transaction or, if none is open, a new
-    ``BEGIN IMMEDIATE`` one. Raises ``StaleFence`` if a higher fence has
-    written (a transaction ``write`` began is rolled back; roll back your
-    own). Either::
+    ``BEGIN IMMEDIATE`` one (under ``autocommit=False``, inside the
+    transaction sqlite3 keeps open, which the ``with`` block then ends).
+    Raises ``StaleFence`` if a higher fence has written (a transaction
+    ``write`` began is rolled back; roll back your own). Either::
 
         with fence.write(conn, key, lease.fence):   # commits at the end
             conn.execute(...)
@@ -122,13 +157,18 @@ def write(conn: sqlite3.Connection, key: str, fence: int) -> FencedWrite:
         conn.execute(...)
         conn.commit()
     """
-    began = not conn.in_transaction
-    if began:
-        conn.execute("BEGIN IMMEDIATE")
+    if _mode(conn) is False:
+        # sqlite3 keeps a transaction open at all times: there is no "caller's
+        # own" transaction to tell apart, so this one is ours to end.
+        began = True
+    else:
+        began = not conn.in_transaction
+        if began:
+            conn.execute("BEGIN IMMEDIATE")
     try:
         advance(conn, key, fence)
     except BaseException:
         if began:
-            conn.rollback()
+            _end(conn, False)
         raise
     return FencedWrite(conn, began)
