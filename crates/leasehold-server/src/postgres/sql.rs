@@ -430,8 +430,13 @@ macro_rules! in_line {
 /// The fence is `nextval` in the `DO UPDATE` branch, which PostgreSQL
 /// evaluates only after it has locked the row: a grant that waited for the
 /// lock cannot carry a fence drawn before the term it replaces. Rows are
-/// inserted (and so locked) in key order, so two servers' batches cannot
-/// deadlock.
+/// inserted (and so locked) in byte order of the keys, so two servers'
+/// batches cannot deadlock, nor can a grant batch and a renewal or release
+/// batch (which lock `keys.key`, a `COLLATE "C"` column, in that order).
+/// `COLLATE "C"` is needed here because `req.key` comes from `unnest` in
+/// the database's default collation, which need not be byte order (an
+/// `en_US` or ICU database sorts `a` before `B`); `ON CONFLICT DO UPDATE`
+/// locks a conflicting row even when its `WHERE` turns the update down.
 pub const GRANT: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
      req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::bigint[],
@@ -444,7 +449,7 @@ pub const GRANT: &str = concat!(
                             live_lock_delay_ms, live_max_recoveries)
      SELECT req.key, nextval('fences'), req.owner, req.lease_id, req.request_id, req.ttl_ms,
             n.ms, n.ms + req.ttl_ms, req.lock_delay_ms, req.max_recoveries
-     FROM req, n ORDER BY req.key
+     FROM req, n ORDER BY req.key COLLATE \"C\"
      ON CONFLICT (key) DO UPDATE SET ",
     end_expired_live!("$9::bigint"),
     ",
