@@ -512,13 +512,19 @@ async fn run(command: Command) -> ExitCode {
             }
         }
         Command::Transcript { command } => transcript_command(command),
-        other => match operate(other).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(message) => {
-                eprintln!("error: {message}");
-                ExitCode::FAILURE
+        other => {
+            let as_json = wants_json(&other);
+            match operate(other).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(refusal) => {
+                    if as_json {
+                        println!("{}", refusal.json());
+                    }
+                    eprintln!("error: {}", refusal.message);
+                    ExitCode::FAILURE
+                }
             }
-        },
+        }
     }
 }
 
@@ -773,7 +779,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-async fn connect(target: &Target) -> Result<Client, String> {
+async fn connect(target: &Target) -> Result<Client, Refusal> {
     let read = |path: &PathBuf| {
         std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
     };
@@ -796,30 +802,137 @@ async fn connect(target: &Target) -> Result<Client, String> {
         .filter(|e| !e.is_empty());
     Client::connect_any_with(endpoints, tls, credentials)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e}", target.server))
+        .map_err(|e| Refusal::from(format!("cannot connect to {}: {e}", target.server)))
 }
 
-/// A refusal as the CLI prints it: the status code, then the message.
-fn refused(err: impl Into<ClientError>) -> String {
+/// Why an operator command failed: printed as a human line on stderr and,
+/// under `--json`, also as one JSON object on stdout (`code`, `message`,
+/// `reason`, `metadata`), so a script that parses stdout never reads an
+/// empty string.
+#[derive(Debug)]
+struct Refusal {
+    /// The gRPC status name the server (or the client's own check by the
+    /// server's rules) gave, e.g. `FAILED_PRECONDITION`; `CLIENT` for a
+    /// failure the CLI met without an answer (a file it cannot read, a
+    /// server it cannot reach, a watch that ended).
+    code: String,
+    /// The human line, as printed after `error: `.
+    message: String,
+    /// The status's `leasehold-reason` (why a fence is stale, ...), if any.
+    reason: Option<String>,
+    /// The status's other `leasehold-*` details (holder, fence,
+    /// remaining_ms, limit, ...), by name without the prefix.
+    metadata: serde_json::Map<String, Value>,
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Refusal {
+        Refusal {
+            code: "CLIENT".to_owned(),
+            message,
+            reason: None,
+            metadata: serde_json::Map::new(),
+        }
+    }
+}
+
+impl Refusal {
+    fn json(&self) -> Value {
+        json!({
+            "code": self.code,
+            "message": self.message,
+            "reason": self.reason,
+            "metadata": self.metadata,
+        })
+    }
+}
+
+/// `FailedPrecondition` -> `FAILED_PRECONDITION`, the name the status has on
+/// the wire and in the Python client.
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+/// A refusal as the CLI reports it: the status code, then the message, and
+/// the status's details for `--json`.
+fn refused(err: impl Into<ClientError>) -> Refusal {
     match err.into() {
         ClientError::Server(err) => {
-            let code = leasehold_wire::status::to_status(err.clone()).code();
-            format!("{code:?}: {err}")
+            let status = leasehold_wire::status::to_status(err.clone());
+            let mut metadata = serde_json::Map::new();
+            let mut reason = None;
+            for entry in status.metadata().iter() {
+                let (name, value) = match entry {
+                    tonic::metadata::KeyAndValueRef::Ascii(k, v) => (
+                        k.as_str().to_owned(),
+                        v.to_str().unwrap_or_default().to_owned(),
+                    ),
+                    tonic::metadata::KeyAndValueRef::Binary(k, v) => {
+                        let bytes = v.to_bytes().unwrap_or_default();
+                        (
+                            k.as_str().to_owned(),
+                            String::from_utf8_lossy(&bytes).into_owned(),
+                        )
+                    }
+                };
+                let Some(name) = name.strip_prefix("leasehold-") else {
+                    continue;
+                };
+                let name = name.strip_suffix("-bin").unwrap_or(name).replace('-', "_");
+                if name == "reason" {
+                    reason = Some(value);
+                } else {
+                    // Numbers (fence, remaining_ms, at_ms) as JSON numbers.
+                    let value = value
+                        .parse::<u64>()
+                        .map_or_else(|_| Value::String(value), Value::from);
+                    metadata.insert(name, value);
+                }
+            }
+            Refusal {
+                code: code_name(status.code()),
+                message: format!("{:?}: {err}", status.code()),
+                reason,
+                metadata,
+            }
         }
-        other => other.to_string(),
+        other => Refusal::from(other.to_string()),
     }
 }
 
 /// The CLI's arguments, parsed by the same rules the server applies.
-fn key(text: String) -> Result<Key, String> {
+fn key(text: String) -> Result<Key, Refusal> {
     Key::parse(text).map_err(refused)
 }
 
-fn lease_id(text: &str) -> Result<LeaseId, String> {
+fn lease_id(text: &str) -> Result<LeaseId, Refusal> {
     LeaseId::parse(text).map_err(refused)
 }
 
-async fn operate(command: Command) -> Result<(), String> {
+/// Whether the operator command asked for `--json`.
+fn wants_json(command: &Command) -> bool {
+    match command {
+        Command::Acquire { target, .. }
+        | Command::Renew { target, .. }
+        | Command::Release { target, .. }
+        | Command::History { target, .. }
+        | Command::Watch { target, .. }
+        | Command::Unquarantine { target, .. }
+        | Command::Check { target, .. }
+        | Command::Get { target, .. }
+        | Command::List { target, .. } => target.json,
+        Command::Serve { .. } | Command::Transcript { .. } => false,
+    }
+}
+
+async fn operate(command: Command) -> Result<(), Refusal> {
     match command {
         Command::Serve { .. } | Command::Transcript { .. } => {
             unreachable!("handled by run")
@@ -928,17 +1041,19 @@ async fn operate(command: Command) -> Result<(), String> {
             let mut printed = 0;
             while count.is_none_or(|n| printed < n) {
                 let Some(event) = watch.next().await else {
-                    return Err(format!(
+                    return Err(Refusal::from(format!(
                         "the watch ended; resume with --from-revision {}",
                         watch.next_revision()
-                    ));
+                    )));
                 };
                 let event = event.map_err(|e| {
-                    format!(
+                    let mut refusal = refused(e);
+                    refusal.message = format!(
                         "{}; resume with --from-revision {}",
-                        refused(e),
+                        refusal.message,
                         watch.next_revision()
-                    )
+                    );
+                    refusal
                 })?;
                 print(target.json, event_json(&event));
                 let _ = std::io::stdout().flush();

@@ -231,6 +231,65 @@ async fn lifecycle_commands_drive_a_live_server() {
 }
 
 /// A database written by a newer schema is refused with a clear error, never reset.
+/// A refusal under `--json` is one JSON object on stdout (code, message,
+/// reason, the status's details), with the human line still on stderr and
+/// exit status 1; without `--json` stdout stays empty.
+#[tokio::test]
+async fn a_refusal_under_json_is_one_json_object_on_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("cli.db"));
+    let url = server.url();
+    let s = ["--server", url.as_str()];
+    let held = json(&run(&[
+        &["acquire", "r:1", "--owner", "w1", "--json"][..],
+        &s,
+    ]
+    .concat()));
+    let fence = held["lease"]["fence"].as_u64().unwrap();
+
+    let busy = run(&[&["acquire", "r:1", "--owner", "w2", "--json"][..], &s].concat());
+    assert_eq!(busy.status.code(), Some(1));
+    let refusal: Value = serde_json::from_slice(&busy.stdout).expect("JSON on stdout");
+    assert_eq!(refusal["code"], "ABORTED", "{refusal}");
+    assert_eq!(refusal["metadata"]["holder"], "w1", "{refusal}");
+    assert_eq!(refusal["metadata"]["fence"], fence, "{refusal}");
+    assert!(
+        refusal["message"].as_str().unwrap().contains("held"),
+        "{refusal}"
+    );
+    assert!(String::from_utf8_lossy(&busy.stderr).starts_with("error: "));
+
+    let stale = run(&[
+        &[
+            "check",
+            "r:1",
+            "--fence",
+            &(fence + 5).to_string(),
+            "--json",
+        ][..],
+        &s,
+    ]
+    .concat());
+    assert_eq!(stale.status.code(), Some(1));
+    let refusal: Value = serde_json::from_slice(&stale.stdout).expect("JSON on stdout");
+    assert_eq!(refusal["code"], "FAILED_PRECONDITION", "{refusal}");
+    assert!(refusal["reason"].is_string(), "{refusal}");
+
+    let plain = run(&[&["acquire", "r:1", "--owner", "w2"][..], &s].concat());
+    assert_eq!(plain.status.code(), Some(1));
+    assert!(plain.stdout.is_empty());
+    assert!(!plain.stderr.is_empty());
+
+    // A failure without a server's answer is reported the same way.
+    let unreachable = run(&["get", "r:1", "--server", "http://127.0.0.1:1", "--json"]);
+    assert_eq!(unreachable.status.code(), Some(1));
+    let refusal: Value = serde_json::from_slice(&unreachable.stdout).expect("JSON on stdout");
+    assert!(
+        refusal["code"].is_string() && refusal["message"].is_string(),
+        "{refusal}"
+    );
+}
+
 #[test]
 fn serve_refuses_a_newer_database() {
     let dir = tempfile::tempdir().unwrap();
