@@ -430,8 +430,12 @@ macro_rules! in_line {
 /// The fence is `nextval` in the `DO UPDATE` branch, which PostgreSQL
 /// evaluates only after it has locked the row: a grant that waited for the
 /// lock cannot carry a fence drawn before the term it replaces. Rows are
-/// inserted (and so locked) in key order, so two servers' batches cannot
-/// deadlock.
+/// inserted (and so locked) in byte order of their keys, `COLLATE "C"`,
+/// the order every statement that locks several keys keeps (`req.key`
+/// comes from `unnest`, in the database's default collation, which on an
+/// `en_US` or ICU database sorts `a` before `B`; the `keys` column sorts
+/// by bytes): `ON CONFLICT DO UPDATE` locks a conflicting row even when
+/// its `WHERE` is false, so two servers' batches cannot deadlock.
 pub const GRANT: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
      req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::bigint[],
@@ -444,7 +448,7 @@ pub const GRANT: &str = concat!(
                             live_lock_delay_ms, live_max_recoveries)
      SELECT req.key, nextval('fences'), req.owner, req.lease_id, req.request_id, req.ttl_ms,
             n.ms, n.ms + req.ttl_ms, req.lock_delay_ms, req.max_recoveries
-     FROM req, n ORDER BY req.key
+     FROM req, n ORDER BY req.key COLLATE \"C\"
      ON CONFLICT (key) DO UPDATE SET ",
     end_expired_live!("$9::bigint"),
     ",
@@ -592,7 +596,7 @@ pub const RENEW_MANY: &str = "WITH n AS (SELECT now_ms() AS ms),
      r AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::bigint[])
            AS r(key, fence, lease_id, ttl_ms)),
      locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM r)
-                ORDER BY k.key FOR UPDATE)
+                ORDER BY k.key COLLATE \"C\" FOR UPDATE)
      UPDATE keys k SET
          live_ttl_ms        = COALESCE(r.ttl_ms, k.live_ttl_ms),
          live_expires_at_ms = GREATEST(k.live_expires_at_ms, n.ms + COALESCE(r.ttl_ms, k.live_ttl_ms))
@@ -678,7 +682,7 @@ macro_rules! release_many {
 pub const RELEASE_MANY: &str = release_many!(
     "
      locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM req)
-                ORDER BY k.key FOR UPDATE),",
+                ORDER BY k.key COLLATE \"C\" FOR UPDATE),",
     ", locked",
     " AND locked.key = req.key"
 );
