@@ -430,13 +430,12 @@ macro_rules! in_line {
 /// The fence is `nextval` in the `DO UPDATE` branch, which PostgreSQL
 /// evaluates only after it has locked the row: a grant that waited for the
 /// lock cannot carry a fence drawn before the term it replaces. Rows are
-/// inserted (and so locked) in byte order of the keys, so two servers'
-/// batches cannot deadlock, nor can a grant batch and a renewal or release
-/// batch (which lock `keys.key`, a `COLLATE "C"` column, in that order).
-/// `COLLATE "C"` is needed here because `req.key` comes from `unnest` in
-/// the database's default collation, which need not be byte order (an
-/// `en_US` or ICU database sorts `a` before `B`); `ON CONFLICT DO UPDATE`
-/// locks a conflicting row even when its `WHERE` turns the update down.
+/// inserted (and so locked) in byte order of their keys, `COLLATE "C"`,
+/// the order every statement that locks several keys keeps (`req.key`
+/// comes from `unnest`, in the database's default collation, which on an
+/// `en_US` or ICU database sorts `a` before `B`; the `keys` column sorts
+/// by bytes): `ON CONFLICT DO UPDATE` locks a conflicting row even when
+/// its `WHERE` is false, so two servers' batches cannot deadlock.
 pub const GRANT: &str = concat!(
     "WITH n AS (SELECT now_ms() AS ms),
      req AS (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::bigint[],
@@ -597,7 +596,7 @@ pub const RENEW_MANY: &str = "WITH n AS (SELECT now_ms() AS ms),
      r AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::uuid[], $4::bigint[])
            AS r(key, fence, lease_id, ttl_ms)),
      locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM r)
-                ORDER BY k.key FOR UPDATE)
+                ORDER BY k.key COLLATE \"C\" FOR UPDATE)
      UPDATE keys k SET
          live_ttl_ms        = COALESCE(r.ttl_ms, k.live_ttl_ms),
          live_expires_at_ms = GREATEST(k.live_expires_at_ms, n.ms + COALESCE(r.ttl_ms, k.live_ttl_ms))
@@ -683,7 +682,7 @@ macro_rules! release_many {
 pub const RELEASE_MANY: &str = release_many!(
     "
      locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM req)
-                ORDER BY k.key FOR UPDATE),",
+                ORDER BY k.key COLLATE \"C\" FOR UPDATE),",
     ", locked",
     " AND locked.key = req.key"
 );
