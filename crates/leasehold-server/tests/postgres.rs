@@ -2491,3 +2491,69 @@ async fn grant_and_renewal_batches_lock_rows_in_one_order() {
 async fn grant_and_release_batches_lock_rows_in_one_order() {
     batches_keep_one_lock_order(OtherBatch::Release).await;
 }
+
+/// A waiter cancelled while a release serves the line (its row deleted
+/// after the serving statement's snapshot) is not granted the key: no ghost
+/// term that nobody holds until its TTL runs out; the key is free at once.
+#[tokio::test]
+async fn a_waiter_cancelled_while_the_line_is_served_leaves_no_ghost_term() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let mut c = server.client().await;
+    let lease = lease_of(c.acquire(acquire("k", "a", 10_000)).await.unwrap());
+    let db = schema.db().await;
+    // A waiter in line (as a waiting Acquire's row is), alive for a minute.
+    let waiter: i64 = db
+        .query_one(
+            "INSERT INTO waiters (key, owner, ttl_ms, wait_until_ms, alive_until_ms)
+             SELECT 'k', 'leaving', 60000, now_ms() + 60000, now_ms() + 60000 RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Its request is being cancelled: the row is locked for the delete.
+    let cancel = schema.db().await;
+    cancel
+        .batch_execute(&format!(
+            "BEGIN; SELECT id FROM waiters WHERE id = {waiter} FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let mut r = server.client().await;
+    let released = tokio::spawn(async move { r.release(release(&lease, false)).await });
+    // The release has picked the waiter and waits to mark it granted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let blocked: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE waiters SET granted_fence%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if blocked > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the release never tried to mark the waiter"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cancel
+        .batch_execute(&format!("DELETE FROM waiters WHERE id = {waiter}; COMMIT"))
+        .await
+        .unwrap();
+    released.await.unwrap().expect("the release succeeds");
+    let state = c.get(get("k")).await.unwrap().into_inner();
+    assert!(
+        state.lease.is_none(),
+        "the key went to a waiter that had left: {:?}",
+        state.lease
+    );
+    let newcomer = lease_of(c.acquire(acquire("k", "b", 5_000)).await.unwrap());
+    assert_eq!(newcomer.owner, "b");
+}

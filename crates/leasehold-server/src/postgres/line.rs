@@ -346,9 +346,21 @@ impl Inner {
     }
 }
 
+/// How many times [`serve_first_in`] looks for a waiter that is still there.
+const SERVE_ATTEMPTS: usize = 8;
+
 /// Grants `key` to its first waiter alive in line, inside `tx`: the grant,
 /// the waiter's row and the notification commit together. Returns whether
 /// it granted.
+///
+/// `SERVE_FIRST` picks the waiter from its statement's snapshot, without
+/// locking the waiter's row (the key's row is locked first, always). A
+/// waiter whose request was cancelled right after that snapshot has its
+/// row deleted, and `MARK_GRANTED` then touches nothing: the grant would
+/// be a ghost term nobody holds until its TTL runs out. So the grant is
+/// made under a savepoint and undone when the mark touched no row; the
+/// next statement's snapshot no longer sees the deleted row, and the next
+/// waiter (or nobody: the key stays free) is served instead.
 pub(super) async fn serve_first_in(
     tx: &deadpool_postgres::Transaction<'_>,
     channel: &str,
@@ -359,41 +371,58 @@ pub(super) async fn serve_first_in(
         .prepare_cached(sql::SERVE_FIRST)
         .await
         .map_err(db_error)?;
-    let lease_id = LeaseId::random();
-    let Some(row) = tx
-        .query_opt(&serve, &[&key.as_str(), &lease_id.0, &history_len])
-        .await
-        .map_err(db_error)?
-    else {
-        return Ok(false);
-    };
     let mark = tx
         .prepare_cached(sql::MARK_GRANTED)
         .await
         .map_err(db_error)?;
-    let waiter: i64 = row.get("waiter_id");
-    let fence: i64 = row.get("live_fence");
-    let acquired: i64 = row.get("live_acquired_at_ms");
-    let expires: i64 = row.get("live_expires_at_ms");
-    let handed_off: bool = row.get("live_handed_off");
-    tx.execute(
-        &mark,
-        &[
-            &waiter,
-            &fence,
-            &lease_id.0,
-            &acquired,
-            &expires,
-            &handed_off,
-        ],
-    )
-    .await
-    .map_err(db_error)?;
-    let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
-    tx.execute(&notify, &[&channel, &key.as_str()])
-        .await
-        .map_err(db_error)?;
-    Ok(true)
+    for _ in 0..SERVE_ATTEMPTS {
+        tx.batch_execute("SAVEPOINT serve_first")
+            .await
+            .map_err(db_error)?;
+        let lease_id = LeaseId::random();
+        let Some(row) = tx
+            .query_opt(&serve, &[&key.as_str(), &lease_id.0, &history_len])
+            .await
+            .map_err(db_error)?
+        else {
+            return Ok(false);
+        };
+        let waiter: i64 = row.get("waiter_id");
+        let fence: i64 = row.get("live_fence");
+        let acquired: i64 = row.get("live_acquired_at_ms");
+        let expires: i64 = row.get("live_expires_at_ms");
+        let handed_off: bool = row.get("live_handed_off");
+        let marked = tx
+            .execute(
+                &mark,
+                &[
+                    &waiter,
+                    &fence,
+                    &lease_id.0,
+                    &acquired,
+                    &expires,
+                    &handed_off,
+                ],
+            )
+            .await
+            .map_err(db_error)?;
+        if marked == 0 {
+            // The waiter left after the snapshot: undo its grant (the term,
+            // its history and events; the fence drawn is skipped, never reused).
+            tx.batch_execute("ROLLBACK TO SAVEPOINT serve_first")
+                .await
+                .map_err(db_error)?;
+            continue;
+        }
+        let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
+        tx.execute(&notify, &[&channel, &key.as_str()])
+            .await
+            .map_err(db_error)?;
+        return Ok(true);
+    }
+    // Waiters kept leaving under us: the key stays free, which is safe; the
+    // next release, sweep or newcomer serves the line.
+    Ok(false)
 }
 
 /// The refusal of `request` by a reservation of the free key of
