@@ -811,13 +811,19 @@ async fn connect(target: &Target) -> Result<Client, Refusal> {
 /// empty string.
 #[derive(Debug)]
 struct Refusal {
+    /// The human line, as printed after `error: `.
+    message: String,
+    /// The rest, boxed: a `Result` with a `Refusal` stays small.
+    detail: Box<RefusalDetail>,
+}
+
+#[derive(Debug)]
+struct RefusalDetail {
     /// The gRPC status name the server (or the client's own check by the
     /// server's rules) gave, e.g. `FAILED_PRECONDITION`; `CLIENT` for a
     /// failure the CLI met without an answer (a file it cannot read, a
     /// server it cannot reach, a watch that ended).
     code: String,
-    /// The human line, as printed after `error: `.
-    message: String,
     /// The status's `leasehold-reason` (why a fence is stale, ...), if any.
     reason: Option<String>,
     /// The status's other `leasehold-*` details (holder, fence,
@@ -828,10 +834,12 @@ struct Refusal {
 impl From<String> for Refusal {
     fn from(message: String) -> Refusal {
         Refusal {
-            code: "CLIENT".to_owned(),
             message,
-            reason: None,
-            metadata: serde_json::Map::new(),
+            detail: Box::new(RefusalDetail {
+                code: "CLIENT".to_owned(),
+                reason: None,
+                metadata: serde_json::Map::new(),
+            }),
         }
     }
 }
@@ -839,10 +847,10 @@ impl From<String> for Refusal {
 impl Refusal {
     fn json(&self) -> Value {
         json!({
-            "code": self.code,
+            "code": self.detail.code,
             "message": self.message,
-            "reason": self.reason,
-            "metadata": self.metadata,
+            "reason": self.detail.reason,
+            "metadata": self.detail.metadata,
         })
     }
 }
@@ -897,10 +905,12 @@ fn refused(err: impl Into<ClientError>) -> Refusal {
                 }
             }
             Refusal {
-                code: code_name(status.code()),
                 message: format!("{:?}: {err}", status.code()),
-                reason,
-                metadata,
+                detail: Box::new(RefusalDetail {
+                    code: code_name(status.code()),
+                    reason,
+                    metadata,
+                }),
             }
         }
         other => Refusal::from(other.to_string()),
