@@ -253,3 +253,13 @@ impl Drop for ServeProcess {
         let _ = self.child.wait();
     }
 }
+
+/// The value of counter `name` in `server`'s metrics.
+pub fn counter(server: &PgServer, name: &str) -> u64 {
+    let mut out = leasehold_server::metrics::Exposition::default();
+    leasehold_server::Backend::write_metrics(&server.backend, &mut out);
+    let text = out.into_text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+}
