@@ -4,7 +4,7 @@
 // first advances it, and a write whose fence is lower changes nothing and is
 // rolled back. (The same SQL as the Rust `leasehold::fence::sqlite`.)
 
-import { LeaseholdError } from "./errors.js";
+import { InvalidArgumentError, LeaseholdError } from "./errors.js";
 
 /** SQLite (better-sqlite3, node:sqlite): the table, created once. */
 export const SQLITE_CREATE_TABLE = `CREATE TABLE IF NOT EXISTS leasehold_fence (
@@ -89,6 +89,61 @@ export async function pgFencedWrite<T>(
     // A failed ROLLBACK (a broken connection) must not hide why the write
     // failed; PostgreSQL rolls back a connection's open transaction anyway.
     await client.query("ROLLBACK").catch(() => undefined);
+    throw err;
+  }
+}
+
+/**
+ * The part of a synchronous SQLite connection this needs: better-sqlite3's
+ * `Database` and `node:sqlite`'s `DatabaseSync` both fit.
+ */
+export interface SqliteConnection {
+  exec(sql: string): unknown;
+  prepare(sql: string): {
+    run(...params: unknown[]): { changes: number | bigint };
+    get(...params: unknown[]): unknown;
+  };
+  readonly inTransaction?: boolean;
+}
+
+/**
+ * Runs `work` in a `BEGIN IMMEDIATE` transaction on `db` that first advances
+ * the fence of `key`, and commits only if both succeed. The COMMIT is issued
+ * here, explicitly: it does not rely on a driver's own transaction handling
+ * (which may not know about a BEGIN sent as plain SQL). `work` is
+ * synchronous, as the SQLite drivers are, so nothing else on this
+ * connection runs between BEGIN and COMMIT.
+ * @throws StaleFenceError when a higher fence has written `key` (nothing is committed);
+ *   InvalidArgumentError when `db` is already inside a transaction (the
+ *   fence check would not be atomic with the outer transaction's commit).
+ */
+export function sqliteFencedWrite<T>(db: SqliteConnection, key: string, fence: bigint, work: () => T): T {
+  if (db.inTransaction === true) {
+    throw new InvalidArgumentError("sqliteFencedWrite needs a connection outside any transaction");
+  }
+  db.exec("BEGIN IMMEDIATE");
+  try {
+    const advanced = db.prepare(SQLITE_ADVANCE).run({ key, fence });
+    if (Number(advanced.changes) !== 1) {
+      const row = db.prepare("SELECT fence FROM leasehold_fence WHERE key = ?").get(key) as
+        | { fence?: number | bigint }
+        | undefined;
+      throw new StaleFenceError(key, fence, row?.fence === undefined ? undefined : BigInt(row.fence));
+    }
+    const out = work();
+    if (out instanceof Promise) {
+      throw new InvalidArgumentError("sqliteFencedWrite's work must be synchronous (it returned a Promise)");
+    }
+    db.exec("COMMIT");
+    return out;
+  } catch (err) {
+    if (db.inTransaction !== false) {
+      try {
+        db.exec("ROLLBACK");
+      } catch {
+        // SQLite already rolled back (some errors end the transaction): the work's error is the one to report.
+      }
+    }
     throw err;
   }
 }

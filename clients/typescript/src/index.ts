@@ -58,6 +58,8 @@ export {
   pgFencedWrite,
   SQLITE_ADVANCE,
   SQLITE_CREATE_TABLE,
+  sqliteFencedWrite,
   StaleFenceError,
   type PgQueryable,
+  type SqliteConnection,
 } from "./fence.js";
