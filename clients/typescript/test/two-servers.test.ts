@@ -247,7 +247,14 @@ describe("two servers with leasehold on one SQLite file", () => {
       await sleep(20);
     }
     const stopped = status.events.find((e) => e.session === "p1" && e.kind === "stopped");
-    assert.ok(stopped !== undefined && /LeaseLostError|StaleFenceError/.test(stopped.detail), JSON.stringify(status));
+    // It stops on the loss (refused renewal or gate, or the database's
+    // fence), or on a call that timed out while it was paused: which one
+    // depends on where the pause caught it. What matters is below: it
+    // writes nothing after the takeover.
+    assert.ok(
+      stopped !== undefined && /LeaseLostError|StaleFenceError|UnavailableError/.test(stopped.detail),
+      JSON.stringify(status),
+    );
     const parts = h.parts("p1");
     assert.equal(parts.length, takenOver, "the resumed owner wrote nothing after the takeover");
     assert.deepEqual(
