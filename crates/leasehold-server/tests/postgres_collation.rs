@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::requests::*;
 use leasehold_server::postgres::sql;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
-use pg_harness::{PgServer, Schema, counter, database};
+use pg_harness::{PgServer, Schema, counter, database, execute_on_own_runtime};
 use tonic::Code;
 
 /// A database of its own whose default collation is not byte order (ICU
@@ -92,26 +92,11 @@ impl CollatedDatabase {
 
 impl Drop for CollatedDatabase {
     fn drop(&mut self) {
-        let (url, name) = (self.admin_url.clone(), self.name.clone());
-        // Its own thread and runtime: this may run while a test panics.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .expect("connect to drop the test database");
-                tokio::spawn(connection);
-                client
-                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .await
-                    .expect("drop the test database");
-            });
-        })
-        .join();
-        if dropped.is_err() && !std::thread::panicking() {
+        let dropped = execute_on_own_runtime(
+            &self.admin_url,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+        if !dropped && !std::thread::panicking() {
             panic!("could not drop database {}", self.name);
         }
     }

@@ -376,15 +376,17 @@ pub(super) async fn serve_first_in(
         .await
         .map_err(db_error)?;
     for _ in 0..SERVE_ATTEMPTS {
-        tx.batch_execute("SAVEPOINT serve_first")
-            .await
-            .map_err(db_error)?;
         let lease_id = LeaseId::random();
-        let Some(row) = tx
-            .query_opt(&serve, &[&key.as_str(), &lease_id.0, &history_len])
-            .await
-            .map_err(db_error)?
-        else {
+        // Sent together: tokio-postgres pipelines the two, so the savepoint
+        // costs no round trip of its own.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&key.as_str(), &lease_id.0, &history_len];
+        let (_, served) = tokio::try_join!(
+            tx.batch_execute("SAVEPOINT serve_first"),
+            tx.query_opt(&serve, &params),
+        )
+        .map_err(db_error)?;
+        let Some(row) = served else {
             return Ok(false);
         };
         let waiter: i64 = row.get("waiter_id");

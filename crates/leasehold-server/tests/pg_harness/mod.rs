@@ -128,29 +128,36 @@ impl Schema {
 
 impl Drop for Schema {
     fn drop(&mut self) {
-        let (url, name) = (self.url.clone(), self.name.clone());
-        // Its own thread and runtime: this may run while a test panics.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-                    .await
-                    .expect("connect to drop the test schema");
-                tokio::spawn(connection);
-                client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
-                    .await
-                    .expect("drop the test schema");
-            });
-        })
-        .join();
-        if dropped.is_err() && !std::thread::panicking() {
+        let dropped = execute_on_own_runtime(
+            &self.url,
+            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+        );
+        if !dropped && !std::thread::panicking() {
             panic!("could not drop schema {}", self.name);
         }
     }
+}
+
+/// Runs `sql` on a connection to `url` from a thread and runtime of its
+/// own, for a `Drop` that may run while a test panics (or inside a runtime
+/// that cannot block). Returns whether it succeeded.
+pub fn execute_on_own_runtime(url: &str, sql: &str) -> bool {
+    let (url, sql) = (url.to_owned(), sql.to_owned());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(connection);
+            client.batch_execute(&sql).await.expect(&sql);
+        });
+    })
+    .join()
+    .is_ok()
 }
 
 /// An in-process leasehold server on the PostgreSQL backend.
