@@ -74,7 +74,11 @@ def advance(conn: Any, key: str, fence: int) -> None:
 
 def highest(conn: Any, key: str) -> int | None:
     """The highest fence that has written ``key``, if any has."""
-    row = conn.execute(HIGHEST, {"key": key}).fetchone()
+    from psycopg.rows import tuple_row
+
+    # Tuples whatever the connection's row factory (LangGraph's is dict_row).
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(HIGHEST, {"key": key}).fetchone()
     return None if row is None else int(row[0])
 
 
