@@ -336,9 +336,7 @@ def test_a_reused_id_runs_again_in_a_new_turn_and_once_within_it(server: Server)
         assert [(t, c) for t, c, _ in effects] == [("t1", "call_0"), ("t2", "call_0")]
         assert effects[0][2] != effects[1][2]
         assert effects[1][2] == str(
-            uuid.uuid5(
-                uuid.UUID("ab524bdc-58dc-56d8-b437-c4cf5ed10325"), "session:t\0t2\0call_0"
-            )
+            uuid.uuid5(uuid.UUID("ab524bdc-58dc-56d8-b437-c4cf5ed10325"), "session:t\0t2\0call_0")
         )
         assert [(r.result, r.reused) for r in first] == [(b"t1:call_0", False)]
         assert [(r.result, r.reused) for r in second] == [
