@@ -52,3 +52,26 @@ class Run:
         if isinstance(self.lease, Lease):
             self.lease._same_process()
         self.lease._core.ensure_valid()
+
+
+def recover(lease: Lease, key: str, policy: OnUnsettled) -> None:
+    """What a run that took over ``key`` does first with the tool calls the
+    lost owner left running: settle each as unknown, or raise."""
+    if not lease.unsettled_tool_calls:
+        return
+    calls = lease.unsettled_tool_calls_list()
+    if policy == "raise":
+        raise UnsettledToolCalls(key, calls)
+    for call in calls:
+        lease.settle_tool_call(call.call_id, "unknown", UNKNOWN_RESULT, turn=call.turn)
+
+
+async def arecover(lease: AsyncLease, key: str, policy: OnUnsettled) -> None:
+    """:func:`recover` for an ``AsyncLease``."""
+    if not lease.unsettled_tool_calls:
+        return
+    calls = await lease.unsettled_tool_calls_list()
+    if policy == "raise":
+        raise UnsettledToolCalls(key, calls)
+    for call in calls:
+        await lease.settle_tool_call(call.call_id, "unknown", UNKNOWN_RESULT, turn=call.turn)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,3 +117,24 @@ def wait_until(predicate: object, timeout: float, step: float = 0.01) -> bool:
             return True
         time.sleep(step)
     return bool(predicate())  # type: ignore[operator]
+
+
+#: PostgreSQL for the storage-fence and framework tests (set by .ci/run).
+PG_URL = os.environ.get("LEASEHOLD_TEST_PG_URL")
+needs_pg = pytest.mark.skipif(not PG_URL, reason="LEASEHOLD_TEST_PG_URL is not set")
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A schema of its own on $LEASEHOLD_TEST_PG_URL, dropped after the test."""
+    import psycopg
+
+    assert PG_URL is not None
+    schema = f"leasehold_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield schema
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -3,16 +3,15 @@ $LEASEHOLD_TEST_PG_URL names a server)."""
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PG_URL, needs_pg
 
 import leasehold
 from leasehold.fence import NotInTransaction, StaleFence
@@ -147,25 +146,6 @@ def test_sqlite_two_connections_a_newer_holder_wins(tmp_path: Path) -> None:
         with sqlite_fence.write(old, "s", 1):
             old.execute("INSERT INTO items VALUES ('s', 'old')")
     assert _bodies(new) == ["new"]
-
-
-PG_URL = os.environ.get("LEASEHOLD_TEST_PG_URL")
-needs_pg = pytest.mark.skipif(not PG_URL, reason="LEASEHOLD_TEST_PG_URL is not set")
-
-
-@pytest.fixture
-def pg_schema() -> Iterator[str]:
-    import psycopg
-
-    assert PG_URL is not None
-    schema = f"leasehold_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield schema
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def _pg_connect(schema: str) -> Any:

@@ -20,13 +20,12 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lg_agent
 import pytest
-from conftest import Server, wait_until
+from conftest import PG_URL, Server, needs_pg, wait_until
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -532,24 +531,6 @@ async def test_async_sqlite_one_owner_and_a_stale_fence_refused(
 
 
 # -- PostgreSQL ------------------------------------------------------------------
-
-PG_URL = os.environ.get("LEASEHOLD_TEST_PG_URL")
-needs_pg = pytest.mark.skipif(not PG_URL, reason="LEASEHOLD_TEST_PG_URL is not set")
-
-
-@pytest.fixture
-def pg_schema() -> Iterator[str]:
-    import psycopg
-
-    assert PG_URL is not None
-    schema = f"lg_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield schema
-    finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def _pg(schema: str) -> Any:

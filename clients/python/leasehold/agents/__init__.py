@@ -36,7 +36,7 @@ from agents.tool_context import ToolContext
 
 from .._async import AsyncClient, AsyncLease
 from .._errors import Error
-from .._ownership import UNKNOWN_RESULT, OnUnsettled, Run, UnsettledToolCalls
+from .._ownership import UNKNOWN_RESULT, OnUnsettled, Run, UnsettledToolCalls, arecover
 from .._types import ToolCallRequest
 from ..fence import sqlite as sqlite_fence
 
@@ -171,14 +171,7 @@ async def owned(
         run = Run(key, lease)
         mine = OwnedSession(session, run)
         await mine.claim()
-        if lease.unsettled_tool_calls:
-            calls = await lease.unsettled_tool_calls_list()
-            if on_unsettled == "raise":
-                raise UnsettledToolCalls(key, calls)
-            for call in calls:
-                await lease.settle_tool_call(
-                    call.call_id, "unknown", UNKNOWN_RESULT, turn=call.turn
-                )
+        await arecover(lease, key, on_unsettled)
         token = _CURRENT.set(run)
         try:
             yield mine

@@ -16,9 +16,15 @@ from typing import Any, Literal
 
 from .._async import AsyncClient
 from .._errors import Error
-from .._ownership import UNKNOWN_RESULT, OnUnsettled, Run, UnsettledToolCalls
-from .._sync import Client, Lease
-from .._types import ToolCallRecord
+from .._ownership import (
+    UNKNOWN_RESULT,
+    OnUnsettled,
+    Run,
+    UnsettledToolCalls,
+    arecover,
+    recover,
+)
+from .._sync import Client
 
 __all__ = [
     "RUN",
@@ -83,32 +89,15 @@ class Ownership:
         raises (or the generator is closed early), so the thread becomes
         recoverable."""
         with self.sync_client().acquire(key, ttl=self.ttl, wait=self.wait) as lease:
-            run = Run(key, lease)
-            if lease.unsettled_tool_calls:
-                self._recover(run, lease.unsettled_tool_calls_list())
-            yield run
+            recover(lease, key, self.on_unsettled)
+            yield Run(key, lease)
 
     @contextlib.asynccontextmanager
     async def aterm(self, key: str) -> AsyncIterator[Run]:
         client = self.async_client()
         async with client.acquire(key, ttl=self.ttl, wait=self.wait) as lease:
-            run = Run(key, lease)
-            if lease.unsettled_tool_calls:
-                calls = await lease.unsettled_tool_calls_list()
-                if self.on_unsettled == "raise":
-                    raise UnsettledToolCalls(key, calls)
-                for call in calls:
-                    await lease.settle_tool_call(
-                        call.call_id, "unknown", UNKNOWN_RESULT, turn=call.turn
-                    )
-            yield run
-
-    def _recover(self, run: Run, calls: list[ToolCallRecord]) -> None:
-        assert isinstance(run.lease, Lease)
-        if self.on_unsettled == "raise":
-            raise UnsettledToolCalls(run.key, calls)
-        for call in calls:
-            run.lease.settle_tool_call(call.call_id, "unknown", UNKNOWN_RESULT, turn=call.turn)
+            await arecover(lease, key, self.on_unsettled)
+            yield Run(key, lease)
 
     # -- one write outside any run ----------------------------------------
     @contextlib.contextmanager
