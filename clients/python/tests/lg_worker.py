@@ -40,6 +40,11 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         time.sleep(0.3)
         marker.write_text("in shell")
         time.sleep(spec.get("shell_seconds", 1.0))
+        # "hold": the test lets the call finish by creating this file.
+        hold = spec.get("hold")
+        deadline = time.monotonic() + 30
+        while hold and not Path(hold).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         effects_db(spec["effects"]).execute(
             "INSERT INTO effects VALUES (?, 'shell', ?)", (name, cmd)
         )

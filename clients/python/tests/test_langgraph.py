@@ -320,6 +320,106 @@ def test_a_tool_call_id_seen_before_never_runs_again(server: Server, tmp_path: P
         a.close()
 
 
+def test_without_leasehold_two_worker_processes_fork_the_thread(tmp_path: Path) -> None:
+    hold = tmp_path / "hold"
+    spec = _worker_spec(tmp_path, "a", addr=None, shell_seconds=0.0, hold=str(hold))
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 20)
+        b = _run_worker({**spec, "name": "b", "message": "cat notes", "ids": ["call_b"]})
+        hold.touch()
+        assert json.loads(a.communicate(timeout=30)[0])["status"] == "ok"
+    finally:
+        _kill(a)
+    assert b["status"] == "ProviderError", b
+    assert b["detail"] == "No tool output found for function call call_1."
+    assert _forks(_root_checkpoints(Path(spec["cp"])))
+
+
+def test_two_worker_processes_one_owner_no_write_of_the_loser(
+    server: Server, tmp_path: Path
+) -> None:
+    hold = tmp_path / "hold"
+    spec = _worker_spec(tmp_path, "a", addr=server.address, shell_seconds=0.0, hold=str(hold))
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 20)
+        before = _root_checkpoints(Path(spec["cp"]))
+        b = _run_worker({**spec, "name": "b", "message": "cat notes", "ids": ["call_b"]})
+        assert b["status"] == "Busy", b
+        assert _root_checkpoints(Path(spec["cp"])) == before
+        # A third process that waits continues the same history after A.
+        threading.Timer(1.0, hold.touch).start()
+        c = _run_worker(
+            {
+                **spec,
+                "name": "c",
+                "message": "pwd",
+                "ids": ["call_c"],
+                "wait": 20.0,
+                "shell_seconds": 0.0,
+            }
+        )
+        ended = json.loads(a.communicate(timeout=30)[0])
+    finally:
+        _kill(a)
+    assert ended["status"] == "ok", ended
+    assert c["status"] == "ok", c
+    assert c["detail"] == [
+        "ls",
+        "",
+        "a ran ls",
+        "done: a ran ls",
+        "pwd",
+        "",
+        "c ran pwd",
+        "done: c ran pwd",
+    ]
+    assert not _forks(_root_checkpoints(Path(spec["cp"])))
+    assert _effects(spec) == [("a", "shell", "ls"), ("c", "shell", "pwd")]
+
+
+def test_after_kill_9_exactly_one_recoverer_takes_the_thread_over(
+    server: Server, tmp_path: Path
+) -> None:
+    spec = _worker_spec(tmp_path, "a", addr=server.address, ttl=1.0, shell_seconds=30.0)
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 20)
+        a.kill()
+        a.wait(10)
+    finally:
+        _kill(a)
+    # Two recoverers race for the thread once A's lease expires.
+    recoverers = [
+        _spawn(
+            {
+                **spec,
+                "name": n,
+                "message": None,
+                "wait": 20.0,
+                "ttl": 30.0,
+                "marker": spec["marker"] + n,
+            }
+        )
+        for n in ("b", "c")
+    ]
+    results = [json.loads(p.communicate(timeout=60)[0]) for p in recoverers]
+    assert [r["status"] for r in results] == ["ok", "ok"], results
+    # The shell call A began never ran again; its outcome was settled once,
+    # as unknown, and the thread answers it exactly once, unforked.
+    assert _effects(spec) == []
+    final = max(results, key=lambda r: len(r["detail"]))["detail"]
+    assert final.count(UNKNOWN_RESULT.decode()) == 1, final
+    assert not _forks(_root_checkpoints(Path(spec["cp"])))
+    client = leasehold.Client(server.address)
+    try:
+        ends = [(h.owner, h.end) for h in client.history("langgraph:t1").entries]
+    finally:
+        client.close()
+    assert ends[-1] == ("a", "expired") and len(ends) == 3, ends
+
+
 def test_without_leasehold_a_recoverer_runs_a_live_owners_tool_again(tmp_path: Path) -> None:
     spec = _worker_spec(tmp_path, "a", addr=None)
     a = _spawn(spec)
@@ -433,6 +533,7 @@ def _kill(process: subprocess.Popen[str]) -> None:
 
 def _effects(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
     with sqlite3.connect(spec["effects"]) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS effects (worker TEXT, tool TEXT, cmd TEXT)")
         return [tuple(r) for r in conn.execute("SELECT worker, tool, cmd FROM effects")]
 
 
