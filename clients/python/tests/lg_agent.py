@@ -46,6 +46,8 @@ class ProviderModel(BaseChatModel):
     (a model that reuses ids is one script away)."""
 
     tool: str = "shell"
+    #: Tool calls per user message before the answer (one at a time).
+    rounds: int = 1
     ids: Any = None
     requests: Any = None
 
@@ -74,8 +76,14 @@ class ProviderModel(BaseChatModel):
         self.requests.append(list(messages))
         check_pairing(messages)
         last = messages[-1]
-        if isinstance(last, HumanMessage):
-            call = {"id": next(self.ids), "name": self.tool, "args": {"cmd": str(last.content)}}
+        since_user = 0
+        for msg in reversed(messages):
+            if isinstance(msg, HumanMessage):
+                break
+            since_user += isinstance(msg, ToolMessage)
+        if isinstance(last, HumanMessage) or since_user < self.rounds:
+            cmd = next(str(m.content) for m in reversed(messages) if isinstance(m, HumanMessage))
+            call = {"id": next(self.ids), "name": self.tool, "args": {"cmd": cmd}}
             reply = AIMessage("", tool_calls=[call])
         else:
             reply = AIMessage(f"done: {last.content}")
