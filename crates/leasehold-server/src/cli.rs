@@ -286,8 +286,9 @@ enum TranscriptCommand {
 /// RESOURCE_EXHAUSTED for that client only.
 #[derive(Debug, Clone, clap::Args)]
 struct ServeLimits {
-    /// Acquires that may wait in one key's line.
-    #[arg(long, default_value_t = 1_000)]
+    /// Acquires that may wait in one key's line (on PostgreSQL: from every
+    /// server on the schema together).
+    #[arg(long, default_value_t = leasehold_server::limits::DEFAULT_MAX_WAITERS_PER_KEY)]
     max_waiters_per_key: usize,
     /// Waiting Acquires one connection may have at once.
     #[arg(long, default_value_t = 10_000)]
@@ -501,6 +502,7 @@ async fn run(command: Command) -> ExitCode {
                         renew_batch: usize::from(pg_renew_batch),
                         write_batch: usize::from(pg_write_batch),
                         retention_ms,
+                        max_waiters_per_key: limits.max_waiters_per_key,
                         history_len,
                         default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
                         event_log_len,

@@ -9,7 +9,9 @@
 //!   (a process multiplexing many sessions legitimately sends a lot);
 //! - keys held per principal (under `--auth`): one tenant cannot fill the
 //!   lease table (see [`KeyReservation`] for how live terms are counted);
-//! - waiters per key (the lessor's), and the gRPC message size (tonic's).
+//! - waiters per key ([`DEFAULT_MAX_WAITERS_PER_KEY`]: the lessor's on
+//!   SQLite, the database's count on PostgreSQL, across the whole fleet),
+//!   and the gRPC message size (tonic's).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -18,6 +20,10 @@ use std::time::Instant;
 
 use leasehold_core::error::Error;
 use leasehold_core::lease::{Fence, Key, Term};
+
+/// How many Acquires may wait in one key's line unless configured
+/// (`--max-waiters-per-key`), on either backend.
+pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1_000;
 
 /// The limits' settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

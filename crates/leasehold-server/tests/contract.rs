@@ -20,7 +20,7 @@ mod backends;
 
 use std::time::Duration;
 
-use backends::Backend;
+use backends::{Backend, Settings};
 use common::requests::*;
 use leasehold_client::{Error, StaleReason};
 use leasehold_wire::pb;
@@ -39,6 +39,7 @@ contract!(
     an_expired_key_is_free_and_previous_says_expired,
     waiters_are_served_in_arrival_order,
     waiters_get_expired_keys_and_give_up_in_time,
+    a_full_line_refuses_one_more_waiter_until_one_leaves with two_waiters_per_key,
     recoverable_keys_are_listed_until_someone_acquires_them,
     list_pages_in_key_order,
     lock_delay_holds_after_expiry_and_not_after_release,
@@ -500,6 +501,81 @@ async fn waiters_get_expired_keys_and_give_up_in_time(h: Backend) {
         .unwrap_err();
     assert_eq!(refused.code(), Code::Aborted);
     assert!(refused.message().contains("\"b\""), "{refused:?}");
+}
+
+/// `--max-waiters-per-key 2`.
+fn two_waiters_per_key() -> Settings {
+    Settings {
+        max_waiters_per_key: 2,
+    }
+}
+
+/// With two places in a key's line, a third waiting Acquire is refused at
+/// once, RESOURCE_EXHAUSTED naming the limit, in the same words on both
+/// backends; an Acquire that would not wait is busy as ever, the two in
+/// line keep their places, and once one has left a newcomer takes its
+/// place.
+async fn a_full_line_refuses_one_more_waiter_until_one_leaves(h: Backend) {
+    let mut c = h.client().await;
+    let held = lease_of(c.acquire(acquire("k", "holder", 60_000)).await.unwrap());
+    let mut first = h.client().await;
+    let first = tokio::spawn(async move { first.acquire(waiting("k", "w1", 5_000, 60_000)).await });
+    h.in_line("k", 1).await;
+    // Leaves when its wait runs out.
+    let mut second = h.client().await;
+    let second =
+        tokio::spawn(async move { second.acquire(waiting("k", "w2", 5_000, 1_500)).await });
+    h.in_line("k", 2).await;
+
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        c.acquire(waiting("k", "w3", 5_000, 60_000)),
+    )
+    .await
+    .expect("refused at once, not queued")
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(
+        refused.metadata().get("leasehold-limit").unwrap(),
+        "waiters_per_key"
+    );
+    assert_eq!(
+        from_status(&refused),
+        Error::ResourceExhausted {
+            limit: "waiters_per_key".into(),
+            detail: "2 Acquires already wait for key \"k\"".into(),
+        }
+    );
+    let busy = c.acquire(acquire("k", "e", 1_000)).await.unwrap_err();
+    assert!(
+        matches!(from_status(&busy), Error::Busy { holder, .. } if holder == "holder"),
+        "{busy:?}"
+    );
+    assert!(
+        !first.is_finished() && !second.is_finished(),
+        "kept in line"
+    );
+
+    h.pass(1_500).await;
+    let gave_up = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the wait ended")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(gave_up.code(), Code::Aborted, "{gave_up:?}");
+    let mut newcomer = h.client().await;
+    let newcomer =
+        tokio::spawn(async move { newcomer.acquire(waiting("k", "w4", 5_000, 60_000)).await });
+    h.in_line("k", 2).await;
+    assert!(!newcomer.is_finished(), "the newcomer was not kept in line");
+
+    c.release(release(&held, false)).await.unwrap();
+    let served = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the first in line was served")
+        .unwrap();
+    assert_eq!(lease_of(served.unwrap()).owner, "w1");
+    newcomer.abort();
 }
 
 /// Suspended and expired keys are recoverable (Get says so, List

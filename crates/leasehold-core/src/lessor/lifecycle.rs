@@ -32,6 +32,16 @@ use super::{KeyView, Lessor, WaiterHandle};
 /// How many ended terms a key remembers by default.
 pub const DEFAULT_HISTORY_LEN: usize = 32;
 
+/// The refusal of a waiting Acquire of `key` while `waiting` Acquires
+/// already wait in its line (`--max-waiters-per-key`): one wording for
+/// every backend, so a client cannot tell which one refused it.
+pub fn line_full(key: &Key, waiting: usize) -> Error {
+    Error::ResourceExhausted {
+        limit: "waiters_per_key".into(),
+        detail: format!("{waiting} Acquires already wait for key {key:?}"),
+    }
+}
+
 /// One page of a key's history, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HistoryPage {
@@ -152,11 +162,7 @@ impl<W: WaiterHandle> Lessor<W> {
 
     /// The refusal of one Acquire too many in `key`'s line.
     pub(super) fn line_full(&self, key: &Key) -> Error {
-        let waiting = self.keys.get(key).map_or(0, |s| s.waiters.len());
-        Error::ResourceExhausted {
-            limit: "waiters_per_key".into(),
-            detail: format!("{waiting} Acquires already wait for key {key:?}"),
-        }
+        line_full(key, self.keys.get(key).map_or(0, |s| s.waiters.len()))
     }
 
     /// Restores the lifecycle part of a stored key: its reservation (kept

@@ -54,7 +54,7 @@ use key_state::{KeyState, denied, holder, stale, unknown};
 use timers::Timers;
 
 pub use key_state::stale_reason;
-pub use lifecycle::{DEFAULT_HISTORY_LEN, HistoryPage};
+pub use lifecycle::{DEFAULT_HISTORY_LEN, HistoryPage, line_full};
 pub use retention::DEFAULT_RETENTION_MS;
 pub use waiters::{WaiterHandle, WaiterId};
 

@@ -119,7 +119,7 @@ impl Default for EngineConfig {
             lazy_flush: Duration::from_secs(1),
             list_scan_budget: 10_000,
             retention_ms: DEFAULT_RETENTION_MS,
-            max_waiters_per_key: 1_000,
+            max_waiters_per_key: crate::limits::DEFAULT_MAX_WAITERS_PER_KEY,
             history_len: DEFAULT_HISTORY_LEN,
             default_max_recoveries: None,
             event_log_len: DEFAULT_EVENT_LOG_LEN,

@@ -6,6 +6,7 @@
 
 use leasehold_core::error::Held;
 use leasehold_core::lease::{Lifecycle, Reservation};
+use leasehold_core::lessor::line_full;
 
 use super::batch::{self, Batched};
 use super::order::Turn;
@@ -159,38 +160,89 @@ impl Inner {
         if *self.closing.borrow() {
             return Err(closed());
         }
-        let enqueue = client
-            .prepare_cached(sql::ENQUEUE)
-            .await
-            .map_err(db_error)?;
-        let lease = self.config.waiter_lease.as_millis() as i64;
-        let row = client
-            .query_one(
-                &enqueue,
-                &[
-                    &request.key.as_str(),
-                    &request.owner.as_str(),
-                    &(request.ttl.as_millis() as i64),
-                    &request.request_id.as_ref().map(|r| r.as_str()),
-                    &(wait as i64),
-                    &lease,
-                    &(request.options.lock_delay_ms.min(i64::MAX as u64) as i64),
-                    &self.max_recoveries(&request),
-                    &request.options.force,
-                ],
-            )
-            .await
-            .map_err(db_error)?;
+        // A full line refuses the wait (RESOURCE_EXHAUSTED) rather than the
+        // Acquire being busy: as on SQLite, the client learns that waiting
+        // is what it may not do.
+        let (id, until) = self.enqueue(&client, &request).await?;
         let place = PlaceInLine {
             inner: self.clone(),
-            id: row.get("id"),
+            id,
             armed: true,
         };
         drop(applied);
         drop(busy);
-        let until = millis(row.get("wait_until_ms"));
         self.wait_in_line(client, request, place, until, wakes)
             .await
+    }
+
+    /// Puts `request` in line for its wait: its row's id and when its wait
+    /// ends.
+    ///
+    /// The count and the insert are one statement, after the key's line
+    /// lock (`sql::LOCK_LINE`) in the same transaction, so Acquires joining
+    /// at once through any servers cannot all take the last place. The four
+    /// statements (BEGIN, the lock, the enqueue, COMMIT) are sent together:
+    /// tokio-postgres pipelines them, so this is one round trip, as the
+    /// single autocommit insert was. They are joined, not tried: each is
+    /// sent when first polled, and `join!` (biased: in order) polls every
+    /// one even when an earlier one fails, so the COMMIT is always sent
+    /// after the BEGIN and no connection goes back to the pool inside a
+    /// transaction holding the lock (`try_join!` would stop at the first
+    /// error, possibly before the COMMIT was sent).
+    ///
+    /// # Errors
+    /// [`Error::ResourceExhausted`] (`waiters_per_key`, the core's wording)
+    /// when [`PgConfig::max_waiters_per_key`] Acquires already wait for the
+    /// key, on any server; UNAVAILABLE or INTERNAL from the database.
+    async fn enqueue(&self, client: &Client, request: &Acquire) -> Result<(i64, Millis)> {
+        let lock = client
+            .prepare_cached(sql::LOCK_LINE)
+            .await
+            .map_err(db_error)?;
+        let enqueue = client
+            .prepare_cached(sql::ENQUEUE)
+            .await
+            .map_err(db_error)?;
+        let line = format!(
+            "leasehold-line:{}:{}",
+            self.config.schema,
+            request.key.as_str()
+        );
+        let max = self.config.max_waiters_per_key.min(i64::MAX as usize) as i64;
+        let wait = request.wait.as_millis() as i64;
+        let lease = self.config.waiter_lease.as_millis() as i64;
+        let lock_delay = request.options.lock_delay_ms.min(i64::MAX as u64) as i64;
+        let line: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&line];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+            &request.key.as_str(),
+            &request.owner.as_str(),
+            &(request.ttl.as_millis() as i64),
+            &request.request_id.as_ref().map(|r| r.as_str()),
+            &wait,
+            &lease,
+            &lock_delay,
+            &self.max_recoveries(request),
+            &request.options.force,
+            &max,
+        ];
+        // `biased`: polled in this order, so sent in this order.
+        let (begun, locked, row, committed) = tokio::join!(
+            biased;
+            client.batch_execute("BEGIN"),
+            client.execute(&lock, &line),
+            client.query_one(&enqueue, &params),
+            client.batch_execute("COMMIT"),
+        );
+        // The first failure is the cause; the later ones follow from it.
+        begun.map_err(db_error)?;
+        locked.map_err(db_error)?;
+        let row = row.map_err(db_error)?;
+        committed.map_err(db_error)?;
+        let Some(id) = row.get::<_, Option<i64>>("id") else {
+            let waiting: i64 = row.get("waiting");
+            return Err(line_full(&request.key, waiting as usize));
+        };
+        Ok((id, millis(row.get("wait_until_ms"))))
     }
 
     /// Waits in line until granted, replayed, the wait runs out (then one

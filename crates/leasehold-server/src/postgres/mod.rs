@@ -28,7 +28,10 @@
 //! its grant up when woken (`listen`), at its holder's deadline, or at the
 //! latest after [`PgConfig::poll`]. A waiting request keeps its row alive
 //! with a heartbeat; dropping its future deletes the row, and rows of a
-//! server that died lapse after [`PgConfig::waiter_lease`].
+//! server that died lapse after [`PgConfig::waiter_lease`]. A line holds at
+//! most [`PgConfig::max_waiters_per_key`] rows alive, whichever servers
+//! queued them: joining it counts the line in the database under a lock
+//! per key (`sql::LOCK_LINE`), and one more is refused as on SQLite.
 //!
 //! # Lifecycle
 //! Lock-delay, handoff reservations, the failure count, quarantine and the
@@ -138,6 +141,12 @@ pub struct PgConfig {
     pub poll: Duration,
     /// How long a waiter row stays in line without its server's heartbeat.
     pub waiter_lease: Duration,
+    /// At most this many Acquires wait in one key's line
+    /// (`--max-waiters-per-key`), counted in the database: the waiters of
+    /// every server on the schema together. One more is refused with
+    /// RESOURCE_EXHAUSTED (`waiters_per_key`), as on SQLite. Each server
+    /// holds the line to its own value, so a fleet should share one.
+    pub max_waiters_per_key: usize,
     /// How long to wait for a connection (pool or database) before a
     /// request is refused with UNAVAILABLE.
     pub connect_timeout: Duration,
@@ -189,6 +198,7 @@ impl PgConfig {
             sweep_interval: Duration::from_millis(500),
             poll: Duration::from_millis(500),
             waiter_lease: Duration::from_secs(3),
+            max_waiters_per_key: crate::limits::DEFAULT_MAX_WAITERS_PER_KEY,
             connect_timeout: Duration::from_secs(3),
             op_timeout: Duration::from_secs(10),
             history_len: DEFAULT_HISTORY_LEN,

@@ -695,14 +695,39 @@ pub const RELEASE_MANY: &str = release_many!(
 /// lone client's cycle's extra over the unbatched release).
 pub const RELEASE_ONE: &str = release_many!("", "", "");
 
-/// Puts an Acquire in line: `$1` key, `$2` owner, `$3` ttl_ms, `$4`
-/// request_id, `$5` wait_ms, `$6` how long the row lives without a
-/// heartbeat, `$7` lock_delay_ms, `$8` the term's recovery limit (NULL:
-/// none), `$9` force.
-pub const ENQUEUE: &str = "INSERT INTO waiters (key, owner, ttl_ms, request_id, wait_until_ms,
-                                  alive_until_ms, lock_delay_ms, max_recoveries, force)
-     SELECT $1, $2, $3, $4, n.ms + $5, n.ms + $6, $7, $8, $9 FROM (SELECT now_ms() AS ms) n
-     RETURNING id, wait_until_ms";
+/// Takes the lock that serialises joining one key's line across every
+/// server of the schema, until the transaction ends: `$1` a name naming
+/// the schema and the key (`Inner::enqueue`). [`ENQUEUE`] counts the line
+/// in a statement of its own after this one, so its snapshot is taken
+/// once the lock is held and sees every waiter that joined before it.
+/// (A count in the statement that takes a lock would read the snapshot
+/// taken before it waited: under READ COMMITTED, two Acquires could each
+/// count one place left and both take it.) Only joining is serialised;
+/// leaving the line needs no lock: a count that still sees a waiter who
+/// is leaving at that moment only refuses a little early.
+pub const LOCK_LINE: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+
+/// Puts an Acquire in line unless `$10` (`--max-waiters-per-key`) or more
+/// already wait in it, counted as [`SERVE_FIRST`] sees the line (every
+/// server's waiters alive and not yet granted): `$1` key, `$2` owner, `$3`
+/// ttl_ms, `$4` request_id, `$5` wait_ms, `$6` how long the row lives
+/// without a heartbeat, `$7` lock_delay_ms, `$8` the term's recovery
+/// limit (NULL: none), `$9` force. Returns one row: `waiting`, how many
+/// were in line, and the new row's `id` and `wait_until_ms`, both NULL
+/// when the line was full. Run after [`LOCK_LINE`], in its transaction.
+pub const ENQUEUE: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
+     line AS (SELECT count(*) AS waiting FROM waiters w, n WHERE w.key = $1 AND ",
+    in_line!("w", "n.ms"),
+    "),
+     queued AS (
+         INSERT INTO waiters (key, owner, ttl_ms, request_id, wait_until_ms, alive_until_ms,
+                              lock_delay_ms, max_recoveries, force)
+         SELECT $1, $2, $3, $4, n.ms + $5, n.ms + $6, $7, $8, $9 FROM n, line
+         WHERE line.waiting < $10::bigint
+         RETURNING id, wait_until_ms)
+     SELECT line.waiting, queued.id, queued.wait_until_ms FROM line LEFT JOIN queued ON true"
+);
 
 /// A waiter's heartbeat, which also tells it whether it was granted: `$1`
 /// id, `$2` how long the row lives from now.

@@ -9,16 +9,56 @@
 //! real time on PostgreSQL, so TTLs that expire are a few hundred
 //! milliseconds), waits for waiters with [`Backend::in_line`], and asserts
 //! times relative to what the server returned, never a fixed origin.
+//!
+//! A test that needs a server set up otherwise than by default names a
+//! function returning its [`Settings`] in the macro
+//! (`contract!(a_test with its_settings)`); both backends' servers get them.
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
 use leasehold_core::Clock;
+use leasehold_server::EngineConfig;
+use leasehold_server::limits::DEFAULT_MAX_WAITERS_PER_KEY;
+use leasehold_server::postgres::PgConfig;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use tonic::transport::Channel;
 
 use super::common::TestServer;
 use super::pg_harness::{self, PgServer, Schema};
+
+/// What a contract test may set on the server, whichever the backend: each
+/// is one `leasehold serve` flag, which both backends' configurations take.
+/// The default is the flags' defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// `--max-waiters-per-key`.
+    pub max_waiters_per_key: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY,
+        }
+    }
+}
+
+impl Settings {
+    fn engine_config(self) -> EngineConfig {
+        EngineConfig {
+            max_waiters_per_key: self.max_waiters_per_key,
+            ..EngineConfig::default()
+        }
+    }
+
+    fn pg_config(self, config: PgConfig) -> PgConfig {
+        PgConfig {
+            max_waiters_per_key: self.max_waiters_per_key,
+            ..config
+        }
+    }
+}
 
 /// A server of either backend, and how a test drives its clock.
 pub enum Backend {
@@ -29,41 +69,55 @@ pub enum Backend {
         server: PgServer,
         schema: Schema,
         lazy: bool,
+        settings: Settings,
     },
 }
 
 impl Backend {
     pub async fn sqlite() -> Backend {
-        Backend::Sqlite(TestServer::start().await)
+        Self::sqlite_with(Settings::default()).await
+    }
+
+    pub async fn sqlite_with(settings: Settings) -> Backend {
+        let server = TestServer::builder()
+            .config(settings.engine_config())
+            .start()
+            .await;
+        Backend::Sqlite(server)
     }
 
     /// `None` (the test passes, with a note) when no database is configured.
     pub async fn postgres() -> Option<Backend> {
-        Self::postgres_with(false).await
+        Self::postgres_with(Settings::default()).await
+    }
+
+    pub async fn postgres_with(settings: Settings) -> Option<Backend> {
+        Self::start_postgres(false, settings).await
     }
 
     /// PostgreSQL without the sweeper: every expiry is moved lazily, by the
     /// first request that meets it (`contract_lazy!`).
-    pub async fn postgres_without_sweeper() -> Option<Backend> {
-        Self::postgres_with(true).await
+    pub async fn postgres_without_sweeper(settings: Settings) -> Option<Backend> {
+        Self::start_postgres(true, settings).await
     }
 
-    async fn postgres_with(lazy: bool) -> Option<Backend> {
+    async fn start_postgres(lazy: bool, settings: Settings) -> Option<Backend> {
         let schema = Schema::fresh(pg_harness::database()?);
-        let server = PgServer::start_with(Self::config(&schema, lazy)).await;
+        let server = PgServer::start_with(Self::config(&schema, lazy, settings)).await;
         Some(Backend::Postgres {
             server,
             schema,
             lazy,
+            settings,
         })
     }
 
-    fn config(schema: &Schema, lazy: bool) -> leasehold_server::postgres::PgConfig {
-        if lazy {
+    fn config(schema: &Schema, lazy: bool, settings: Settings) -> PgConfig {
+        settings.pg_config(if lazy {
             schema.config_without_sweeper()
         } else {
             schema.config()
-        }
+        })
     }
 
     pub async fn client(&self) -> LeaseholdClient<Channel> {
@@ -88,13 +142,15 @@ impl Backend {
                 mut server,
                 schema,
                 lazy,
+                settings,
             } => {
                 server.stop().await;
-                let server = PgServer::start_with(Self::config(&schema, lazy)).await;
+                let server = PgServer::start_with(Self::config(&schema, lazy, settings)).await;
                 Backend::Postgres {
                     server,
                     schema,
                     lazy,
+                    settings,
                 }
             }
         }
@@ -147,15 +203,31 @@ impl Backend {
     }
 }
 
-/// Declares each contract test once per backend.
+/// The [`Settings`] of a test declared `with settings` (a function in the
+/// suite), else the defaults; expanded in the suite's `sqlite` and
+/// `postgres` modules, hence `super::`.
+#[macro_export]
+macro_rules! settings_of {
+    () => {
+        super::backends::Settings::default()
+    };
+    ($settings:ident) => {
+        super::$settings()
+    };
+}
+
+/// Declares each contract test once per backend; `a_test with settings`
+/// starts its servers with `settings()` (a function beside the tests
+/// returning [`Settings`]) instead of the defaults.
 #[macro_export]
 macro_rules! contract {
-    ($($name:ident),+ $(,)?) => {
+    ($($name:ident $(with $settings:ident)?),+ $(,)?) => {
         mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::backends::Backend::sqlite().await).await;
+                    let settings = settings_of!($($settings)?);
+                    super::$name(super::backends::Backend::sqlite_with(settings).await).await;
                 }
             )+
         }
@@ -163,7 +235,8 @@ macro_rules! contract {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    if let Some(backend) = super::backends::Backend::postgres().await {
+                    let settings = settings_of!($($settings)?);
+                    if let Some(backend) = super::backends::Backend::postgres_with(settings).await {
                         super::$name(backend).await;
                     }
                 }
@@ -176,12 +249,15 @@ macro_rules! contract {
 /// (`postgres_lazy::<test>`), for behaviour that must not depend on it.
 #[macro_export]
 macro_rules! contract_lazy {
-    ($($name:ident),+ $(,)?) => {
+    ($($name:ident $(with $settings:ident)?),+ $(,)?) => {
         mod postgres_lazy {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    if let Some(backend) = super::backends::Backend::postgres_without_sweeper().await {
+                    let settings = settings_of!($($settings)?);
+                    if let Some(backend) =
+                        super::backends::Backend::postgres_without_sweeper(settings).await
+                    {
                         super::$name(backend).await;
                     }
                 }

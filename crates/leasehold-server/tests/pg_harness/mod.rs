@@ -102,12 +102,10 @@ impl Schema {
     /// so a test can queue waiters in a known order.
     pub async fn in_line(&self, key: &str, n: usize) {
         let db = self.db().await;
-        let count = "SELECT count(*) FROM waiters
-             WHERE key = $1 AND granted_fence IS NULL AND alive_until_ms > now_ms()";
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let queued: i64 = db.query_one(count, &[&key]).await.unwrap().get(0);
-            if queued as usize >= n {
+            let queued = line_len(&db, key).await;
+            if queued >= n {
                 return;
             }
             assert!(
@@ -124,6 +122,15 @@ impl Schema {
         let now: i64 = db.query_one("SELECT now_ms()", &[]).await.unwrap().get(0);
         now as u64
     }
+}
+
+/// How many Acquires are in line for `key` now (alive, not granted), on
+/// `db` (a [`Schema::db`] connection), whichever servers queued them.
+pub async fn line_len(db: &tokio_postgres::Client, key: &str) -> usize {
+    let count = "SELECT count(*) FROM waiters
+         WHERE key = $1 AND granted_fence IS NULL AND alive_until_ms > now_ms()";
+    let queued: i64 = db.query_one(count, &[&key]).await.unwrap().get(0);
+    queued as usize
 }
 
 impl Drop for Schema {
