@@ -75,3 +75,15 @@ async def arecover(lease: AsyncLease, key: str, policy: OnUnsettled) -> None:
         raise UnsettledToolCalls(key, calls)
     for call in calls:
         await lease.settle_tool_call(call.call_id, "unknown", UNKNOWN_RESULT, turn=call.turn)
+
+
+def leasehold_cause(err: BaseException) -> Error | None:
+    """The leasehold error a framework wrapped in its own (the Agents SDK's
+    ``UserError("Error running tool ...")``, say), so that every adapter
+    reports a loss as the same ``leasehold`` exception."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, Error):
+            return seen
+        seen = seen.__cause__
+    return None

@@ -37,7 +37,14 @@ from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
 from .._async import AsyncClient, AsyncLease
 from .._errors import Error
-from .._ownership import UNKNOWN_RESULT, OnUnsettled, Run, UnsettledToolCalls, arecover
+from .._ownership import (
+    UNKNOWN_RESULT,
+    OnUnsettled,
+    Run,
+    UnsettledToolCalls,
+    arecover,
+    leasehold_cause,
+)
 from .._types import ToolCallRequest
 from ..fence import sqlite as sqlite_fence
 
@@ -266,6 +273,11 @@ class _OwnedRunner:
                     user_id=user_id, session_id=session_id, **kwargs
                 ):
                     yield event
+            except Exception as err:
+                cause = leasehold_cause(err)
+                if cause is None or cause is err:
+                    raise
+                raise cause from err
             finally:
                 with contextlib.suppress(ValueError):  # closed from another context
                     _CURRENT.reset(token)

@@ -36,7 +36,14 @@ from agents.tool_context import ToolContext
 
 from .._async import AsyncClient, AsyncLease
 from .._errors import Error
-from .._ownership import UNKNOWN_RESULT, OnUnsettled, Run, UnsettledToolCalls, arecover
+from .._ownership import (
+    UNKNOWN_RESULT,
+    OnUnsettled,
+    Run,
+    UnsettledToolCalls,
+    arecover,
+    leasehold_cause,
+)
 from .._types import ToolCallRequest
 from ..fence import sqlite as sqlite_fence
 
@@ -198,7 +205,13 @@ async def run(
         session, client, ttl=ttl, wait=wait, prefix=prefix, on_unsettled=on_unsettled
     ) as mine:
         hooks = _Gated(mine.run, kwargs.pop("hooks", None))
-        return await Runner.run(starting_agent, input, session=mine, hooks=hooks, **kwargs)
+        try:
+            return await Runner.run(starting_agent, input, session=mine, hooks=hooks, **kwargs)
+        except Exception as err:
+            cause = leasehold_cause(err)
+            if cause is None or cause is err:
+                raise
+            raise cause from err
 
 
 class _Gated(RunHooks[Any]):

@@ -1,0 +1,220 @@
+"""The two-process regression for the OpenAI Agents SDK and Google ADK:
+real worker processes (fw_worker.py) on one session in one SQLite file,
+the first one's tool call held open while the second runs. Without
+leasehold the session is corrupted; with it the second is refused and
+writes nothing, and an owner frozen past its TTL (SIGSTOP) has its late
+writes refused after a takeover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Server, wait_until
+
+HERE = Path(__file__).parent
+
+
+def _spec(tmp_path: Path, framework: str, name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "framework": framework,
+        "name": name,
+        "db": str(tmp_path / "sessions.db"),
+        "effects": str(tmp_path / "effects.db"),
+        "marker": str(tmp_path / f"in-shell-{uuid.uuid4().hex}"),
+        "message": "ls",
+        **extra,
+    }
+
+
+def _spawn(spec: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "fw_worker.py"), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=HERE,
+        env={**os.environ, "PYTHONPATH": str(HERE)},
+    )
+
+
+def _finish(process: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = process.communicate(timeout=60)
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait(10)
+
+
+def _effects(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    with sqlite3.connect(spec["effects"]) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS effects (worker TEXT, tool TEXT, cmd TEXT)")
+        return [(r[0], r[1]) for r in conn.execute("SELECT worker, cmd FROM effects")]
+
+
+def _history(framework: str, db: str) -> list[str]:
+    """The stored session as user / call / output / answer marks."""
+    if framework == "agents":
+        from agents.memory import SQLiteSession
+
+        items = asyncio.run(SQLiteSession("s1", db).get_items())
+        out = []
+        for item in items:
+            if item.get("role") == "user":
+                out.append(f"user:{item['content']}")
+            elif item.get("type") in ("function_call", "function_call_output"):
+                kind = "call" if item["type"] == "function_call" else "output"
+                out.append(f"{kind}:{item['call_id']}")
+            else:
+                out.append("answer")
+        return out
+    from google.adk.sessions.sqlite_session_service import SqliteSessionService
+
+    session = asyncio.run(
+        SqliteSessionService(db).get_session(app_name="app", user_id="u", session_id="s1")
+    )
+    assert session is not None
+    out = []
+    for event in session.events:
+        for part in event.content.parts or [] if event.content else []:
+            if part.function_call is not None:
+                out.append(f"call:{part.function_call.id}")
+            elif part.function_response is not None:
+                out.append(f"output:{part.function_response.id}")
+            elif event.author == "user":
+                out.append(f"user:{part.text}")
+            else:
+                out.append("answer")
+    return out
+
+
+def _prepare(framework: str, tmp_path: Path) -> None:
+    if framework == "adk":
+        from google.adk.sessions.sqlite_session_service import SqliteSessionService
+
+        service = SqliteSessionService(str(tmp_path / "sessions.db"))
+        asyncio.run(service.create_session(app_name="app", user_id="u", session_id="s1"))
+
+
+@pytest.mark.parametrize("framework", ["agents", "adk"])
+def test_without_leasehold_two_processes_corrupt_one_session(
+    framework: str, tmp_path: Path
+) -> None:
+    _prepare(framework, tmp_path)
+    hold = tmp_path / "hold"
+    spec = _spec(tmp_path, framework, "a", hold=str(hold))
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 30)
+        b = _finish(
+            _spawn(
+                {
+                    **spec,
+                    "name": "b",
+                    "message": "cat",
+                    "ids": ["call_b"],
+                    "marker": spec["marker"] + "b",
+                    "hold": None,
+                }
+            )
+        )
+        hold.touch()
+        first = _finish(a)
+    finally:
+        _kill(a)
+    history = _history(framework, spec["db"])
+    # The second process ran its tool while the first one's was running.
+    assert sorted(_effects(spec)) == [("a", "ls"), ("b", "cat")], (first, b)
+    if framework == "agents":
+        # Both turns written into one session at once: no longer whole turns.
+        assert history[:2] == ["user:ls", "user:cat"], history
+    else:
+        # ADK refuses the first run's tool result as stale: the session
+        # keeps a call with no output, which the provider refuses next.
+        assert first["status"] == "StaleSessionError", first
+        assert "call:call_1" in history and "output:call_1" not in history, history
+
+
+@pytest.mark.parametrize("framework", ["agents", "adk"])
+def test_two_processes_one_owner_the_loser_writes_nothing(
+    framework: str, server: Server, tmp_path: Path
+) -> None:
+    _prepare(framework, tmp_path)
+    hold = tmp_path / "hold"
+    spec = _spec(tmp_path, framework, "a", addr=server.address, hold=str(hold))
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 30)
+        before = _history(framework, spec["db"])
+        b = _finish(
+            _spawn(
+                {
+                    **spec,
+                    "name": "b",
+                    "message": "cat",
+                    "ids": ["call_b"],
+                    "marker": spec["marker"] + "b",
+                    "hold": None,
+                }
+            )
+        )
+        assert b["status"] == "Busy", b
+        assert _history(framework, spec["db"]) == before
+        hold.touch()
+        first = _finish(a)
+    finally:
+        _kill(a)
+    assert first["status"] == "ok", first
+    assert _effects(spec) == [("a", "ls")]
+    assert _history(framework, spec["db"]) == ["user:ls", "call:call_1", "output:call_1", "answer"]
+
+
+def test_agents_a_frozen_owner_is_taken_over_and_its_late_writes_refused(
+    server: Server, tmp_path: Path
+) -> None:
+    hold = tmp_path / "hold"
+    spec = _spec(tmp_path, "agents", "a", addr=server.address, hold=str(hold), ttl=1.0)
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 30)
+        a.send_signal(signal.SIGSTOP)
+        # Once A's lease expires, B takes the session over and answers.
+        b = _finish(
+            _spawn(
+                {
+                    **spec,
+                    "name": "b",
+                    "message": "cat",
+                    "ids": ["call_b"],
+                    "marker": spec["marker"] + "b",
+                    "hold": None,
+                    "wait": 20.0,
+                    "ttl": 30.0,
+                }
+            )
+        )
+        assert b["status"] == "ok", b
+        after_b = _history("agents", spec["db"])
+        threading.Timer(0.2, hold.touch).start()
+        a.send_signal(signal.SIGCONT)
+        first = _finish(a)
+    finally:
+        _kill(a)
+    # A's tool finished after the takeover; its result was never written.
+    assert first["status"] == "LeaseLost", first
+    assert _history("agents", spec["db"]) == after_b
+    assert "output:call_1" not in after_b
