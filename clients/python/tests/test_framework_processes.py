@@ -218,3 +218,54 @@ def test_agents_a_frozen_owner_is_taken_over_and_its_late_writes_refused(
     assert first["status"] == "LeaseLost", first
     assert _history("agents", spec["db"]) == after_b
     assert "output:call_1" not in after_b
+
+
+@pytest.mark.parametrize("framework", ["agents", "adk"])
+def test_after_kill_9_exactly_one_recoverer_settles_the_unsettled_call(
+    framework: str, server: Server, tmp_path: Path
+) -> None:
+    import leasehold
+
+    _prepare(framework, tmp_path)
+    spec = _spec(
+        tmp_path, framework, "a", addr=server.address, ttl=1.0, hold=str(tmp_path / "never")
+    )
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 30)
+        a.kill()
+        a.wait(10)
+    finally:
+        _kill(a)
+    recoverers = [
+        _spawn(
+            {
+                **spec,
+                "name": n,
+                "message": m,
+                "ids": [f"call_{n}"],
+                "hold": None,
+                "marker": spec["marker"] + n,
+                "wait": 20.0,
+                "ttl": 30.0,
+            }
+        )
+        for n, m in (("b", "cat"), ("c", "pwd"))
+    ]
+    results = [_finish(p) for p in recoverers]
+    assert [r["status"] for r in results] == ["ok", "ok"], results
+    # A's call never ran again; the first taker (fence 2) settled it as
+    # unknown, once; the other found nothing left to settle.
+    assert sorted(_effects(spec)) == [("b", "cat"), ("c", "pwd")]
+    key = "agents:s1" if framework == "agents" else "adk:app:u:s1"
+    client = leasehold.Client(server.address)
+    try:
+        with client.acquire(key, ttl=5.0) as lease:
+            begun = lease.begin_tool_calls([leasehold.ToolCallRequest("call_1", "shell")])
+        record = begun.calls[0]
+        ends = [(h.owner, h.end) for h in client.history(key).entries]
+    finally:
+        client.close()
+    assert begun.duplicate and record.state == "unknown", record
+    assert record.fence == 1 and record.settled_fence == 2, record
+    assert ends[-1] == ("a", "expired"), ends
