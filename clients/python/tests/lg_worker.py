@@ -51,8 +51,24 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         return f"{name} ran {cmd}"
 
     model = lg_agent.ProviderModel(ids=spec.get("ids"))
-    conn = sqlite3.connect(spec["cp"], check_same_thread=False, timeout=30)
-    saver = SqliteSaver(conn)
+    saver: Any
+    if spec.get("pg_schema"):
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        pg = psycopg.connect(
+            spec["pg_url"],
+            autocommit=True,
+            prepare_threshold=0,
+            row_factory=dict_row,
+            options=f"-c search_path={spec['pg_schema']}",
+        )
+        saver = PostgresSaver(pg)
+        saver.setup()
+    else:
+        conn = sqlite3.connect(spec["cp"], check_same_thread=False, timeout=30)
+        saver = SqliteSaver(conn)
     owned = spec.get("addr") is not None
     node = ToolNode([shell]) if owned else PlainToolNode([shell])
     graph: Any = lg_agent.build(model, node).compile(checkpointer=saver)

@@ -750,3 +750,36 @@ async def test_async_postgres_one_owner_and_a_stale_fence_refused(
         after = await (await conn.execute("SELECT count(*) AS n FROM checkpoints")).fetchone()
         assert after == count
         assert tools.effects == [("shell", "ls"), ("shell", "pwd")]
+
+
+@needs_pg
+def test_postgres_two_worker_processes_one_owner_and_a_frozen_owners_write_refused(
+    server: Server, pg_schema: str, tmp_path: Path
+) -> None:
+    pg = {"pg_url": PG_URL, "pg_schema": pg_schema}
+    hold = tmp_path / "hold"
+    spec = _worker_spec(
+        tmp_path, "a", addr=server.address, ttl=1.0, shell_seconds=0.0, hold=str(hold), **pg
+    )
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 20)
+        busy = _run_worker({**spec, "name": "b", "message": "cat notes", "ids": ["call_b"]})
+        assert busy["status"] == "Busy", busy
+        a.send_signal(signal.SIGSTOP)
+        # Once A's lease expires, C recovers the thread on the same database.
+        c = _run_worker({**spec, "name": "c", "message": None, "wait": 20.0, "ttl": 30.0})
+        assert c["status"] == "ok", c
+        hold.touch()
+        a.send_signal(signal.SIGCONT)
+        ended = json.loads(a.communicate(timeout=30)[0])
+    finally:
+        _kill(a)
+    assert ended["status"] == "LeaseLost", ended
+    assert _effects(spec) == [("a", "shell", "ls")]
+    assert c["detail"][2] == UNKNOWN_RESULT.decode()
+    with _pg(pg_schema) as conn:
+        fences = conn.execute("SELECT key, fence FROM leasehold_fence").fetchall()
+        writes = conn.execute("SELECT blob FROM checkpoint_writes").fetchall()
+    assert fences == [{"key": "langgraph:t1", "fence": 2}]
+    assert not any(b"a ran ls" in bytes(w["blob"]) for w in writes if w["blob"] is not None)
