@@ -64,6 +64,20 @@ def _root_checkpoints(path: Path, thread: str = "t1") -> list[tuple[str, str | N
         conn.close()
 
 
+def _settled(path: Path) -> list[tuple[str, str | None]]:
+    """The thread's checkpoints once the running owner's last save has
+    landed (unchanged for 0.3 s): LangGraph may still be writing the step
+    that started the tool when the tool signals it is running."""
+    rows = _root_checkpoints(path)
+    for _ in range(50):
+        threading.Event().wait(0.3)
+        again = _root_checkpoints(path)
+        if again == rows:
+            return rows
+        rows = again
+    return rows
+
+
 def _forks(rows: list[tuple[str, str | None]]) -> list[str]:
     """Parents with more than one child: the thread forked there, and every
     branch but the newest is unreachable from the thread's head."""
@@ -143,7 +157,7 @@ def test_a_second_process_is_busy_and_never_writes(server: Server, tmp_path: Pat
         a.tools.release_shell.clear()
         first = a.start("ls")
         assert a.tools.in_shell.wait(10)
-        before = _root_checkpoints(cp)
+        before = _settled(cp)
         with pytest.raises(leasehold.Busy) as busy:
             b.graph.invoke({"messages": [("user", "cat notes")]}, THREAD)
         assert busy.value.holder == "a"
@@ -223,7 +237,7 @@ def test_the_database_refuses_a_stale_fence_that_passed_every_check(
         assert head is not None
         newer = a.graph.invoke({"messages": [("user", "pwd")]}, THREAD)  # fence 2 now
         assert newer["messages"][-1].content == "done: ran pwd"
-        before = _root_checkpoints(cp)
+        before = _settled(cp)
         token = SCOPE.set(("langgraph:t1", 1))
         try:
             with pytest.raises(StaleFence) as stale:
@@ -255,7 +269,7 @@ def test_a_write_outside_any_run_takes_the_thread_for_just_that_write(
         first = a.start("pwd")
         assert a.tools.in_shell.wait(10)
         # While A's run owns the thread, B's update_state is refused, unwritten.
-        before = _root_checkpoints(cp)
+        before = _settled(cp)
         with pytest.raises(leasehold.Busy):
             b.graph.update_state(THREAD, {"messages": [AIMessage("edited")]}, as_node="agent")
         with pytest.raises(leasehold.Busy):
@@ -344,7 +358,7 @@ def test_two_worker_processes_one_owner_no_write_of_the_loser(
     a = _spawn(spec)
     try:
         assert wait_until(lambda: Path(spec["marker"]).exists(), 20)
-        before = _root_checkpoints(Path(spec["cp"]))
+        before = _settled(Path(spec["cp"]))
         b = _run_worker({**spec, "name": "b", "message": "cat notes", "ids": ["call_b"]})
         assert b["status"] == "Busy", b
         assert _root_checkpoints(Path(spec["cp"])) == before
@@ -619,7 +633,7 @@ async def test_async_sqlite_one_owner_and_a_stale_fence_refused(
         saver: LeaseholdSaver = ga.checkpointer
         head = await saver.aget_tuple(THREAD)
         assert head is not None
-        before = _root_checkpoints(cp)
+        before = _settled(cp)
         token = SCOPE.set(("langgraph:t1", 1))
         try:
             with pytest.raises(StaleFence):
