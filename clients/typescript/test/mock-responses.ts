@@ -19,7 +19,10 @@ export interface InputItem {
 }
 
 /** What the scripted model answers: text, or one function call. */
-export type ModelReply = { readonly text: string } | { readonly call: { readonly name: string; readonly args: object } };
+export type ModelReply =
+  | { readonly text: string }
+  /** `id`: the call id to use (default: a fresh `call_<n>`), for a model that reuses ids. */
+  | { readonly call: { readonly name: string; readonly args: object; readonly id?: string } };
 
 export interface RecordedRequest {
   /** The `x-session` header the agent sent (its session id), or "". */
@@ -125,7 +128,7 @@ export async function startMockResponses(
         : {
             type: "function_call",
             id: `fc_${n}`,
-            call_id: `call_${n}`,
+            call_id: reply.call.id ?? `call_${n}`,
             name: reply.call.name,
             arguments: JSON.stringify(reply.call.args),
             status: "completed",

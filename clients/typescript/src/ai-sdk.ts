@@ -1,0 +1,195 @@
+// One owner per chat for the AI SDK (`ai` 7): `@leasehold/client/ai-sdk`.
+//
+//   import { generateText } from "@leasehold/client/ai-sdk";   // was: from "ai"
+//   const result = await generateText(client, `chat:${id}`, { model, messages, tools, onFinish });
+//
+// The same arguments as the AI SDK's own `generateText` / `streamText`,
+// after the client and the chat's lease key. The call runs as the chat's
+// owner: the lease is acquired first (a second run of the chat waits up to
+// `waitMs`, then `BusyError`), every step is gated (`prepareStep`), every
+// tool's `execute` goes through the chat's ledger (a call id never runs
+// twice), the run aborts when the lease is lost (its `abortSignal`), and
+// `onFinish` runs after a gate, with `currentLease()` giving the fence for
+// a fenced save (`sqliteFencedWrite`, `pgFencedWrite`). The lease is
+// released when the run finishes, suspended when it fails or is aborted.
+// A `streamText` run keeps its lease until its stream ends, however it is
+// consumed (the response, `consumeStream()` after the request is gone).
+
+import { AsyncLocalStorage } from "node:async_hooks";
+
+import * as ai from "ai";
+import type { ToolSet } from "ai";
+
+import type { AcquireOptions, LeaseholdClient } from "./client.js";
+import { LeaseLostError } from "./errors.js";
+import type { Lease } from "./lease.js";
+
+/** What a call the ledger holds from a lost owner answers the model. */
+export const UNKNOWN_RESULT =
+  "leasehold: this tool call was begun by an earlier owner of the chat, which was lost before it recorded a result; whether it ran is unknown";
+
+const current = new AsyncLocalStorage<Lease>();
+
+/** The lease of the owned run this code runs in (inside tools, `onFinish`, ...). */
+export function currentLease(): Lease {
+  const lease = current.getStore();
+  if (lease === undefined) throw new Error("currentLease(): not inside an owned generateText/streamText run");
+  return lease;
+}
+
+/** How the chat is owned: the lease's TTL and how long to wait for a busy chat. */
+export type OwnOptions = Pick<AcquireOptions, "ttlMs" | "waitMs">;
+
+type GenerateArgs = Parameters<typeof ai.generateText>[0];
+type StreamArgs = Parameters<typeof ai.streamText>[0];
+
+const decoder = new TextDecoder();
+
+/** `tools`, each `execute` through the lease's ledger (by the SDK's toolCallId). */
+export function ledgered<T extends ToolSet>(tools: T, lease: Lease): T {
+  const out: Record<string, unknown> = {};
+  for (const [name, tool] of Object.entries(tools)) {
+    const execute = (tool as { execute?: (input: unknown, options: { toolCallId: string; abortSignal?: AbortSignal }) => unknown }).execute;
+    if (execute === undefined) {
+      out[name] = tool;
+      continue;
+    }
+    out[name] = {
+      ...tool,
+      execute: async (input: unknown, options: { toolCallId: string; abortSignal?: AbortSignal }) => {
+        const [result] = await lease.runToolCalls([{ callId: options.toolCallId, name }], async (invocation) => {
+          const signal =
+            options.abortSignal === undefined ? invocation.signal : AbortSignal.any([options.abortSignal, invocation.signal]);
+          const value = await execute(input, { ...options, abortSignal: signal });
+          return JSON.stringify(value ?? null);
+        });
+        const outcome = result?.outcome;
+        if (outcome === undefined || outcome.state === "running") {
+          return "leasehold: this tool call is already running; it was not started again";
+        }
+        if (outcome.state === "unknown") return UNKNOWN_RESULT;
+        const text = decoder.decode(outcome.result);
+        if (outcome.state === "failed") throw new Error(text);
+        return JSON.parse(text) as unknown;
+      },
+    };
+  }
+  return out as T;
+}
+
+/** The run's own arguments, changed to run as the lease's owner. */
+function owning<A extends GenerateArgs | StreamArgs>(args: A, lease: Lease): A {
+  const prepareStep = args.prepareStep;
+  const onFinish = args.onFinish as ((event: unknown) => unknown) | undefined;
+  const signal = args.abortSignal === undefined ? lease.signal : AbortSignal.any([args.abortSignal, lease.signal]);
+  return {
+    ...args,
+    tools: args.tools === undefined ? undefined : ledgered(args.tools, lease),
+    abortSignal: signal,
+    prepareStep: async (options: Parameters<NonNullable<typeof prepareStep>>[0]) => {
+      await lease.gate();
+      return prepareStep === undefined ? undefined : prepareStep(options as never);
+    },
+    onFinish:
+      onFinish === undefined
+        ? undefined
+        : async (event: unknown) => {
+            await lease.gate();
+            await onFinish(event);
+          },
+  } as A;
+}
+
+async function takeover(lease: Lease): Promise<void> {
+  if (lease.unsettledToolCalls === 0) return;
+  for (const call of await lease.listToolCalls({ unsettled: true })) {
+    await lease.settleToolCall(call.callId, { state: "unknown" }, { turn: call.turn });
+  }
+}
+
+/**
+ * The AI SDK's `generateText`, as the owner of `key`. A chat taken over from
+ * a lost owner first has the calls it left running settled as unknown.
+ * @throws BusyError (another run owns the chat), LeaseLostError (lost mid-run), and whatever generateText throws.
+ */
+export async function generateText(
+  client: LeaseholdClient,
+  key: string,
+  args: GenerateArgs,
+  options: OwnOptions = {},
+): Promise<Awaited<ReturnType<typeof ai.generateText>>> {
+  const lease = await client.acquire(key, options);
+  return current.run(lease, async () => {
+    try {
+      await takeover(lease);
+      const result = await ai.generateText(owning(args, lease));
+      await lease.release();
+      return result;
+    } catch (err) {
+      await lease.suspend().catch(() => undefined);
+      throw lease.lossReason !== undefined && !(err instanceof LeaseLostError) ? await lostInstead(lease, err) : err;
+    }
+  });
+}
+
+/** A run aborted by the lease's loss reports the loss, not the abort. */
+async function lostInstead(lease: Lease, err: unknown): Promise<unknown> {
+  try {
+    await lease.verify();
+  } catch (lost) {
+    return lost;
+  }
+  return err;
+}
+
+/**
+ * The AI SDK's `streamText`, as the owner of `key`: the lease is held until
+ * the stream ends (finished: released; errored or aborted: suspended).
+ * @throws BusyError before the stream starts when another run owns the chat.
+ */
+export async function streamText(
+  client: LeaseholdClient,
+  key: string,
+  args: StreamArgs,
+  options: OwnOptions = {},
+): Promise<ReturnType<typeof ai.streamText>> {
+  const lease = await client.acquire(key, options);
+  return current.run(lease, async () => {
+    try {
+      await takeover(lease);
+    } catch (err) {
+      await lease.suspend().catch(() => undefined);
+      throw err;
+    }
+    const owned = owning(args, lease);
+    let ended = false;
+    const end = (suspend: boolean): void => {
+      if (ended) return;
+      ended = true;
+      void (suspend ? lease.suspend() : lease.release()).catch(() => undefined);
+    };
+    const onFinish = owned.onFinish as ((event: unknown) => Promise<void>) | undefined;
+    const onError = args.onError as ((event: { error: unknown }) => unknown) | undefined;
+    const onAbort = args.onAbort as ((event: unknown) => unknown) | undefined;
+    return ai.streamText({
+      ...owned,
+      onFinish: async (event: unknown) => {
+        try {
+          if (onFinish !== undefined) await onFinish(event);
+          end(false);
+        } catch (err) {
+          end(true);
+          throw err;
+        }
+      },
+      onError: async (event: { error: unknown }) => {
+        end(true);
+        if (onError !== undefined) await onError(event);
+      },
+      onAbort: async (event: unknown) => {
+        end(true);
+        if (onAbort !== undefined) await onAbort(event);
+      },
+    } as StreamArgs);
+  });
+}
