@@ -1,0 +1,301 @@
+// One owner per LangGraph.js thread: `@leasehold/client/langgraph`.
+//
+//   import { own } from "@leasehold/client/langgraph";
+//   const graph = own(builder.compile({ checkpointer: SqliteSaver.fromConnString("cp.db") }), lh);
+//
+// The same rules as the Python adapter (docs/langgraph.md): a run (`invoke`,
+// `stream`) holds the lease `langgraph:<thread_id>` from before it reads the
+// thread until its stream ends (released; suspended when it fails or is
+// cancelled); a second run of the thread waits up to `waitMs`, then
+// `BusyError`, and never writes; every checkpoint write checks the lease
+// locally, then for `SqliteSaver` (@langchain/langgraph-checkpoint-sqlite)
+// advances the fence in the write's own transaction (`leasehold_fence`, the
+// SQL of `sqliteFencedWrite`), and for any other saver runs `lease.gate()`
+// right before the write. A write outside any run (`updateState`,
+// `deleteThread`) takes the thread's lease for just that write.
+
+import { AsyncLocalStorage } from "node:async_hooks";
+
+import type { RunnableConfig } from "@langchain/core/runnables";
+import {
+  BaseCheckpointSaver,
+  type ChannelVersions,
+  type Checkpoint,
+  type CheckpointListOptions,
+  type CheckpointMetadata,
+  type CheckpointTuple,
+  type PendingWrite,
+} from "@langchain/langgraph-checkpoint";
+
+import type { AcquireOptions, LeaseholdClient } from "./client.js";
+import { SQLITE_ADVANCE, SQLITE_CREATE_TABLE } from "./fence.js";
+import type { Lease } from "./lease.js";
+
+/** The configurable entry that carries a run's lease to its writes. */
+export const RUN = "__leasehold_run";
+
+interface Run {
+  readonly key: string;
+  readonly lease: Lease;
+}
+
+export interface OwnOptions extends Pick<AcquireOptions, "ttlMs" | "waitMs"> {
+  /** The lease key is `prefix + thread_id` (default `"langgraph:"`). */
+  readonly prefix?: string;
+}
+
+/** Thrown when a fenced write finds a newer owner's fence in the database. */
+export class StaleFenceError extends Error {
+  constructor(readonly key: string, readonly fence: bigint) {
+    super(`fence ${fence} for key ${JSON.stringify(key)} is stale: a newer owner has written`);
+    this.name = "StaleFenceError";
+  }
+}
+
+/** The (key, fence) of the write in progress, for the fenced SQLite handle. */
+const scope = new AsyncLocalStorage<{ key: string; fence: bigint }>();
+
+/**
+ * Runs `work` as a write presenting `fence` for `key` (what the saver does
+ * around each inner write of a fenced saver): exported for tests that
+ * present a stale fence past every local check.
+ */
+export function withFence<T>(key: string, fence: bigint, work: () => T): T {
+  return scope.run({ key, fence }, work);
+}
+
+function runOf(config: RunnableConfig | undefined): Run | undefined {
+  const found = (config?.configurable as Record<string, unknown> | undefined)?.[RUN];
+  return found !== null && typeof found === "object" && "lease" in found ? (found as Run) : undefined;
+}
+
+interface SqliteDb {
+  prepare(sql: string): { run(...args: unknown[]): { changes: number } };
+  exec(sql: string): unknown;
+  transaction<F extends (...args: never[]) => unknown>(fn: F): F;
+  readonly inTransaction: boolean;
+}
+
+/**
+ * A better-sqlite3 handle whose writes, inside a fenced scope, run in one
+ * `BEGIN IMMEDIATE` transaction that first advances the fence. The saver's
+ * statements are synchronous, so nothing else on the connection can run
+ * between the fence and the write.
+ */
+function fencedDb(db: SqliteDb): SqliteDb {
+  let installed = false;
+  const fenced = <T>(work: () => T): T => {
+    const current = scope.getStore();
+    if (current === undefined || db.inTransaction) return work();
+    if (!installed) {
+      db.exec(SQLITE_CREATE_TABLE);
+      installed = true;
+    }
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const advanced = db.prepare(SQLITE_ADVANCE).run({ key: current.key, fence: current.fence });
+      if (advanced.changes !== 1) throw new StaleFenceError(current.key, current.fence);
+      const out = work();
+      db.exec("COMMIT");
+      return out;
+    } catch (err) {
+      if (db.inTransaction) db.exec("ROLLBACK");
+      throw err;
+    }
+  };
+  return new Proxy(db, {
+    get(target, prop, receiver) {
+      if (prop === "prepare") {
+        return (sql: string) => {
+          const stmt = target.prepare(sql);
+          if (!/^\s*(INSERT|DELETE|UPDATE)/i.test(sql)) return stmt;
+          return new Proxy(stmt, {
+            get(s, p) {
+              const value = Reflect.get(s, p, s) as unknown;
+              if (p === "run" && typeof value === "function") {
+                return (...args: unknown[]) => fenced(() => (value as (...a: unknown[]) => unknown).apply(s, args));
+              }
+              return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(s) : value;
+            },
+          });
+        };
+      }
+      if (prop === "transaction") {
+        return <F extends (...args: never[]) => unknown>(fn: F): F => {
+          const tx = target.transaction(fn);
+          return ((...args: Parameters<F>) => fenced(() => tx(...args))) as F;
+        };
+      }
+      const value = Reflect.get(target, prop, receiver) as unknown;
+      return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+}
+
+/** A saver the database can fence, adopted as a copy on a fenced handle; or undefined. */
+function adopt(inner: BaseCheckpointSaver): BaseCheckpointSaver | undefined {
+  if (inner.constructor.name !== "SqliteSaver") return undefined;
+  const db = (inner as unknown as { db?: SqliteDb }).db;
+  if (db === undefined) return undefined;
+  const copy = Object.create(Object.getPrototypeOf(inner) as object) as BaseCheckpointSaver;
+  Object.assign(copy, inner);
+  (copy as unknown as { db: SqliteDb }).db = fencedDb(db);
+  return copy;
+}
+
+/** Every write of a thread under that thread's lease; reads pass through. */
+export class LeaseholdSaver extends BaseCheckpointSaver {
+  readonly inner: BaseCheckpointSaver;
+  readonly fencedInTransaction: boolean;
+
+  constructor(
+    inner: BaseCheckpointSaver,
+    readonly client: LeaseholdClient,
+    readonly options: OwnOptions = {},
+  ) {
+    super(inner.serde);
+    const adopted = adopt(inner);
+    this.inner = adopted ?? inner;
+    this.fencedInTransaction = adopted !== undefined;
+  }
+
+  key(threadId: string): string {
+    return `${this.options.prefix ?? "langgraph:"}${threadId}`;
+  }
+
+  getTuple(config: RunnableConfig): Promise<CheckpointTuple | undefined> {
+    return this.inner.getTuple(config);
+  }
+
+  list(config: RunnableConfig, options?: CheckpointListOptions): AsyncGenerator<CheckpointTuple> {
+    return this.inner.list(config, options);
+  }
+
+  override getNextVersion(current: number | undefined): number {
+    return this.inner.getNextVersion(current);
+  }
+
+  /** Records the run's fence before it reads the thread (SqliteSaver). */
+  async claim(run: Run): Promise<void> {
+    if (!this.fencedInTransaction) return;
+    const db = (this.inner as unknown as { db: SqliteDb }).db;
+    (this.inner as unknown as { setup?: () => void }).setup?.();
+    await scope.run({ key: run.key, fence: run.lease.fence }, async () => {
+      db.transaction(() => undefined)();
+    });
+  }
+
+  async #write<T>(threadId: string, config: RunnableConfig | undefined, op: () => Promise<T>): Promise<T> {
+    const key = this.key(threadId);
+    const run = runOf(config);
+    if (run !== undefined && run.key === key) return this.#fenced(run, op);
+    const lease = await this.client.acquire(key, { ttlMs: this.options.ttlMs, waitMs: this.options.waitMs });
+    try {
+      return await this.#fenced({ key, lease }, op);
+    } finally {
+      await lease.release().catch(() => undefined);
+    }
+  }
+
+  async #fenced<T>(run: Run, op: () => Promise<T>): Promise<T> {
+    if (!run.lease.isValid()) await run.lease.verify(); // throws the loss
+    if (this.fencedInTransaction) return scope.run({ key: run.key, fence: run.lease.fence }, op);
+    await run.lease.gate();
+    return op();
+  }
+
+  put(
+    config: RunnableConfig,
+    checkpoint: Checkpoint,
+    metadata: CheckpointMetadata,
+    newVersions: ChannelVersions,
+  ): Promise<RunnableConfig> {
+    const thread = String(config.configurable?.thread_id);
+    return this.#write(thread, config, () => this.inner.put(config, checkpoint, metadata, newVersions));
+  }
+
+  putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string): Promise<void> {
+    const thread = String(config.configurable?.thread_id);
+    return this.#write(thread, config, () => this.inner.putWrites(config, writes, taskId));
+  }
+
+  deleteThread(threadId: string): Promise<void> {
+    return this.#write(threadId, undefined, () => this.inner.deleteThread(threadId));
+  }
+}
+
+interface Streaming {
+  checkpointer?: unknown;
+  stream(input: unknown, options?: Record<string, unknown>): Promise<AsyncIterable<unknown>>;
+}
+
+/**
+ * The same compiled graph, whose runs own their thread (the graph is changed
+ * in place and returned: its checkpointer is wrapped and `stream`, which
+ * `invoke` goes through, holds the lease).
+ */
+export function own<G extends Streaming>(graph: G, client: LeaseholdClient, options: OwnOptions = {}): G {
+  const inner = graph.checkpointer;
+  if (!(inner instanceof BaseCheckpointSaver)) {
+    throw new TypeError("own() needs a graph compiled with a checkpointer: builder.compile({ checkpointer })");
+  }
+  if (inner instanceof LeaseholdSaver) throw new TypeError("this graph is already owned");
+  const saver = new LeaseholdSaver(inner, client, options);
+  graph.checkpointer = saver;
+  const stream = graph.stream.bind(graph);
+  graph.stream = async (input: unknown, streamOptions: Record<string, unknown> = {}) => {
+    const configurable = (streamOptions.configurable ?? {}) as Record<string, unknown>;
+    const thread = configurable.thread_id;
+    const present = runOf(streamOptions as RunnableConfig);
+    if (thread === undefined || (present !== undefined && present.key === saver.key(String(thread)))) {
+      return stream(input, streamOptions);
+    }
+    const key = saver.key(String(thread));
+    const lease = await client.acquire(key, { ttlMs: options.ttlMs, waitMs: options.waitMs });
+    let inner: AsyncIterable<unknown>;
+    try {
+      await takeover(lease);
+      const run: Run = { key, lease };
+      await saver.claim(run);
+      inner = await stream(input, { ...streamOptions, configurable: { ...configurable, [RUN]: run } });
+    } catch (err) {
+      await lease.suspend().catch(() => undefined);
+      throw err;
+    }
+    return toStream(held(inner, lease));
+  };
+  return graph;
+}
+
+/** A ReadableStream (async-iterable, as LangGraph's own) of a generator's values. */
+function toStream(gen: AsyncGenerator<unknown>): AsyncIterable<unknown> {
+  const stream = new ReadableStream<unknown>({
+    async pull(controller) {
+      const next = await gen.next();
+      if (next.done === true) controller.close();
+      else controller.enqueue(next.value);
+    },
+    async cancel() {
+      await gen.return(undefined);
+    },
+  });
+  return stream as unknown as AsyncIterable<unknown>;
+}
+
+/** The run's chunks; the lease released when they end, suspended on an error or an early stop. */
+async function* held(chunks: AsyncIterable<unknown>, lease: Lease): AsyncGenerator<unknown> {
+  let finished = false;
+  try {
+    for await (const chunk of chunks) yield chunk;
+    finished = true;
+  } finally {
+    await (finished ? lease.release() : lease.suspend()).catch(() => undefined);
+  }
+}
+
+async function takeover(lease: Lease): Promise<void> {
+  if (lease.unsettledToolCalls === 0) return;
+  for (const call of await lease.listToolCalls({ unsettled: true })) {
+    await lease.settleToolCall(call.callId, { state: "unknown" }, { turn: call.turn });
+  }
+}
