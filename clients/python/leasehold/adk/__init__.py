@@ -46,6 +46,7 @@ from .._ownership import (
     leasehold_cause,
 )
 from .._types import ToolCallRequest
+from ..fence import StaleFence
 from ..fence import sqlite as sqlite_fence
 
 __all__ = ["UNKNOWN_RESULT", "NotOwned", "OwnedSessionService", "UnsettledToolCalls", "own"]
@@ -157,8 +158,6 @@ class _FencedSqliteSessionService(SqliteSessionService):
                 if cur.rowcount != 1:
                     await db.rollback()
                     row = await (await db.execute(sqlite_fence.HIGHEST, {"key": key})).fetchone()
-                    from ..fence import StaleFence
-
                     raise StaleFence(key, fence, 0 if row is None else int(row[0]))
             yield db
 

@@ -22,6 +22,7 @@ ledger, so a call id is never run twice. See ``docs/agents.md``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -112,13 +113,7 @@ class OwnedSession(SessionABC):
         so an earlier owner's late write is refused from now on."""
         if self.fenced_in_transaction:
             self.run.check()
-            await _to_thread(self.inner._leasehold_claim)
-
-
-async def _to_thread(fn: Any) -> Any:
-    import asyncio
-
-    return await asyncio.to_thread(fn)
+            await asyncio.to_thread(self.inner._leasehold_claim)
 
 
 def _fenced(inner: Any, run: Run) -> Any | None:
