@@ -3,13 +3,16 @@ takeover does with the tool calls a lost owner left unsettled."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ._async import AsyncLease
 from ._errors import Error
 from ._sync import Lease
-from ._types import ToolCallRecord
+from ._types import ToolCallRecord, ToolCallRequest
 
 #: What a recovered thread's unsettled tool calls are settled with.
 UNKNOWN_RESULT = (
@@ -87,3 +90,78 @@ def leasehold_cause(err: BaseException) -> Error | None:
             return seen
         seen = seen.__cause__
     return None
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A ledgered call that did not run: the ledger already held its id
+    (``record.state`` says with what: succeeded, failed, unknown, or still
+    running elsewhere)."""
+
+    record: ToolCallRecord
+
+
+#: How a call's result is kept in the ledger: (outcome, result bytes).
+Keep = Callable[[Any], tuple[str, bytes]]
+
+
+def digest(args: object) -> str:
+    """The input digest stored with a call: sha256 of its arguments as JSON."""
+    text = args if isinstance(args, str) else json.dumps(args, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def ledgered_call(
+    lease: Lease,
+    call: ToolCallRequest,
+    run: Callable[[], Any],
+    keep: Keep,
+    unknown_on: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """One tool call through the ledger: registered before ``run`` runs, and
+    not run at all (``Replayed``) when its id was begun before; settled with
+    ``keep(result)``, as failed when ``run`` raises, as unknown when it
+    raises one of ``unknown_on`` (a framework's own control flow)."""
+    begun = lease.begin_tool_calls([call])
+    if begun.duplicate:
+        return Replayed(begun.calls[0])
+    try:
+        result = run()
+    except unknown_on:
+        lease.settle_tool_call(call.call_id, "unknown", b"interrupted")
+        raise
+    except Exception as err:
+        lease.settle_tool_call(call.call_id, "failed", repr(err).encode())
+        raise
+    outcome, body = keep(result)
+    lease.settle_tool_call(call.call_id, outcome, body)
+    return result
+
+
+async def aledgered_call(
+    lease: AsyncLease,
+    call: ToolCallRequest,
+    run: Callable[[], Awaitable[Any]],
+    keep: Keep,
+    unknown_on: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """:func:`ledgered_call` for an ``AsyncLease``."""
+    begun = await lease.begin_tool_calls([call])
+    if begun.duplicate:
+        return Replayed(begun.calls[0])
+    try:
+        result = await run()
+    except unknown_on:
+        await lease.settle_tool_call(call.call_id, "unknown", b"interrupted")
+        raise
+    except Exception as err:
+        await lease.settle_tool_call(call.call_id, "failed", repr(err).encode())
+        raise
+    outcome, body = keep(result)
+    await lease.settle_tool_call(call.call_id, outcome, body)
+    return result
+
+
+def keep_json(result: Any) -> tuple[str, bytes]:
+    """Keeps a result as JSON, as succeeded."""
+    return "succeeded", json.dumps(result, default=str).encode()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,6 +42,7 @@ from .._ownership import (
     Run,
     UnsettledToolCalls,
     arecover,
+    digest,
     leasehold_cause,
 )
 from .._types import ToolCallRequest
@@ -185,11 +185,10 @@ class _Ledger(BasePlugin):
         self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any
     ) -> dict[str, Any] | None:
         lease = self._lease()
-        digest = hashlib.sha256(json.dumps(tool_args, sort_keys=True, default=str).encode())
         call = ToolCallRequest(
             call_id=str(tool_context.function_call_id),
             name=tool.name,
-            input_digest="sha256:" + digest.hexdigest(),
+            input_digest=digest(tool_args),
         )
         begun = await lease.begin_tool_calls([call])
         if not begun.duplicate:

@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -40,9 +39,12 @@ from .._errors import Error
 from .._ownership import (
     UNKNOWN_RESULT,
     OnUnsettled,
+    Replayed,
     Run,
     UnsettledToolCalls,
+    aledgered_call,
     arecover,
+    digest,
     leasehold_cause,
 )
 from .._types import ToolCallRequest
@@ -259,22 +261,15 @@ def ledgered(tool: FunctionTool) -> FunctionTool:
         lease = current.lease
         assert isinstance(lease, AsyncLease)
         call = ToolCallRequest(
-            call_id=ctx.tool_call_id,
-            name=tool.name,
-            input_digest="sha256:" + hashlib.sha256(arguments.encode()).hexdigest(),
+            call_id=ctx.tool_call_id, name=tool.name, input_digest=digest(arguments)
         )
-        begun = await lease.begin_tool_calls([call])
-        if begun.duplicate:
-            record = begun.calls[0]
-            if record.state == "running":
-                return "leasehold: this tool call is already running; it was not started again"
-            return record.result.decode(errors="replace")
-        try:
-            result = await invoke(ctx, arguments)
-        except Exception as err:
-            await lease.settle_tool_call(call.call_id, "failed", repr(err).encode())
-            raise
-        await lease.settle_tool_call(call.call_id, "succeeded", str(result).encode())
-        return result
+        result = await aledgered_call(
+            lease, call, lambda: invoke(ctx, arguments), lambda r: ("succeeded", str(r).encode())
+        )
+        if not isinstance(result, Replayed):
+            return result
+        if result.record.state == "running":
+            return "leasehold: this tool call is already running; it was not started again"
+        return result.record.result.decode(errors="replace")
 
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)

@@ -10,7 +10,6 @@ outcome nobody recorded, an error message that says so, for the model).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -22,6 +21,7 @@ from langgraph.prebuilt.tool_node import ToolCallRequest as _Request
 from langgraph.types import Command
 
 from .._async import AsyncLease
+from .._ownership import Replayed, aledgered_call, digest, ledgered_call
 from .._sync import Lease
 from .._types import ToolCallRecord, ToolCallRequest
 from ._fenced import NotOwned
@@ -48,11 +48,8 @@ def _lease(request: _Request) -> Lease | AsyncLease:
 
 def _call(request: _Request) -> ToolCallRequest:
     call = request.tool_call
-    args = json.dumps(call.get("args", {}), sort_keys=True, default=str)
     return ToolCallRequest(
-        call_id=str(call["id"]),
-        name=str(call["name"]),
-        input_digest="sha256:" + hashlib.sha256(args.encode()).hexdigest(),
+        call_id=str(call["id"]), name=str(call["name"]), input_digest=digest(call.get("args", {}))
     )
 
 
@@ -85,23 +82,13 @@ def wrap_tool_call(request: _Request, execute: Callable[[_Request], Result]) -> 
     lease = _lease(request)
     if not isinstance(lease, Lease):
         raise TypeError("a synchronous tool call inside an async run: use awrap_tool_call")
-    call = _call(request)
-    begun = lease.begin_tool_calls([call])
-    if begun.duplicate:
-        return _replayed(begun.calls[0], request)
-    try:
-        result = execute(request)
-    except GraphBubbleUp:
-        # interrupt() inside a ledgered tool: the tool runs again on resume
-        # with the same id, which the ledger would refuse; say so plainly.
-        lease.settle_tool_call(call.call_id, "unknown", b"interrupted")
-        raise
-    except Exception as err:
-        lease.settle_tool_call(call.call_id, "failed", repr(err).encode())
-        raise
-    outcome, stored = _stored(result)
-    lease.settle_tool_call(call.call_id, outcome, stored)
-    return result
+    # interrupt() inside a ledgered tool (GraphBubbleUp) settles the call as
+    # unknown: on resume the tool would run again with the same id, which
+    # the ledger refuses; see the docs.
+    result = ledgered_call(
+        lease, _call(request), lambda: execute(request), _stored, unknown_on=(GraphBubbleUp,)
+    )
+    return _replayed(result.record, request) if isinstance(result, Replayed) else result
 
 
 async def awrap_tool_call(
@@ -111,21 +98,10 @@ async def awrap_tool_call(
     lease = _lease(request)
     if not isinstance(lease, AsyncLease):
         raise TypeError("an async tool call inside a synchronous run: use wrap_tool_call")
-    call = _call(request)
-    begun = await lease.begin_tool_calls([call])
-    if begun.duplicate:
-        return _replayed(begun.calls[0], request)
-    try:
-        result = await execute(request)
-    except GraphBubbleUp:
-        await lease.settle_tool_call(call.call_id, "unknown", b"interrupted")
-        raise
-    except Exception as err:
-        await lease.settle_tool_call(call.call_id, "failed", repr(err).encode())
-        raise
-    outcome, stored = _stored(result)
-    await lease.settle_tool_call(call.call_id, outcome, stored)
-    return result
+    result = await aledgered_call(
+        lease, _call(request), lambda: execute(request), _stored, unknown_on=(GraphBubbleUp,)
+    )
+    return _replayed(result.record, request) if isinstance(result, Replayed) else result
 
 
 class ToolNode(_ToolNode):

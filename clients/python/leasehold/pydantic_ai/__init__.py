@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import hashlib
 import json
 from typing import Any
 
@@ -33,7 +32,17 @@ from pydantic_ai.toolsets.wrapper import WrapperToolset
 
 from .._async import AsyncClient, AsyncLease
 from .._errors import Error
-from .._ownership import UNKNOWN_RESULT, OnUnsettled, Run, UnsettledToolCalls, arecover
+from .._ownership import (
+    UNKNOWN_RESULT,
+    OnUnsettled,
+    Replayed,
+    Run,
+    UnsettledToolCalls,
+    aledgered_call,
+    arecover,
+    digest,
+    keep_json,
+)
 from .._types import ToolCallRequest
 
 __all__ = ["UNKNOWN_RESULT", "LedgerToolset", "NotOwned", "UnsettledToolCalls", "ledgered", "run"]
@@ -69,29 +78,23 @@ class LedgerToolset(WrapperToolset[Any]):
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
         lease = _lease()
-        digest = hashlib.sha256(json.dumps(tool_args, sort_keys=True, default=str).encode())
         call = ToolCallRequest(
-            call_id=str(ctx.tool_call_id),
-            name=name,
-            input_digest="sha256:" + digest.hexdigest(),
+            call_id=str(ctx.tool_call_id), name=name, input_digest=digest(tool_args)
         )
-        begun = await lease.begin_tool_calls([call])
-        if begun.duplicate:
-            record = begun.calls[0]
-            if record.state == "running":
-                return "leasehold: this tool call is already running; it was not started again"
-            try:
-                return json.loads(record.result.decode())
-            except ValueError:
-                return record.result.decode(errors="replace")
+        result = await aledgered_call(
+            lease,
+            call,
+            lambda: super(LedgerToolset, self).call_tool(name, tool_args, ctx, tool),
+            keep_json,
+        )
+        if not isinstance(result, Replayed):
+            return result
+        if result.record.state == "running":
+            return "leasehold: this tool call is already running; it was not started again"
         try:
-            result = await super().call_tool(name, tool_args, ctx, tool)
-        except Exception as err:
-            await lease.settle_tool_call(call.call_id, "failed", repr(err).encode())
-            raise
-        body = json.dumps(result, default=str).encode()
-        await lease.settle_tool_call(call.call_id, "succeeded", body)
-        return result
+            return json.loads(result.record.result.decode())
+        except ValueError:
+            return result.record.result.decode(errors="replace")
 
 
 def ledgered(toolset: Any) -> LedgerToolset:
