@@ -3,14 +3,18 @@ port with a temporary database, found through $LEASEHOLD_BIN."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sqlite3
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,3 +142,42 @@ def pg_schema() -> Iterator[str]:
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as admin:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+# -- worker processes (lg_worker.py, fw_worker.py) ----------------------------
+
+TESTS = Path(__file__).parent
+
+
+def spawn_worker(script: str, spec: dict[str, object]) -> subprocess.Popen[str]:
+    """Starts ``tests/<script>`` with ``spec`` (JSON); its one stdout line is
+    how it ended."""
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / script), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=TESTS,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+
+
+def finish_worker(process: subprocess.Popen[str]) -> dict[str, Any]:
+    """Waits for a worker and returns what it printed."""
+    out, _ = process.communicate(timeout=60)
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def kill_worker(process: subprocess.Popen[str]) -> None:
+    """Kills a worker still running (resumed first if it was stopped)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait(10)
+
+
+def worker_effects(path: str) -> list[tuple[str, str, str]]:
+    """The tool runs the workers recorded: (worker, tool, argument)."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS effects (worker TEXT, tool TEXT, cmd TEXT)")
+        return [(r[0], r[1], r[2]) for r in conn.execute("SELECT worker, tool, cmd FROM effects")]

@@ -8,19 +8,15 @@ writes refused after a takeover."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
-import sqlite3
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server, wait_until
+from conftest import Server, finish_worker, kill_worker, spawn_worker, wait_until, worker_effects
 
 HERE = Path(__file__).parent
 
@@ -38,32 +34,15 @@ def _spec(tmp_path: Path, framework: str, name: str, **extra: Any) -> dict[str, 
 
 
 def _spawn(spec: dict[str, Any]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "fw_worker.py"), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=HERE,
-        env={**os.environ, "PYTHONPATH": str(HERE)},
-    )
+    return spawn_worker("fw_worker.py", spec)
 
 
-def _finish(process: subprocess.Popen[str]) -> dict[str, Any]:
-    out, _ = process.communicate(timeout=60)
-    result: dict[str, Any] = json.loads(out)
-    return result
-
-
-def _kill(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGCONT)
-        process.kill()
-        process.wait(10)
+_finish = finish_worker
+_kill = kill_worker
 
 
 def _effects(spec: dict[str, Any]) -> list[tuple[str, str]]:
-    with sqlite3.connect(spec["effects"]) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS effects (worker TEXT, tool TEXT, cmd TEXT)")
-        return [(r[0], r[1]) for r in conn.execute("SELECT worker, cmd FROM effects")]
+    return [(worker, cmd) for worker, _, cmd in worker_effects(spec["effects"])]
 
 
 def _history(framework: str, db: str) -> list[str]:

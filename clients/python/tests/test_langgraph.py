@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -25,7 +23,16 @@ from typing import Any
 
 import lg_agent
 import pytest
-from conftest import PG_URL, Server, needs_pg, wait_until
+from conftest import (
+    PG_URL,
+    Server,
+    finish_worker,
+    kill_worker,
+    needs_pg,
+    spawn_worker,
+    wait_until,
+    worker_effects,
+)
 from langchain_core.messages import AIMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -521,34 +528,18 @@ def _worker_spec(tmp_path: Path, name: str, **extra: Any) -> dict[str, Any]:
 
 
 def _spawn(spec: dict[str, Any]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "lg_worker.py"), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=HERE,
-        env={**os.environ, "PYTHONPATH": str(HERE)},
-    )
+    return spawn_worker("lg_worker.py", spec)
 
 
 def _run_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    spec = {**spec, "marker": spec["marker"] + "-b"}
-    process = _spawn(spec)
-    out, _ = process.communicate(timeout=60)
-    result: dict[str, Any] = json.loads(out)
-    return result
+    return finish_worker(_spawn({**spec, "marker": spec["marker"] + "-b"}))
 
 
-def _kill(process: subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGCONT)
-        process.kill()
-        process.wait(10)
+_kill = kill_worker
 
 
 def _effects(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
-    with sqlite3.connect(spec["effects"]) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS effects (worker TEXT, tool TEXT, cmd TEXT)")
-        return [tuple(r) for r in conn.execute("SELECT worker, tool, cmd FROM effects")]
+    return worker_effects(spec["effects"])
 
 
 # -- other savers, and async ---------------------------------------------------
