@@ -1,0 +1,50 @@
+"""leasehold.testing: the throwaway server users' own tests start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import leasehold
+import leasehold.testing
+from leasehold.testing import leasehold_server  # noqa: F401  (the fixture, as a user imports it)
+
+
+def test_the_fixture_serves_a_real_server(leasehold_server: leasehold.testing.TestServer) -> None:  # noqa: F811
+    assert leasehold_server.address.startswith("127.0.0.1:")
+    with leasehold.Client(leasehold_server.address) as client:
+        with client.acquire("k", ttl=5.0) as lease:
+            assert lease.fence >= 1
+    assert leasehold_server.db.exists()
+
+
+def test_the_server_is_stopped_and_its_database_removed_after_the_block() -> None:
+    with leasehold.testing.server() as srv:
+        db = srv.db
+        with leasehold.Client(srv.address) as client:
+            client.acquire("k", ttl=5.0).release()
+    assert srv.process.poll() is not None
+    assert not db.exists()
+
+
+def test_without_a_binary_it_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("LEASEHOLD_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(leasehold.testing.NoServerBinary, match="set LEASEHOLD_BIN"):
+        with leasehold.testing.server():
+            pass
+    monkeypatch.setenv("LEASEHOLD_BIN", str(tmp_path / "missing"))
+    with pytest.raises(leasehold.testing.NoServerBinary, match="not an executable"):
+        leasehold.testing.find_binary()
+
+
+def test_it_finds_leasehold_on_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    binary = os.environ["LEASEHOLD_BIN"]
+    (tmp_path / "leasehold").symlink_to(binary)
+    monkeypatch.delenv("LEASEHOLD_BIN")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert leasehold.testing.find_binary() == str(tmp_path / "leasehold")
