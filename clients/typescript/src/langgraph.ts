@@ -299,3 +299,51 @@ async function takeover(lease: Lease): Promise<void> {
     await lease.settleToolCall(call.callId, { state: "unknown" }, { turn: call.turn });
   }
 }
+
+interface Invocable {
+  readonly name: string;
+  invoke(input: unknown, config?: RunnableConfig): Promise<unknown>;
+}
+
+const decoder = new TextDecoder();
+
+/**
+ * The same tools (for LangGraph's `ToolNode`), each call through the
+ * thread's ledger by its tool-call id: an id already begun on the thread
+ * (this run, an earlier one, a lost owner) never runs again; its stored
+ * content comes back instead, or `UNKNOWN_RESULT` for a call a lost owner
+ * never settled. Only inside an owned run (`own`).
+ */
+export function ledgeredTools<T extends Invocable>(tools: readonly T[]): T[] {
+  return tools.map((tool) => {
+    const invoke = tool.invoke.bind(tool);
+    const wrapped = Object.create(tool as object) as T;
+    wrapped.invoke = async (input: unknown, config?: RunnableConfig): Promise<unknown> => {
+      const call = input as { id?: string; type?: string };
+      if (call === null || typeof call !== "object" || call.type !== "tool_call" || call.id === undefined) {
+        return invoke(input, config);
+      }
+      const run = runOf(config);
+      if (run === undefined) throw new Error(`tool ${tool.name} is ledgered but ran outside an owned LangGraph run`);
+      let fresh: unknown;
+      const [result] = await run.lease.runToolCalls([{ callId: call.id, name: tool.name }], async () => {
+        fresh = await invoke(input, config);
+        const content = (fresh as { content?: unknown } | undefined)?.content ?? fresh;
+        return JSON.stringify(content ?? null);
+      });
+      if (result !== undefined && !result.reused) return fresh;
+      const outcome = result?.outcome;
+      if (outcome === undefined || outcome.state === "running") {
+        return "leasehold: this tool call is already running; it was not started again";
+      }
+      if (outcome.state === "unknown") return UNKNOWN_RESULT;
+      const content = JSON.parse(decoder.decode(outcome.result)) as unknown;
+      return typeof content === "string" ? content : JSON.stringify(content);
+    };
+    return wrapped;
+  });
+}
+
+/** What a call the ledger holds from a lost owner answers the model. */
+export const UNKNOWN_RESULT =
+  "leasehold: this tool call was begun by an earlier owner of the thread, which was lost before it recorded a result; whether it ran is unknown";

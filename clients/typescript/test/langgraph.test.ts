@@ -18,7 +18,7 @@ import { SqliteSaver } from "@langchain/langgraph-checkpoint-sqlite";
 import Database from "better-sqlite3";
 
 import { BusyError, createClient, type LeaseholdClient } from "../src/index.js";
-import { LeaseholdSaver, own, StaleFenceError, withFence } from "../src/langgraph.js";
+import { LeaseholdSaver, ledgeredTools, own, StaleFenceError, withFence } from "../src/langgraph.js";
 import { startServer, type TestServer, waitFor } from "./server.js";
 
 class ProviderError extends Error {}
@@ -55,7 +55,7 @@ class Agent {
     this.#release();
   }
 
-  graph(path: string) {
+  graph(path: string, ledger = false) {
     const shell = tool(
       async ({ cmd }: { cmd: string }) => {
         this.entered = true;
@@ -70,12 +70,16 @@ class Agent {
       checkPairing(state.messages);
       const last = state.messages.at(-1);
       if (last instanceof ToolMessage) return { messages: [new AIMessage(`done: ${String(last.content)}`)] };
+      // LangGraph.js keeps one ToolMessage per tool-call id (a reused id's
+      // answer replaces the earlier one in place), so the turn can end on
+      // the model's own call: answer rather than call again.
+      if (last instanceof AIMessage) return { messages: [new AIMessage("done")] };
       const id = this.#ids.shift() ?? "call_x";
       return { messages: [new AIMessage({ content: "", tool_calls: [{ id, name: "shell", args: { cmd: String(last?.content) } }] })] };
     };
     return new StateGraph(MessagesAnnotation)
       .addNode("agent", model)
-      .addNode("tools", new ToolNode([shell]))
+      .addNode("tools", new ToolNode(ledger ? ledgeredTools([shell]) : [shell]))
       .addEdge(START, "agent")
       .addConditionalEdges("agent", (s) => ((s.messages.at(-1) as AIMessage).tool_calls?.length ? "tools" : END))
       .addEdge("tools", "agent")
@@ -200,5 +204,20 @@ describe("langgraph: one owner per thread", () => {
     assert.equal(state.lease, undefined);
     assert.equal(state.lastEnded?.end, "released");
     assert.equal(String((await ga.getState(THREAD)).values.messages.at(-1).content), "edited");
+  });
+
+  it("a ledgered tool call id seen before on the thread never runs again", async () => {
+    const path = join(dir, "ledger.db");
+    const a = new Agent(["call_1", "call_1"]);
+    const ga = own(a.graph(path, true), lh, { prefix: "ledger:" });
+    await ga.invoke({ messages: [new HumanMessage("rm -rf build")] }, THREAD);
+    const out = await ga.invoke({ messages: [new HumanMessage("rm -rf build")] }, THREAD);
+    // The second call_1 was answered from the ledger, not run again.
+    assert.deepEqual(a.effects, ["rm -rf build"]);
+    const answers = out.messages.filter((m: BaseMessage) => m instanceof ToolMessage) as ToolMessage[];
+    assert.deepEqual(
+      answers.map((m) => [m.tool_call_id, String(m.content)]),
+      [["call_1", "ran rm -rf build"]],
+    );
   });
 });
