@@ -38,6 +38,12 @@ class UnsettledToolCalls(Error):
         self.calls = calls
 
 
+class NotOwned(Error):
+    """A write, step or ledgered tool call that no owned run (or lease
+    borrowed for one write) covers. One class for every adapter; each
+    re-exports it as its own ``NotOwned``."""
+
+
 @dataclass(frozen=True)
 class Run:
     """The lease one run (or one write outside a run) holds on its thread."""
@@ -55,6 +61,16 @@ class Run:
         if isinstance(self.lease, Lease):
             self.lease._same_process()
         self.lease._core.ensure_valid()
+
+
+def async_lease_of(run: Run | None, what: str) -> AsyncLease:
+    """The valid ``AsyncLease`` of the current run (checked locally), or
+    ``NotOwned`` naming ``what`` ran outside one."""
+    if run is None:
+        raise NotOwned(f"{what} ran outside an owned run")
+    run.check()
+    assert isinstance(run.lease, AsyncLease)
+    return run.lease
 
 
 def recover(lease: Lease, key: str, policy: OnUnsettled) -> None:

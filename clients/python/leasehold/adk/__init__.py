@@ -35,13 +35,14 @@ from google.adk.sessions.base_session_service import BaseSessionService
 from google.adk.sessions.sqlite_session_service import SqliteSessionService
 
 from .._async import AsyncClient, AsyncLease
-from .._errors import Error
 from .._ownership import (
     UNKNOWN_RESULT,
+    NotOwned,
     OnUnsettled,
     Run,
     UnsettledToolCalls,
     arecover,
+    async_lease_of,
     digest,
     leasehold_cause,
 )
@@ -55,10 +56,6 @@ __all__ = ["UNKNOWN_RESULT", "NotOwned", "OwnedSessionService", "UnsettledToolCa
 _CURRENT: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
     "leasehold_adk_run", default=None
 )
-
-
-class NotOwned(Error):
-    """A session write or ledgered tool call that no owned run covers."""
 
 
 def _key(prefix: str, app: str, user: str, session: str) -> str:
@@ -145,13 +142,17 @@ class _FencedSqliteSessionService(SqliteSessionService):
     advanced the fence: the append's own ``commit()`` ends it, and a
     connection closed without one rolls both back."""
 
+    _leasehold_installed: bool = False
+
     @contextlib.asynccontextmanager
     async def _get_db_connection(self) -> AsyncIterator[Any]:
         async with super()._get_db_connection() as db:
             scope = _SCOPE.get()
             if scope is not None:
                 key, fence = scope
-                await db.execute(sqlite_fence.CREATE_TABLE)
+                if not self._leasehold_installed:
+                    await db.execute(sqlite_fence.CREATE_TABLE)
+                    self._leasehold_installed = True
                 if not db.in_transaction:
                     await db.execute("BEGIN IMMEDIATE")
                 cur = await db.execute(sqlite_fence.ADVANCE, {"key": key, "fence": fence})
@@ -170,12 +171,7 @@ class _Ledger(BasePlugin):
 
     @staticmethod
     def _lease() -> AsyncLease:
-        run = _CURRENT.get()
-        if run is None:
-            raise NotOwned("a model or tool call ran outside an owned run")
-        run.check()
-        assert isinstance(run.lease, AsyncLease)
-        return run.lease
+        return async_lease_of(_CURRENT.get(), "a model or tool call")
 
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> Any:
         await self._lease().gate()

@@ -35,9 +35,9 @@ from agents.memory import SessionABC, SQLiteSession
 from agents.tool_context import ToolContext
 
 from .._async import AsyncClient, AsyncLease
-from .._errors import Error
 from .._ownership import (
     UNKNOWN_RESULT,
+    NotOwned,
     OnUnsettled,
     Replayed,
     Run,
@@ -64,10 +64,6 @@ __all__ = [
 _CURRENT: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
     "leasehold_agents_run", default=None
 )
-
-
-class NotOwned(Error):
-    """A ledgered tool ran outside an owned session."""
 
 
 class OwnedSession(SessionABC):

@@ -32,8 +32,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.pregel import Pregel
 
 from .._async import AsyncClient
+from .._ownership import NotOwned
 from .._sync import Client
-from ._fenced import NotOwned
 from ._run import (
     RUN,
     UNKNOWN_RESULT,

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-from .._errors import Error
+from .._ownership import NotOwned
 from ..fence import StaleFence
 from ..fence import postgres as pg_fence
 from ..fence import sqlite as sqlite_fence
@@ -31,10 +31,6 @@ from ..fence import sqlite as sqlite_fence
 SCOPE: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
     "leasehold_langgraph_scope", default=None
 )
-
-
-class NotOwned(Error):
-    """A write to a thread that no owned run or borrowed lease covers."""
 
 
 def _scope(what: str) -> tuple[str, int]:

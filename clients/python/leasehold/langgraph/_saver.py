@@ -24,8 +24,9 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
 )
 
+from .._ownership import NotOwned
 from .._sync import Lease
-from ._fenced import SCOPE, NotOwned, adopt
+from ._fenced import SCOPE, adopt
 from ._run import Ownership, Run, run_in
 
 T = TypeVar("T")

@@ -21,10 +21,9 @@ from langgraph.prebuilt.tool_node import ToolCallRequest as _Request
 from langgraph.types import Command
 
 from .._async import AsyncLease
-from .._ownership import Replayed, aledgered_call, digest, ledgered_call
+from .._ownership import NotOwned, Replayed, aledgered_call, digest, ledgered_call
 from .._sync import Lease
 from .._types import ToolCallRecord, ToolCallRequest
-from ._fenced import NotOwned
 from ._run import run_in
 
 #: What a call whose result is a ``Command`` stores (a Command is not replayed).

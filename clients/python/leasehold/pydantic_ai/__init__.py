@@ -31,15 +31,16 @@ from pydantic_ai.conversation import Conversation
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 
 from .._async import AsyncClient, AsyncLease
-from .._errors import Error
 from .._ownership import (
     UNKNOWN_RESULT,
+    NotOwned,
     OnUnsettled,
     Replayed,
     Run,
     UnsettledToolCalls,
     aledgered_call,
     arecover,
+    async_lease_of,
     digest,
     keep_json,
 )
@@ -52,17 +53,8 @@ _CURRENT: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
 )
 
 
-class NotOwned(Error):
-    """A ledgered tool call or step outside an owned run."""
-
-
 def _lease() -> AsyncLease:
-    current = _CURRENT.get()
-    if current is None:
-        raise NotOwned("a ledgered toolset ran outside leasehold.pydantic_ai.run")
-    current.check()
-    assert isinstance(current.lease, AsyncLease)
-    return current.lease
+    return async_lease_of(_CURRENT.get(), "a ledgered toolset")
 
 
 @dataclasses.dataclass
