@@ -17,13 +17,38 @@ export LEASEHOLD_TEST_PG_URL="${LEASEHOLD_TEST_PG_URL:-$LEASEHOLD_TEST_POSTGRES}
 # client suites can run against it before the Rust tests themselves: those
 # include the chaos runs, which add worker processes on the Python and
 # TypeScript clients once those are installed and built.
-echo "== cargo build (every test target of the workspace)"
+# The clients' installs (pip downloads, npm ci compiling better-sqlite3) run
+# in the background while cargo builds; each is a no-op when already current.
+started=$SECONDS
+phase() { echo "== $1 (at $((SECONDS - started)) s)"; }
+setup_pids=()
+setup_logs=()
+for client in python typescript; do
+  if [[ -x "clients/$client/setup.sh" ]]; then
+    log="$(mktemp "${TMPDIR:-/tmp}/leasehold-setup-$client.XXXXXX")"
+    "clients/$client/setup.sh" >"$log" 2>&1 &
+    setup_pids+=("$!")
+    setup_logs+=("$log")
+  fi
+done
+
+phase "cargo build (every test target of the workspace)"
 cargo test --locked --no-run
 export LEASEHOLD_BIN="$PWD/target/debug/leasehold"
 
+for i in "${!setup_pids[@]}"; do
+  if ! wait "${setup_pids[$i]}"; then
+    cat "${setup_logs[$i]}" >&2
+    echo "test.sh: a client's setup failed (its output is above)" >&2
+    exit 1
+  fi
+  cat "${setup_logs[$i]}"
+  rm -f "${setup_logs[$i]}"
+done
+
 for client in python typescript; do
   if [[ -x "clients/$client/test.sh" ]]; then
-    echo "== clients/$client"
+    phase "clients/$client"
     "clients/$client/test.sh"
   fi
 done
@@ -37,5 +62,6 @@ if [[ -f clients/typescript/dist/index.js ]] && command -v node >/dev/null; then
   LEASEHOLD_CHAOS_NODE="$(command -v node)"
   export LEASEHOLD_CHAOS_NODE
 fi
-echo "== cargo test (every crate of the workspace)"
+phase "cargo test (every crate of the workspace)"
 cargo test --locked
+phase "done"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tests the Python client against a leasehold server binary:
 #   LEASEHOLD_BIN=target/debug/leasehold clients/python/test.sh [pytest args...]
-# Creates (or reuses) clients/python/.venv, installs the pinned test
-# dependencies and the package, checks the generated stubs against the
+# Installs what it needs (setup.sh: clients/python/.venv and a 3.12+ venv,
+# a no-op when current), checks the generated stubs against the
 # proto, runs ruff and mypy --strict, then pytest. Set LEASEHOLD_TEST_PG_URL
 # (e.g. postgresql://postgres@127.0.0.1:5432/test) to include PostgreSQL.
 set -euo pipefail
@@ -21,23 +21,10 @@ if [[ ! -x "$LEASEHOLD_BIN" ]]; then
 fi
 cd "$here"
 
-python="${PYTHON:-python3}"
+"$here/setup.sh"
+py="$here/.venv/bin/python"
 venv="$here/.venv"
-if [[ ! -x "$venv/bin/python" ]]; then
-    echo "== creating $venv"
-    "$python" -m venv "$venv"
-fi
-py="$venv/bin/python"
-# Reinstall only when the pins or the package metadata changed.
-stamp="$venv/.leasehold-installed"
-want="$(cat requirements-test.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    echo "== installing test dependencies and the package"
-    "$py" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$py" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
-    "$py" -m pip install --quiet --disable-pip-version-check --no-deps -e .
-    echo "$want" > "$stamp"
-fi
+venv312="$here/.venv-312"
 
 echo "== generated stubs are up to date with proto/"
 "$py" scripts/gen_proto.py --check
@@ -48,35 +35,6 @@ echo "== mypy --strict"
 echo "== pytest"
 "$py" -m pytest -q "$@"
 
-# sqlite3's autocommit modes exist from Python 3.12 on: the SQLite fence
-# helper's tests run again under the first 3.12+ found (PYTHON312, then
-# PATH, then pyenv), in a venv of their own with the same pins.
-py312="${PYTHON312:-}"
-if [[ -z "$py312" ]]; then
-    for candidate in python3.13 python3.12 \
-        "$(pyenv root 2>/dev/null)"/versions/3.13*/bin/python \
-        "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python; do
-        if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
-            py312="$candidate"
-            break
-        fi
-    done
-fi
-if [[ -z "$py312" ]]; then
-    echo "test.sh: no Python 3.12 or later found (set PYTHON312): sqlite3's autocommit modes are untested" >&2
-    exit 1
-fi
-venv312="$here/.venv-312"
-if [[ ! -x "$venv312/bin/python" ]]; then
-    "$py312" -m venv "$venv312"
-fi
-stamp312="$venv312/.leasehold-installed"
-if [[ ! -f "$stamp312" || "$(cat "$stamp312")" != "$want" ]]; then
-    echo "== installing the package into $venv312"
-    "$venv312/bin/python" -m pip install --quiet --disable-pip-version-check \
-        $(grep -E '^(grpcio|protobuf|pytest|pytest-asyncio)==' requirements-test.txt)
-    "$venv312/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e .
-    echo "$want" > "$stamp312"
-fi
+# sqlite3's autocommit modes exist from Python 3.12 on (setup.sh made the venv).
 echo "== pytest (sqlite3 transaction modes, $("$venv312/bin/python" -V))"
 "$venv312/bin/python" -m pytest -q tests/test_fence_sqlite_modes.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The TypeScript client's checks: install from the lockfile, generated code
+# The TypeScript client's checks: install from the lockfile (setup.sh), generated code
 # up to date with the proto, build, type check, and the test suite against a
 # real server.
 #
@@ -21,8 +21,7 @@ if [[ ! -x "$LEASEHOLD_BIN" ]]; then
 fi
 export LEASEHOLD_BIN="$(cd "$(dirname "$LEASEHOLD_BIN")" && pwd)/$(basename "$LEASEHOLD_BIN")"
 
-echo "== npm ci"
-npm ci --no-audit --no-fund
+./setup.sh
 echo "== gen:check"
 npm run --silent gen:check
 echo "== build"

@@ -23,10 +23,10 @@ import type { ToolSet } from "ai";
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
 import { LeaseLostError } from "./errors.js";
 import type { Lease } from "./lease.js";
+import { ALREADY_RUNNING, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
 
 /** What a call the ledger holds from a lost owner answers the model. */
-export const UNKNOWN_RESULT =
-  "leasehold: this tool call was begun by an earlier owner of the chat, which was lost before it recorded a result; whether it ran is unknown";
+export const UNKNOWN_RESULT = unknownResult("chat");
 
 const current = new AsyncLocalStorage<Lease>();
 
@@ -43,8 +43,6 @@ export type OwnOptions = Pick<AcquireOptions, "ttlMs" | "waitMs">;
 type GenerateArgs = Parameters<typeof ai.generateText>[0];
 type StreamArgs = Parameters<typeof ai.streamText>[0];
 
-const decoder = new TextDecoder();
-
 /** `tools`, each `execute` through the lease's ledger (by the SDK's toolCallId). */
 export function ledgered<T extends ToolSet>(tools: T, lease: Lease): T {
   const out: Record<string, unknown> = {};
@@ -57,20 +55,21 @@ export function ledgered<T extends ToolSet>(tools: T, lease: Lease): T {
     out[name] = {
       ...tool,
       execute: async (input: unknown, options: { toolCallId: string; abortSignal?: AbortSignal }) => {
-        const [result] = await lease.runToolCalls([{ callId: options.toolCallId, name }], async (invocation) => {
-          const signal =
-            options.abortSignal === undefined ? invocation.signal : AbortSignal.any([options.abortSignal, invocation.signal]);
-          const value = await execute(input, { ...options, abortSignal: signal });
-          return JSON.stringify(value ?? null);
+        const result = await ledgerCall(lease, options.toolCallId, name, async (signal) => {
+          const both = options.abortSignal === undefined ? signal : AbortSignal.any([options.abortSignal, signal]);
+          return execute(input, { ...options, abortSignal: both });
         });
-        const outcome = result?.outcome;
-        if (outcome === undefined || outcome.state === "running") {
-          return "leasehold: this tool call is already running; it was not started again";
+        switch (result.kind) {
+          case "fresh":
+          case "stored":
+            return result.value;
+          case "failed":
+            throw new Error(result.message);
+          case "unknown":
+            return UNKNOWN_RESULT;
+          case "running":
+            return ALREADY_RUNNING;
         }
-        if (outcome.state === "unknown") return UNKNOWN_RESULT;
-        const text = decoder.decode(outcome.result);
-        if (outcome.state === "failed") throw new Error(text);
-        return JSON.parse(text) as unknown;
       },
     };
   }
@@ -100,13 +99,6 @@ function owning<A extends GenerateArgs | StreamArgs>(args: A, lease: Lease): A {
   } as A;
 }
 
-async function takeover(lease: Lease): Promise<void> {
-  if (lease.unsettledToolCalls === 0) return;
-  for (const call of await lease.listToolCalls({ unsettled: true })) {
-    await lease.settleToolCall(call.callId, { state: "unknown" }, { turn: call.turn });
-  }
-}
-
 /**
  * The AI SDK's `generateText`, as the owner of `key`. A chat taken over from
  * a lost owner first has the calls it left running settled as unknown.
@@ -127,19 +119,9 @@ export async function generateText(
       return result;
     } catch (err) {
       await lease.suspend().catch(() => undefined);
-      throw lease.lossReason !== undefined && !(err instanceof LeaseLostError) ? await lostInstead(lease, err) : err;
+      throw err instanceof LeaseLostError ? err : await lostInstead(lease, err);
     }
   });
-}
-
-/** A run aborted by the lease's loss reports the loss, not the abort. */
-async function lostInstead(lease: Lease, err: unknown): Promise<unknown> {
-  try {
-    await lease.verify();
-  } catch (lost) {
-    return lost;
-  }
-  return err;
 }
 
 /**

@@ -30,6 +30,7 @@ import {
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
 import { SQLITE_ADVANCE, SQLITE_CREATE_TABLE } from "./fence.js";
 import type { Lease } from "./lease.js";
+import { ALREADY_RUNNING, ledgerCall, takeover, unknownResult } from "./owning.js";
 
 /** The configurable entry that carries a run's lease to its writes. */
 export const RUN = "__leasehold_run";
@@ -293,19 +294,10 @@ async function* held(chunks: AsyncIterable<unknown>, lease: Lease): AsyncGenerat
   }
 }
 
-async function takeover(lease: Lease): Promise<void> {
-  if (lease.unsettledToolCalls === 0) return;
-  for (const call of await lease.listToolCalls({ unsettled: true })) {
-    await lease.settleToolCall(call.callId, { state: "unknown" }, { turn: call.turn });
-  }
-}
-
 interface Invocable {
   readonly name: string;
   invoke(input: unknown, config?: RunnableConfig): Promise<unknown>;
 }
-
-const decoder = new TextDecoder();
 
 /**
  * The same tools (for LangGraph's `ToolNode`), each call through the
@@ -325,25 +317,29 @@ export function ledgeredTools<T extends Invocable>(tools: readonly T[]): T[] {
       }
       const run = runOf(config);
       if (run === undefined) throw new Error(`tool ${tool.name} is ledgered but ran outside an owned LangGraph run`);
-      let fresh: unknown;
-      const [result] = await run.lease.runToolCalls([{ callId: call.id, name: tool.name }], async () => {
-        fresh = await invoke(input, config);
-        const content = (fresh as { content?: unknown } | undefined)?.content ?? fresh;
-        return JSON.stringify(content ?? null);
-      });
-      if (result !== undefined && !result.reused) return fresh;
-      const outcome = result?.outcome;
-      if (outcome === undefined || outcome.state === "running") {
-        return "leasehold: this tool call is already running; it was not started again";
+      const result = await ledgerCall(
+        run.lease,
+        call.id,
+        tool.name,
+        () => invoke(input, config),
+        (fresh) => (fresh as { content?: unknown } | undefined)?.content ?? fresh,
+      );
+      switch (result.kind) {
+        case "fresh":
+          return result.value;
+        case "stored":
+          return typeof result.value === "string" ? result.value : JSON.stringify(result.value);
+        case "failed":
+          throw new Error(result.message);
+        case "unknown":
+          return UNKNOWN_RESULT;
+        case "running":
+          return ALREADY_RUNNING;
       }
-      if (outcome.state === "unknown") return UNKNOWN_RESULT;
-      const content = JSON.parse(decoder.decode(outcome.result)) as unknown;
-      return typeof content === "string" ? content : JSON.stringify(content);
     };
     return wrapped;
   });
 }
 
 /** What a call the ledger holds from a lost owner answers the model. */
-export const UNKNOWN_RESULT =
-  "leasehold: this tool call was begun by an earlier owner of the thread, which was lost before it recorded a result; whether it ran is unknown";
+export const UNKNOWN_RESULT = unknownResult("thread");
