@@ -109,7 +109,7 @@ const server = createServer((req: IncomingMessage, res: ServerResponse) => {
     let out: unknown;
     if (req.method === "POST" && url.pathname === "/run") out = await turn(JSON.parse(body) as RunBody);
     else if (req.method === "GET" && url.pathname === "/items") {
-      out = await new SQLiteSession(url.searchParams.get("session") ?? "", db).getItems();
+      out = await new SQLiteSession(url.searchParams.get("id") ?? "", db).getItems();
     } else {
       res.writeHead(404).end();
       return;

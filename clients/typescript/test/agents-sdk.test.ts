@@ -3,44 +3,21 @@
 // one SQLite file.
 
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
-import { type AgentProcess, startAgent } from "./agents.js";
-import { itemText, type InputItem, type MockResponses, type ModelReply, startMockResponses } from "./mock-responses.js";
-import { startServer, type TestServer, waitFor } from "./server.js";
 import * as sdk from "@openai/agents";
 import Database from "better-sqlite3";
 import { z } from "zod";
+import { Harness, type RunReply, script } from "./framework-workers.js";
+import { itemText, type MockResponses, startMockResponses } from "./mock-responses.js";
+import { startServer, type TestServer } from "./server.js";
 import { ledgered, NotOwnedError, ownedSession, SQLiteSession } from "../src/agents.js";
-import { createClient, LeaseLostError, sqliteFencedWrite, StaleFenceError, type ToolCallRecord } from "../src/index.js";
+import { createClient, LeaseLostError, sqliteFencedWrite, StaleFenceError } from "../src/index.js";
 
 const WORKER = fileURLToPath(new URL("./agents-sdk-worker.js", import.meta.url));
-
-/** The last user message "run shell N [as ID]" calls shell; a tool output after it gets "answer:<call ids>"; anything else is answered. */
-function script(input: readonly InputItem[]): ModelReply {
-  let last = input.length - 1;
-  while (last >= 0 && input[last]?.role !== "user") last--;
-  const outputs = input.slice(last + 1).filter((i) => i.type === "function_call_output");
-  if (outputs.length > 0) return { text: `answer:${outputs.map((o) => o.call_id).join(",")}` };
-  const user = input[last];
-  const text = user === undefined ? "" : itemText(user);
-  const shell = /^run shell (\d+)(?: as (\w+))?/.exec(text);
-  if (shell?.[1] !== undefined) {
-    return { call: { name: "shell", args: { ms: Number(shell[1]) }, ...(shell[2] === undefined ? {} : { id: shell[2] }) } };
-  }
-  return { text: `answer:${text}` };
-}
-
-interface RunReply {
-  readonly ok: boolean;
-  readonly output?: unknown;
-  readonly error?: string;
-  readonly message?: string;
-  readonly recovered?: boolean;
-}
 
 interface Item {
   readonly type?: string;
@@ -48,65 +25,6 @@ interface Item {
   readonly callId?: string;
   readonly content?: unknown;
   readonly output?: unknown;
-}
-
-class Harness {
-  readonly dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
-  readonly db = join(this.dir, "agents.db");
-  readonly effects = join(this.dir, "effects.log");
-  readonly workers: AgentProcess[] = [];
-  constructor(readonly mock: MockResponses, readonly server: TestServer | undefined) {
-    writeFileSync(this.effects, "");
-  }
-  async worker(name: string, env: Record<string, string> = {}): Promise<AgentProcess> {
-    const w = await startAgent(WORKER, {
-      AGENT_NAME: name,
-      AGENT_DB: this.db,
-      AGENT_EFFECTS: this.effects,
-      MODEL_URL: this.mock.baseURL,
-      ...(this.server === undefined ? {} : { AGENT_OWNED: "1", LEASEHOLD_URL: this.server.baseUrl }),
-      ...env,
-    });
-    this.workers.push(w);
-    return w;
-  }
-  /** The call id of `worker`'s first tool start, once its tool is running. */
-  async started(worker: string): Promise<string> {
-    let id: string | undefined;
-    await waitFor(
-      () => {
-        id = this.effectLines().find((l) => l.startsWith(`${worker} start `))?.split(" ")[2];
-        return id !== undefined;
-      },
-      10_000,
-      `${worker}'s tool to start`,
-    );
-    return id as string;
-  }
-  /** The key's tool-call ledger, read by taking the key once every run let go. */
-  async ledger(key: string): Promise<ToolCallRecord[]> {
-    const client = createClient({ baseUrl: this.server!.baseUrl, owner: "test" });
-    try {
-      const lease = await client.acquire(key, { waitMs: 5_000 });
-      try {
-        return await lease.listToolCalls();
-      } finally {
-        await lease.release();
-      }
-    } finally {
-      client.close();
-    }
-  }
-  effectLines(): string[] {
-    return readFileSync(this.effects, "utf8").split("\n").filter((l) => l !== "");
-  }
-  async items(session: string): Promise<Item[]> {
-    return (await this.workers[0]!.get(`/items?session=${session}`)) as Item[];
-  }
-  async close(): Promise<void> {
-    await Promise.all(this.workers.map((w) => w.stop()));
-    rmSync(this.dir, { recursive: true, force: true });
-  }
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
@@ -124,7 +42,7 @@ describe("agents sdk: one owner per session", () => {
   });
 
   it("without leasehold, a second run drives the session while the first runs: its model never sees the first turn, and the stored history puts that turn after the answer", async () => {
-    const h = new Harness(mock, undefined);
+    const h = new Harness(WORKER, mock, undefined);
     try {
       const [a, b] = await Promise.all([h.worker("a"), h.worker("b")]);
       const first = a.post("/run", { session: "s1", input: "run shell 600" });
@@ -137,7 +55,7 @@ describe("agents sdk: one owner per session", () => {
       assert.ok(asked !== undefined);
       assert.ok(!asked.input.some((i) => i.role === "user" && itemText(i).startsWith("run shell")), JSON.stringify(asked.input));
       // And the session now says the shell turn came after the hello turn's answer.
-      const users = (await h.items("s1")).filter((i) => i.role === "user").map((i) => i.content);
+      const users = (await h.items<Item>("s1")).filter((i) => i.role === "user").map((i) => i.content);
       assert.deepEqual(users, ["hello", "run shell 600"]);
     } finally {
       await h.close();
@@ -145,7 +63,7 @@ describe("agents sdk: one owner per session", () => {
   });
 
   it("with leasehold, a second run is Busy and writes nothing; a waiting one continues the whole history", async () => {
-    const h = new Harness(mock, server);
+    const h = new Harness(WORKER, mock, server);
     try {
       const [a, b, c] = await Promise.all([h.worker("a"), h.worker("b"), h.worker("c")]);
       const first = a.post("/run", { session: "s2", input: "run shell 600" });
@@ -157,7 +75,7 @@ describe("agents sdk: one owner per session", () => {
       const third = (await waiting) as RunReply;
       assert.equal(third.ok, true, JSON.stringify(third));
       assert.equal(third.recovered, false);
-      const items = await h.items("s2");
+      const items = await h.items<Item>("s2");
       assert.deepEqual(
         items.map((i) => i.role ?? i.type),
         ["user", "function_call", "function_call_result", "assistant", "user", "assistant"],
@@ -172,7 +90,7 @@ describe("agents sdk: one owner per session", () => {
   });
 
   it("kill -9 of the owner mid-tool: exactly one of two racing runs takes over, and the begun call is settled unknown, never re-run", async () => {
-    const h = new Harness(mock, server);
+    const h = new Harness(WORKER, mock, server);
     try {
       const [a, b, c] = await Promise.all([h.worker("a"), h.worker("b"), h.worker("c")]);
       void a.post("/run", { session: "s3", input: "run shell 5000" }).catch(() => undefined);
@@ -194,7 +112,7 @@ describe("agents sdk: one owner per session", () => {
   });
 
   it("an owner frozen (SIGSTOP) past its TTL: the new owner takes over, and the old one's late write is refused", async () => {
-    const h = new Harness(mock, server);
+    const h = new Harness(WORKER, mock, server);
     try {
       const [a, b] = await Promise.all([h.worker("a"), h.worker("b")]);
       const first = a.post("/run", { session: "s4", input: "run shell 1200" });
@@ -208,7 +126,7 @@ describe("agents sdk: one owner per session", () => {
       const late = (await first) as RunReply;
       assert.equal(late.ok, false, JSON.stringify(late));
       assert.match(late.error ?? "", /LeaseLostError|StaleFenceError/);
-      const items = await h.items("s4");
+      const items = await h.items<Item>("s4");
       assert.deepEqual(items.map((i) => i.role ?? i.type), ["user", "assistant"], JSON.stringify(items));
       assert.equal(items[0]?.content, "hello");
       assert.deepEqual(h.effectLines(), [`a start ${call}`, `a end ${call}`], "ran once, by the lost owner");
@@ -218,7 +136,7 @@ describe("agents sdk: one owner per session", () => {
   });
 
   it("a ledgered call id seen before on the session never runs again; the stored output is answered", async () => {
-    const h = new Harness(mock, server);
+    const h = new Harness(WORKER, mock, server);
     try {
       const a = await h.worker("a");
       for (const input of ["run shell 5 as call_dup", "run shell 5 as call_dup"]) {
@@ -226,7 +144,7 @@ describe("agents sdk: one owner per session", () => {
         assert.equal(reply.ok, true, JSON.stringify(reply));
       }
       assert.deepEqual(h.effectLines(), ["a start call_dup", "a end call_dup"]);
-      const results = (await h.items("s5")).filter((i) => i.type === "function_call_result");
+      const results = (await h.items<Item>("s5")).filter((i) => i.type === "function_call_result");
       assert.equal(results.length, 2);
       assert.deepEqual(results[1]?.output, results[0]?.output);
     } finally {
