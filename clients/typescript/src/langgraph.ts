@@ -28,7 +28,7 @@ import {
 } from "@langchain/langgraph-checkpoint";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { SQLITE_ADVANCE, SQLITE_CREATE_TABLE } from "./fence.js";
+import { SQLITE_ADVANCE, SQLITE_CREATE_TABLE, StaleFenceError } from "./fence.js";
 import type { Lease } from "./lease.js";
 import { ALREADY_RUNNING, ledgerCall, takeover, unknownResult } from "./owning.js";
 
@@ -45,13 +45,8 @@ export interface OwnOptions extends Pick<AcquireOptions, "ttlMs" | "waitMs"> {
   readonly prefix?: string;
 }
 
-/** Thrown when a fenced write finds a newer owner's fence in the database. */
-export class StaleFenceError extends Error {
-  constructor(readonly key: string, readonly fence: bigint) {
-    super(`fence ${fence} for key ${JSON.stringify(key)} is stale: a newer owner has written`);
-    this.name = "StaleFenceError";
-  }
-}
+/** Thrown when a fenced write finds a newer owner's fence in the database (the package's one StaleFenceError). */
+export { StaleFenceError };
 
 /** The (key, fence) of the write in progress, for the fenced SQLite handle. */
 const scope = new AsyncLocalStorage<{ key: string; fence: bigint }>();
@@ -95,7 +90,7 @@ function fencedDb(db: SqliteDb): SqliteDb {
     db.exec("BEGIN IMMEDIATE");
     try {
       const advanced = db.prepare(SQLITE_ADVANCE).run({ key: current.key, fence: current.fence });
-      if (advanced.changes !== 1) throw new StaleFenceError(current.key, current.fence);
+      if (advanced.changes !== 1) throw new StaleFenceError(current.key, current.fence, undefined);
       const out = work();
       db.exec("COMMIT");
       return out;
@@ -228,6 +223,7 @@ export class LeaseholdSaver extends BaseCheckpointSaver {
 interface Streaming {
   checkpointer?: unknown;
   stream(input: unknown, options?: Record<string, unknown>): Promise<AsyncIterable<unknown>>;
+  getState(config: RunnableConfig): Promise<{ next: readonly string[] }>;
 }
 
 /**
@@ -258,7 +254,20 @@ export function own<G extends Streaming>(graph: G, client: LeaseholdClient, opti
       await takeover(lease);
       const run: Run = { key, lease };
       await saver.claim(run);
-      inner = await stream(input, { ...streamOptions, configurable: { ...configurable, [RUN]: run } });
+      const owned = { ...streamOptions, configurable: { ...configurable, [RUN]: run } };
+      if (lease.recovered && input !== null && input !== undefined) {
+        // A new input on a thread its lost owner left mid-step (a tool call
+        // checkpointed, its answer never) would send that call with no
+        // output: finish the step first, its calls answered by the ledger
+        // (as unknown), then take the input.
+        const state = await graph.getState({ configurable: { thread_id: thread } });
+        if (state.next.length > 0) {
+          for await (const _ of await stream(null, { ...owned, streamMode: "values" })) {
+            // drained: the interrupted step and what follows it run to the end
+          }
+        }
+      }
+      inner = await stream(input, owned);
     } catch (err) {
       await lease.suspend().catch(() => undefined);
       throw err;

@@ -43,11 +43,16 @@ export async function startAgent(script: string, env: Record<string, string>): P
   const url = `http://${addr}`;
   const pid = child.pid!;
   const call = async (method: string, path: string, value?: unknown): Promise<unknown> => {
-    const res = await fetch(`${url}${path}`, {
-      method,
-      headers: { "content-type": "application/json" },
-      ...(value === undefined ? {} : { body: JSON.stringify(value) }),
-    });
+    let res: Response;
+    try {
+      res = await fetch(`${url}${path}`, {
+        method,
+        headers: { "content-type": "application/json" },
+        ...(value === undefined ? {} : { body: JSON.stringify(value) }),
+      });
+    } catch (err) {
+      throw new Error(`${method} ${path}: ${(err as Error).message}; the agent's stderr:\n${stderr}`, { cause: err });
+    }
     const out = (await res.json()) as unknown;
     if (res.status >= 500) throw new Error(`${method} ${path}: ${JSON.stringify(out)}`);
     return out;
