@@ -441,6 +441,41 @@ def test_after_kill_9_exactly_one_recoverer_takes_the_thread_over(
     assert ends[-1] == ("a", "expired") and len(ends) == 3, ends
 
 
+def test_after_kill_9_a_recoverer_with_new_input_finishes_the_lost_step_first(
+    server: Server, tmp_path: Path
+) -> None:
+    spec = _worker_spec(tmp_path, "a", addr=server.address, ttl=1.0, shell_seconds=30.0)
+    a = _spawn(spec)
+    try:
+        assert wait_until(lambda: Path(spec["marker"]).exists(), 20)
+        a.kill()
+        a.wait(10)
+    finally:
+        _kill(a)
+    # B brings the next user message, not a resume: A's call (checkpointed,
+    # never answered) would reach the model with no output. B finishes A's
+    # step first (the call answered as unknown), then takes its input.
+    b = _spawn(
+        {
+            **spec,
+            "name": "b",
+            "message": "pwd",
+            "ids": ["call_b1"],
+            "wait": 20.0,
+            "ttl": 30.0,
+            "shell_seconds": 0.0,
+            "marker": spec["marker"] + "b",
+        }
+    )
+    result = json.loads(b.communicate(timeout=60)[0])
+    assert result["status"] == "ok", result
+    detail = result["detail"]
+    assert detail.count(UNKNOWN_RESULT.decode()) == 1, detail
+    unknown = detail.index(UNKNOWN_RESULT.decode())
+    assert unknown < detail.index("pwd") < detail.index("b ran pwd"), detail
+    assert _effects(spec) == [("b", "shell", "pwd")]
+
+
 def test_without_leasehold_a_recoverer_runs_a_live_owners_tool_again(tmp_path: Path) -> None:
     spec = _worker_spec(tmp_path, "a", addr=None)
     a = _spawn(spec)

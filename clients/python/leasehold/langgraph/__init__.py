@@ -159,6 +159,9 @@ class _Owned:
         with ownership.term(key) as run:
             self.checkpointer.claim(run)
             config = merge_configs(config, {"configurable": {RUN: run}})
+            if _left_mid_step(run, input) and self.get_state(config).next:  # type: ignore[attr-defined]
+                for _ in super().stream(None, config, **kwargs):  # type: ignore[misc]
+                    pass  # the lost owner's step, finished first (see _left_mid_step)
             yield from super().stream(input, config, **kwargs)  # type: ignore[misc]
 
     async def astream(self, input: Any, config: Any = None, **kwargs: Any) -> AsyncIterator[Any]:
@@ -170,5 +173,17 @@ class _Owned:
         async with ownership.aterm(key) as run:
             await self.checkpointer.aclaim(run)
             config = merge_configs(config, {"configurable": {RUN: run}})
+            if _left_mid_step(run, input) and (await self.aget_state(config)).next:  # type: ignore[attr-defined]
+                async for _ in super().astream(None, config, **kwargs):  # type: ignore[misc]
+                    pass  # the lost owner's step, finished first (see _left_mid_step)
             async for item in super().astream(input, config, **kwargs):  # type: ignore[misc]
                 yield item
+
+
+def _left_mid_step(run: Run, input: Any) -> bool:
+    """Whether a run brings new input to a thread it took over from a lost
+    owner: if that owner stopped mid-step (a tool call checkpointed, its
+    answer never), the new input would send the call with no output, so the
+    step is finished first, its calls answered by the ledger (as unknown),
+    and the model's reply to that recorded, before the input is taken."""
+    return input is not None and run.lease.recovered
