@@ -9,8 +9,9 @@
 // cancelled); a second run of the thread waits up to `waitMs`, then
 // `BusyError`, and never writes; every checkpoint write checks the lease
 // locally, then for `SqliteSaver` (@langchain/langgraph-checkpoint-sqlite)
-// advances the fence in the write's own transaction (`leasehold_fence`, the
-// SQL of `sqliteFencedWrite`), and for any other saver runs `lease.gate()`
+// and `PostgresSaver` (-checkpoint-postgres) advances the fence in the
+// write's own transaction (`leasehold_fence`, the SQL of `sqliteFencedWrite`
+// and `pgFencedWrite`), and for any other saver runs `lease.gate()`
 // right before the write. A write outside any run (`updateState`,
 // `deleteThread`) takes the thread's lease for just that write.
 
@@ -28,7 +29,7 @@ import {
 } from "@langchain/langgraph-checkpoint";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { SQLITE_ADVANCE, SQLITE_CREATE_TABLE, StaleFenceError } from "./fence.js";
+import { PG_ADVANCE, PG_CREATE_TABLE, SQLITE_ADVANCE, SQLITE_CREATE_TABLE, StaleFenceError } from "./fence.js";
 import type { Lease } from "./lease.js";
 import { ALREADY_RUNNING, ledgerCall, takeover, unknownResult } from "./owning.js";
 
@@ -128,15 +129,83 @@ function fencedDb(db: SqliteDb): SqliteDb {
   });
 }
 
+/** The part of a `pg` client checked out of a pool that PostgresSaver uses. */
+interface PgClient {
+  query(text: string, values?: unknown[]): Promise<{ rowCount: number | null }>;
+  release(err?: unknown): void;
+}
+
+/** The part of a `pg` Pool that PostgresSaver uses. */
+interface PgPool {
+  connect(): Promise<PgClient>;
+  query(text: string, values?: unknown[]): Promise<unknown>;
+}
+
+/**
+ * A `pg` pool whose checked-out clients, inside a fenced scope, advance the
+ * fence right after the saver's own `BEGIN`: the fence and the saver's
+ * statements commit or roll back together (the saver rolls back on the
+ * StaleFenceError thrown here).
+ */
+function fencedPool(pool: PgPool): PgPool {
+  let installed: Promise<unknown> | undefined;
+  return new Proxy(pool, {
+    get(target, prop, receiver) {
+      if (prop === "connect") {
+        return async (): Promise<PgClient> => {
+          const current = scope.getStore();
+          if (current !== undefined) installed ??= target.query(PG_CREATE_TABLE);
+          await installed;
+          const client = await target.connect();
+          if (current === undefined) return client;
+          return new Proxy(client, {
+            get(c, p) {
+              const value = Reflect.get(c, p, c) as unknown;
+              if (p !== "query" || typeof value !== "function") {
+                return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(c) : value;
+              }
+              const query = value as PgClient["query"];
+              return async (text: string, values?: unknown[]) => {
+                const out = await query.call(c, text, values);
+                if (/^\s*BEGIN\b/i.test(text)) {
+                  const advanced = await query.call(c, PG_ADVANCE, [current.key, current.fence.toString()]);
+                  if (advanced.rowCount !== 1) throw new StaleFenceError(current.key, current.fence, undefined);
+                }
+                return out;
+              };
+            },
+          });
+        };
+      }
+      const value = Reflect.get(target, prop, receiver) as unknown;
+      return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+}
+
 /** A saver the database can fence, adopted as a copy on a fenced handle; or undefined. */
 function adopt(inner: BaseCheckpointSaver): BaseCheckpointSaver | undefined {
-  if (inner.constructor.name !== "SqliteSaver") return undefined;
-  const db = (inner as unknown as { db?: SqliteDb }).db;
-  if (db === undefined) return undefined;
-  const copy = Object.create(Object.getPrototypeOf(inner) as object) as BaseCheckpointSaver;
-  Object.assign(copy, inner);
-  (copy as unknown as { db: SqliteDb }).db = fencedDb(db);
-  return copy;
+  const name = inner.constructor.name;
+  const copy = (): BaseCheckpointSaver & Record<string, unknown> => {
+    const made = Object.create(Object.getPrototypeOf(inner) as object) as BaseCheckpointSaver & Record<string, unknown>;
+    Object.assign(made, inner);
+    return made;
+  };
+  if (name === "SqliteSaver") {
+    const db = (inner as unknown as { db?: SqliteDb }).db;
+    if (db === undefined) return undefined;
+    const made = copy();
+    made.db = fencedDb(db);
+    return made;
+  }
+  if (name === "PostgresSaver") {
+    const pool = (inner as unknown as { pool?: PgPool }).pool;
+    if (pool === undefined) return undefined;
+    const made = copy();
+    made.pool = fencedPool(pool);
+    return made;
+  }
+  return undefined;
 }
 
 /** Every write of a thread under that thread's lease; reads pass through. */
@@ -171,13 +240,26 @@ export class LeaseholdSaver extends BaseCheckpointSaver {
     return this.inner.getNextVersion(current);
   }
 
-  /** Records the run's fence before it reads the thread (SqliteSaver). */
+  /** Records the run's fence before it reads the thread (SqliteSaver, PostgresSaver). */
   async claim(run: Run): Promise<void> {
     if (!this.fencedInTransaction) return;
-    const db = (this.inner as unknown as { db: SqliteDb }).db;
-    (this.inner as unknown as { setup?: () => void }).setup?.();
+    const inner = this.inner as unknown as { db?: SqliteDb; pool?: PgPool; setup?: () => unknown };
     await scope.run({ key: run.key, fence: run.lease.fence }, async () => {
-      db.transaction(() => undefined)();
+      if (inner.db !== undefined) {
+        inner.setup?.(); // SqliteSaver's is synchronous and runs once (PostgresSaver's is the user's to call)
+        inner.db.transaction(() => undefined)();
+        return;
+      }
+      const client = await (inner.pool as PgPool).connect();
+      try {
+        await client.query("BEGIN"); // advances the fence
+        await client.query("COMMIT");
+      } catch (err) {
+        await client.query("ROLLBACK").catch(() => undefined);
+        throw err;
+      } finally {
+        client.release();
+      }
     });
   }
 

@@ -5,6 +5,7 @@
 // thread and a stale fence is refused by SQLite in the write's transaction.
 
 import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -14,7 +15,10 @@ import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langcha
 import { tool } from "@langchain/core/tools";
 import { END, MessagesAnnotation, START, StateGraph } from "@langchain/langgraph";
 import { ToolNode } from "@langchain/langgraph/prebuilt";
+import type { BaseCheckpointSaver } from "@langchain/langgraph-checkpoint";
+import { PostgresSaver } from "@langchain/langgraph-checkpoint-postgres";
 import { SqliteSaver } from "@langchain/langgraph-checkpoint-sqlite";
+import pg from "pg";
 import Database from "better-sqlite3";
 
 import { BusyError, createClient, type LeaseholdClient } from "../src/index.js";
@@ -55,7 +59,7 @@ class Agent {
     this.#release();
   }
 
-  graph(path: string, ledger = false) {
+  graph(path: string, ledger = false, checkpointer?: BaseCheckpointSaver) {
     const shell = tool(
       async ({ cmd }: { cmd: string }) => {
         this.entered = true;
@@ -83,7 +87,7 @@ class Agent {
       .addEdge(START, "agent")
       .addConditionalEdges("agent", (s) => ((s.messages.at(-1) as AIMessage).tool_calls?.length ? "tools" : END))
       .addEdge("tools", "agent")
-      .compile({ checkpointer: SqliteSaver.fromConnString(path) });
+      .compile({ checkpointer: checkpointer ?? SqliteSaver.fromConnString(path) });
   }
 }
 
@@ -219,5 +223,75 @@ describe("langgraph: one owner per thread", () => {
       answers.map((m) => [m.tool_call_id, String(m.content)]),
       [["call_1", "ran rm -rf build"]],
     );
+  });
+});
+
+const pgUrl = process.env.LEASEHOLD_TEST_PG_URL;
+
+describe("langgraph: PostgresSaver fenced in its own transaction", { skip: pgUrl === undefined || pgUrl === "" ? "LEASEHOLD_TEST_PG_URL is not set" : false }, () => {
+  const schema = `leasehold_lg_${randomBytes(6).toString("hex")}`;
+  let server: TestServer;
+  let lh: LeaseholdClient;
+  let other: LeaseholdClient;
+  let admin: pg.Client;
+  let pool: pg.Pool;
+  let saver: PostgresSaver;
+
+  before(async () => {
+    server = await startServer();
+    lh = createClient({ baseUrl: server.baseUrl, owner: "a" });
+    other = createClient({ baseUrl: server.baseUrl, owner: "b" });
+    admin = new pg.Client({ connectionString: pgUrl });
+    await admin.connect();
+    await admin.query(`CREATE SCHEMA ${schema}`);
+    // The saver's tables in its schema; leasehold_fence in the connections' search_path.
+    pool = new pg.Pool({ connectionString: pgUrl, options: `-c search_path=${schema}`, max: 4 });
+    saver = new PostgresSaver(pool, undefined, { schema });
+    await saver.setup();
+  });
+  after(async () => {
+    lh?.close();
+    other?.close();
+    await pool?.end();
+    await admin?.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+    await admin?.end();
+    await server?.close();
+  });
+
+  const rows = async (table: string): Promise<number> =>
+    Number(((await admin.query(`SELECT count(*) AS n FROM ${schema}.${table}`)).rows[0] as { n: string }).n);
+
+  it("one owner, and a stale fence that passed every local check is refused by PostgreSQL, nothing written", async () => {
+    const a = new Agent(["call_1", "call_2"]);
+    const b = new Agent(["call_b"]);
+    const ga = own(a.graph("", false, saver), lh, { prefix: "pg:" });
+    const gb = own(b.graph("", false, saver), other, { prefix: "pg:" });
+    assert.ok((ga.checkpointer as LeaseholdSaver).fencedInTransaction);
+    a.hold();
+    const first = ga.invoke({ messages: [new HumanMessage("ls")] }, THREAD);
+    await waitFor(() => a.entered, 5000, "A's tool");
+    await assert.rejects(gb.invoke({ messages: [new HumanMessage("cat")] }, THREAD), BusyError);
+    assert.equal(b.requests, 0);
+    a.release();
+    await first;
+    const head = await (ga.checkpointer as LeaseholdSaver).getTuple(THREAD);
+    assert.ok(head !== undefined);
+    await ga.invoke({ messages: [new HumanMessage("pwd")] }, THREAD); // a newer term wrote
+    const fence = (await lh.get("pg:t1")).lastEnded?.fence ?? 0n;
+    assert.equal(
+      ((await admin.query(`SELECT fence::text AS f FROM ${schema}.leasehold_fence WHERE key = 'pg:t1'`)).rows[0] as { f: string }).f,
+      fence.toString(),
+      "every term's writes advanced the fence in PostgreSQL",
+    );
+    const before = [await rows("checkpoints"), await rows("checkpoint_writes")];
+    const inner = (ga.checkpointer as LeaseholdSaver).inner;
+    await assert.rejects(
+      withFence("pg:t1", fence - 1n, () => inner.put(head.config, head.checkpoint, head.metadata ?? { source: "loop", step: 0, parents: {} }, {})),
+      StaleFenceError,
+    );
+    await assert.rejects(withFence("pg:t1", fence - 1n, () => inner.putWrites(head.config, [["x", 1]], "task")), StaleFenceError);
+    assert.deepEqual([await rows("checkpoints"), await rows("checkpoint_writes")], before);
+    await ga.invoke({ messages: [new HumanMessage("whoami")] }, THREAD); // nothing was left open
+    assert.ok((await rows("checkpoints")) > before[0]!);
   });
 });
