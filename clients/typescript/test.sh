@@ -26,8 +26,9 @@ echo "== gen:check"
 npm run --silent gen:check
 echo "== build"
 npm run --silent build
-echo "== typecheck"
-npm run --silent typecheck
-echo "== test"
+echo "== typecheck and build the tests"
+# build:test type-checks src and test under tsconfig.test.json (tsc fails on
+# any type error even as it emits): `npm run typecheck` is the same check.
 npm run --silent build:test
+echo "== test"
 node --test --test-concurrency=1 dist-test/test/*.test.js

@@ -2,6 +2,7 @@
 //
 //   import { generateText } from "@leasehold/client/ai-sdk";   // was: from "ai"
 //   const result = await generateText(client, `chat:${id}`, { model, messages, tools, onFinish });
+//   // or, to read the chat as its owner: generateText(client, key, async () => ({ model, messages: await load(id), ... }))
 //
 // The same arguments as the AI SDK's own `generateText` / `streamText`,
 // after the client and the chat's lease key. The call runs as the chat's
@@ -42,6 +43,18 @@ export type OwnOptions = Pick<AcquireOptions, "ttlMs" | "waitMs">;
 
 type GenerateArgs = Parameters<typeof ai.generateText>[0];
 type StreamArgs = Parameters<typeof ai.streamText>[0];
+
+/**
+ * A run's arguments, or a function that makes them once the lease is held:
+ * load the chat's messages there, so that what the run reads is what its
+ * owner sees (arguments built before the call were read before the lease,
+ * possibly while another run was still writing the chat).
+ */
+export type Args<A> = A | ((lease: Lease) => A | Promise<A>);
+
+async function made<A extends object>(args: Args<A>, lease: Lease): Promise<A> {
+  return typeof args === "function" ? (args as (lease: Lease) => A | Promise<A>)(lease) : args;
+}
 
 /** `tools`, each `execute` through the lease's ledger (by the SDK's toolCallId). */
 export function ledgered<T extends ToolSet>(tools: T, lease: Lease): T {
@@ -107,14 +120,14 @@ function owning<A extends GenerateArgs | StreamArgs>(args: A, lease: Lease): A {
 export async function generateText(
   client: LeaseholdClient,
   key: string,
-  args: GenerateArgs,
+  args: Args<GenerateArgs>,
   options: OwnOptions = {},
 ): Promise<Awaited<ReturnType<typeof ai.generateText>>> {
   const lease = await client.acquire(key, options);
   return current.run(lease, async () => {
     try {
       await takeover(lease);
-      const result = await ai.generateText(owning(args, lease));
+      const result = await ai.generateText(owning(await made(args, lease), lease));
       await lease.release();
       return result;
     } catch (err) {
@@ -132,18 +145,20 @@ export async function generateText(
 export async function streamText(
   client: LeaseholdClient,
   key: string,
-  args: StreamArgs,
+  args: Args<StreamArgs>,
   options: OwnOptions = {},
 ): Promise<ReturnType<typeof ai.streamText>> {
   const lease = await client.acquire(key, options);
   return current.run(lease, async () => {
+    let given: StreamArgs;
     try {
       await takeover(lease);
+      given = await made(args, lease);
     } catch (err) {
       await lease.suspend().catch(() => undefined);
       throw err;
     }
-    const owned = owning(args, lease);
+    const owned = owning(given, lease);
     let ended = false;
     const end = (suspend: boolean): void => {
       if (ended) return;
@@ -151,8 +166,8 @@ export async function streamText(
       void (suspend ? lease.suspend() : lease.release()).catch(() => undefined);
     };
     const onFinish = owned.onFinish as ((event: unknown) => Promise<void>) | undefined;
-    const onError = args.onError as ((event: { error: unknown }) => unknown) | undefined;
-    const onAbort = args.onAbort as ((event: unknown) => unknown) | undefined;
+    const onError = given.onError as ((event: { error: unknown }) => unknown) | undefined;
+    const onAbort = given.onAbort as ((event: unknown) => unknown) | undefined;
     return ai.streamText({
       ...owned,
       onFinish: async (event: unknown) => {

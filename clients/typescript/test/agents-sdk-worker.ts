@@ -7,25 +7,25 @@
 // its fenced SQLiteSession); otherwise the SDK's own `run` on the same
 // session store, as a user has it today.
 //
-// Env: AGENT_NAME, AGENT_DB, MODEL_URL, LEASEHOLD_URL (owned), AGENT_TTL_MS,
+// Env: AGENT_NAME, AGENT_DB, MODEL_URL, LEASEHOLD_URL (owned), AGENT_TTL_MS, AGENT_WAIT_MS,
 // AGENT_EFFECTS (a file each tool's side effects are appended to).
 // Prints "listening on 127.0.0.1:<port>" once it serves.
 
 import { appendFileSync } from "node:fs";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
 import * as sdk from "@openai/agents";
 import Database from "better-sqlite3";
 import OpenAI from "openai";
 import { z } from "zod";
 import { createClient, type LeaseholdClient } from "../src/index.js";
 import { currentLease, ledgered, run, SQLiteSession } from "../src/agents.js";
+import { failure, type Message, type RunBody, serveWorker } from "./worker-http.js";
 
 sdk.setTracingDisabled(true);
 
 const name = process.env.AGENT_NAME ?? `agent-${process.pid}`;
 const owned = process.env.AGENT_OWNED === "1";
 const ttlMs = Number(process.env.AGENT_TTL_MS ?? "1000");
+const waitMs = Number(process.env.AGENT_WAIT_MS ?? "0");
 const effects = process.env.AGENT_EFFECTS ?? "/dev/null";
 const db = new Database(process.env.AGENT_DB ?? "agents.db", { timeout: 10_000 });
 db.pragma("journal_mode = WAL");
@@ -63,18 +63,13 @@ function agentFor(session: string): sdk.Agent {
   });
 }
 
-interface RunBody {
-  readonly session: string;
-  readonly input: string;
-  readonly waitMs?: number;
-}
-
 async function turn(body: RunBody): Promise<unknown> {
-  const session = new SQLiteSession(body.session, db);
-  const agent = agentFor(body.session);
+  const session = new SQLiteSession(body.id, db);
+  const agent = agentFor(body.id);
+  const input = body.input ?? "";
   try {
     if (client === undefined) {
-      const result = await sdk.run(agent, body.input, { session });
+      const result = await sdk.run(agent, input, { session });
       return { ok: true, output: result.finalOutput };
     }
     let recovered: boolean | undefined;
@@ -82,7 +77,7 @@ async function turn(body: RunBody): Promise<unknown> {
     const result = await run(
       client,
       agent,
-      body.input,
+      input,
       {
         session,
         callModelInputFilter: ({ modelData }) => {
@@ -92,32 +87,28 @@ async function turn(body: RunBody): Promise<unknown> {
           return modelData;
         },
       },
-      { ttlMs, waitMs: body.waitMs ?? 0 },
+      { ttlMs, waitMs },
     );
     return { ok: true, output: result.finalOutput, recovered, fence };
   } catch (err) {
-    const e = err as Error;
-    return { ok: false, error: e.name, message: e.message };
+    return failure(err);
   }
 }
 
-const server = createServer((req: IncomingMessage, res: ServerResponse) => {
-  void (async () => {
-    let body = "";
-    for await (const chunk of req) body += String(chunk);
-    const url = new URL(req.url ?? "/", "http://x");
-    let out: unknown;
-    if (req.method === "POST" && url.pathname === "/run") out = await turn(JSON.parse(body) as RunBody);
-    else if (req.method === "GET" && url.pathname === "/items") {
-      out = await new SQLiteSession(url.searchParams.get("id") ?? "", db).getItems();
-    } else {
-      res.writeHead(404).end();
-      return;
-    }
-    res.writeHead(200, { "content-type": "application/json" });
-    res.end(JSON.stringify(out));
-  })();
-});
-server.listen(0, "127.0.0.1", () => {
-  console.log(`listening on 127.0.0.1:${(server.address() as AddressInfo).port}`);
-});
+/** The session's items, as the tests compare them. */
+async function items(id: string): Promise<Message[]> {
+  const stored = (await new SQLiteSession(id, db).getItems()) as Array<{
+    type?: string;
+    role?: string;
+    callId?: string;
+    content?: string | Array<{ text?: string }>;
+  }>;
+  return stored.map((i) => {
+    if (i.type === "function_call") return { role: "assistant", text: `call:${i.callId}` };
+    if (i.type === "function_call_result") return { role: "tool", text: `result:${i.callId}` };
+    const text = typeof i.content === "string" ? i.content : (i.content ?? []).map((c) => c.text ?? "").join("");
+    return { role: i.role ?? i.type ?? "", text };
+  });
+}
+
+serveWorker(turn, items);

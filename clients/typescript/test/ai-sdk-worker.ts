@@ -13,14 +13,13 @@
 // Prints "listening on 127.0.0.1:<port>" once it serves.
 
 import { appendFileSync } from "node:fs";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
 import { createOpenAI } from "@ai-sdk/openai";
 import * as ai from "ai";
 import Database from "better-sqlite3";
 import { z } from "zod";
 import { createClient, SQLITE_CREATE_TABLE, sqliteFencedWrite } from "../src/index.js";
 import { currentLease, generateText } from "../src/ai-sdk.js";
+import { failure, type Message, type RunBody, serveWorker } from "./worker-http.js";
 
 const name = process.env.AGENT_NAME ?? `agent-${process.pid}`;
 const owned = process.env.AGENT_OWNED === "1";
@@ -58,18 +57,14 @@ function insert(chat: string, messages: readonly ai.ModelMessage[]): void {
   for (const m of messages) stmt.run(chat, JSON.stringify(m));
 }
 
-interface RunBody {
-  readonly chat: string;
-  readonly input: string;
-}
-
 async function turn(body: RunBody): Promise<unknown> {
-  const user: ai.ModelMessage = { role: "user", content: body.input };
-  const key = `chat:${body.chat}`;
+  const chat = body.id;
+  const user: ai.ModelMessage = { role: "user", content: body.input ?? "" };
+  const key = `chat:${chat}`;
   let recovered: boolean | undefined;
   const args = {
     model: openai.responses("mock"),
-    headers: { "x-session": body.chat },
+    headers: { "x-session": chat },
     tools: { shell },
     stopWhen: ai.stepCountIs(4),
     maxRetries: 0,
@@ -78,9 +73,9 @@ async function turn(body: RunBody): Promise<unknown> {
     if (lh === undefined) {
       const result = await ai.generateText({
         ...args,
-        messages: [...load(body.chat), user],
+        messages: [...load(chat), user],
         onFinish: ({ responseMessages }) => {
-          db.transaction(() => insert(body.chat, [user, ...responseMessages]))();
+          db.transaction(() => insert(chat, [user, ...responseMessages]))();
         },
       });
       return { ok: true, output: result.text };
@@ -88,28 +83,28 @@ async function turn(body: RunBody): Promise<unknown> {
     const result = await generateText(
       lh,
       key,
-      {
+      // The chat is read once the lease is held: what the owner sees.
+      () => ({
         ...args,
         prepareStep: () => {
           recovered ??= currentLease().recovered;
           return undefined;
         },
-        messages: [...load(body.chat), user],
+        messages: [...load(chat), user],
         onFinish: ({ responseMessages }) => {
-          sqliteFencedWrite(db, key, currentLease().fence, () => insert(body.chat, [user, ...responseMessages]));
+          sqliteFencedWrite(db, key, currentLease().fence, () => insert(chat, [user, ...responseMessages]));
         },
-      },
+      }),
       { ttlMs, waitMs },
     );
     return { ok: true, output: result.text, recovered };
   } catch (err) {
-    const e = err as Error;
-    return { ok: false, error: e.name, message: e.message };
+    return failure(err);
   }
 }
 
-/** The chat's messages as role and text (a tool call as `call:<id>`, its result as `result:<id>`). */
-function items(chat: string): Array<{ role: string; text: string }> {
+/** The chat's messages. */
+function items(chat: string): Message[] {
   return load(chat).map((m) => {
     if (typeof m.content === "string") return { role: m.role, text: m.content };
     const text = m.content
@@ -124,22 +119,4 @@ function items(chat: string): Array<{ role: string; text: string }> {
   });
 }
 
-const server = createServer((req: IncomingMessage, res: ServerResponse) => {
-  void (async () => {
-    let body = "";
-    for await (const chunk of req) body += String(chunk);
-    const url = new URL(req.url ?? "/", "http://x");
-    let out: unknown;
-    if (req.method === "POST" && url.pathname === "/run") out = await turn(JSON.parse(body) as RunBody);
-    else if (req.method === "GET" && url.pathname === "/items") out = items(url.searchParams.get("id") ?? "");
-    else {
-      res.writeHead(404).end();
-      return;
-    }
-    res.writeHead(200, { "content-type": "application/json" });
-    res.end(JSON.stringify(out));
-  })();
-});
-server.listen(0, "127.0.0.1", () => {
-  console.log(`listening on 127.0.0.1:${(server.address() as AddressInfo).port}`);
-});
+serveWorker(turn, async (id) => items(id));

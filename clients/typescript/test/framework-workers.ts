@@ -1,14 +1,18 @@
 // What the framework adapters' process tests share: the scripted model,
-// the reply of a worker's POST /run, and a harness of agent server
-// processes (one test/*-worker.ts each) on one database, with a file their
-// tools append their side effects to.
+// the reply of a worker's POST /run, a harness of agent server processes
+// (one test/*-worker.ts each) on one database, with a file their tools
+// append their side effects to, and the ownership contract every adapter
+// meets (ownershipContract).
 
+import assert from "node:assert/strict";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { it } from "node:test";
 import { type AgentProcess, startAgent } from "./agents.js";
 import { itemText, type InputItem, type MockResponses, type ModelReply } from "./mock-responses.js";
 import { type TestServer, waitFor } from "./server.js";
+import type { Message } from "./worker-http.js";
 import { createClient, type ToolCallRecord } from "../src/index.js";
 
 /** The last user message "run shell N [as ID]" calls shell; a tool output after it gets "answer:<call ids>"; anything else is answered. */
@@ -99,3 +103,118 @@ export class Harness {
   }
 }
 
+
+/** What differs between the frameworks in the shared process tests. */
+export interface Contract {
+  /** The worker script (test/*-worker.js). */
+  readonly worker: string;
+  /** The lease key of session `id`. */
+  readonly key: (id: string) => string;
+  /** The stored texts after "run shell 600" (tool call `call`) and then "next". */
+  readonly afterWait?: (call: string) => string[];
+  /**
+   * The stored texts after a's "run shell 1200" (call `call`) froze past its
+   * TTL and b's "hello": one of these (a framework that saves in the
+   * background may or may not have saved a's first writes before the freeze).
+   */
+  readonly afterFreeze: (call: string) => string[][];
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+const texts = async (h: Harness, id: string): Promise<string[]> => (await h.items<Message>(id)).map((m) => m.text);
+
+/**
+ * The ownership contract every framework adapter meets with agent server
+ * processes on one database (registered as `it`s in the caller's
+ * `describe`): one writer at a time, a kill -9 of the owner taken over by
+ * exactly one other with its begun call settled unknown and never re-run,
+ * and a frozen owner's late write refused.
+ */
+export function ownershipContract(env: () => { mock: MockResponses; server: TestServer }, c: Contract): void {
+  const harness = (): Harness => new Harness(c.worker, env().mock, env().server);
+
+  it("the second process is Busy and asks nothing; a waiting one continues the whole history", async () => {
+    const h = harness();
+    try {
+      const [a, b, w] = await Promise.all([h.worker("a"), h.worker("b"), h.worker("w", { AGENT_WAIT_MS: "10000" })]);
+      const first = a.post("/run", { id: "s2", input: "run shell 600" });
+      const call = await h.started("a");
+      const busy = (await b.post("/run", { id: "s2", input: "while busy" })) as RunReply;
+      assert.equal(busy.error, "BusyError", JSON.stringify(busy));
+      const waiting = w.post("/run", { id: "s2", input: "next" });
+      assert.equal(((await first) as RunReply).ok, true);
+      const third = (await waiting) as RunReply;
+      assert.equal(third.ok, true, JSON.stringify(third));
+      assert.equal(third.recovered, false);
+      const expected = c.afterWait?.(call) ?? ["run shell 600", `call:${call}`, `result:${call}`, `answer:${call}`, "next", "answer:next"];
+      assert.deepEqual(await texts(h, "s2"), expected);
+      const asked = (text: string) => env().mock.requests.some((r) => r.input.some((i) => i.role === "user" && itemText(i) === text));
+      assert.ok(!asked("while busy"), "the busy run asked the model nothing");
+      const next = env().mock.requests.find((r) => r.input.some((i) => i.role === "user" && itemText(i) === "next"));
+      assert.ok(
+        next?.input.some((i) => i.role === "user" && itemText(i) === "run shell 600"),
+        "the waiting run's model saw the first turn",
+      );
+    } finally {
+      await h.close();
+    }
+  });
+
+  it("kill -9 of the owner mid-tool: exactly one of two racing processes takes over, and the begun call is settled unknown, never re-run", async () => {
+    const h = harness();
+    try {
+      const wait = { AGENT_WAIT_MS: "10000" };
+      const [a, b, d] = await Promise.all([h.worker("a"), h.worker("b", wait), h.worker("d", wait)]);
+      void a.post("/run", { id: "s3", input: "run shell 5000" }).catch(() => undefined);
+      const call = await h.started("a");
+      await a.kill();
+      const replies = (await Promise.all([
+        b.post("/run", { id: "s3", input: "hello" }),
+        d.post("/run", { id: "s3", input: "again" }),
+      ])) as RunReply[];
+      assert.ok(replies.every((r) => r.ok), JSON.stringify(replies));
+      assert.deepEqual(replies.map((r) => r.recovered).sort(), [false, true], JSON.stringify(replies));
+      assert.deepEqual(h.effectLines(), [`a start ${call}`], "the lost owner's call was never run again");
+      assert.deepEqual((await h.ledger(c.key("s3"))).map((x) => [x.callId, x.state]), [[call, "unknown"]]);
+      // The server's record, newest first: a's term expired, then one taker, then the other.
+      const client = createClient({ baseUrl: env().server.baseUrl });
+      try {
+        const terms = [...(await client.history(c.key("s3"))).entries].reverse().slice(0, 3);
+        assert.deepEqual(terms.map((t) => [t.end, t.owner === "a"]), [["expired", true], ["released", false], ["released", false]]);
+        assert.deepEqual(new Set(terms.slice(1).map((t) => t.owner)), new Set(["b", "d"]));
+      } finally {
+        client.close();
+      }
+    } finally {
+      await h.close();
+    }
+  });
+
+  it("an owner frozen (SIGSTOP) past its TTL: the new owner takes over, and the old one's late write is refused", async () => {
+    const h = harness();
+    try {
+      const [a, b] = await Promise.all([h.worker("a"), h.worker("b", { AGENT_WAIT_MS: "5000" })]);
+      const first = a.post("/run", { id: "s4", input: "run shell 1200" });
+      const call = await h.started("a");
+      a.freeze();
+      await sleep(1_500); // past a's 1 s TTL: the server ends its term
+      const second = (await b.post("/run", { id: "s4", input: "hello" })) as RunReply;
+      assert.equal(second.ok, true, JSON.stringify(second));
+      assert.equal(second.recovered, true);
+      a.thaw();
+      const late = (await first) as RunReply;
+      assert.equal(late.ok, false, JSON.stringify(late));
+      assert.match(late.error ?? "", /LeaseLostError|StaleFenceError/);
+      const stored = await texts(h, "s4");
+      const expected = c.afterFreeze(call);
+      assert.ok(
+        expected.some((e) => JSON.stringify(e) === JSON.stringify(stored)),
+        `stored ${JSON.stringify(stored)}, expected one of ${JSON.stringify(expected)}`,
+      );
+      assert.deepEqual(h.effectLines(), [`a start ${call}`, `a end ${call}`], "ran once, by the lost owner");
+    } finally {
+      await h.close();
+    }
+  });
+}

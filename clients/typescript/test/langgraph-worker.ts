@@ -13,15 +13,14 @@
 // Prints "listening on 127.0.0.1:<port>" once it serves.
 
 import { appendFileSync } from "node:fs";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
 import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langchain/core/messages";
 import { tool } from "@langchain/core/tools";
 import { END, MessagesAnnotation, START, StateGraph } from "@langchain/langgraph";
 import { ToolNode } from "@langchain/langgraph/prebuilt";
 import { SqliteSaver } from "@langchain/langgraph-checkpoint-sqlite";
 import { createClient } from "../src/index.js";
-import { ledgeredTools, own } from "../src/langgraph.js";
+import { ledgeredTools, own, RUN } from "../src/langgraph.js";
+import { failure, type Message, type RunBody, serveWorker } from "./worker-http.js";
 
 const name = process.env.AGENT_NAME ?? `agent-${process.pid}`;
 const owned = process.env.AGENT_OWNED === "1";
@@ -67,11 +66,13 @@ function toInput(messages: BaseMessage[]): unknown[] {
 
 async function model(
   state: typeof MessagesAnnotation.State,
-  config: { configurable?: { thread_id?: string } },
+  config: { configurable?: Record<string, unknown> },
 ): Promise<{ messages: BaseMessage[] }> {
+  const run = config.configurable?.[RUN] as { lease?: { recovered: boolean } } | undefined;
+  recovered ??= run?.lease?.recovered;
   const res = await fetch(`${modelUrl}/responses`, {
     method: "POST",
-    headers: { "content-type": "application/json", "x-session": config.configurable?.thread_id ?? "" },
+    headers: { "content-type": "application/json", "x-session": String(config.configurable?.thread_id ?? "") },
     body: JSON.stringify({ model: "mock", input: toInput(state.messages) }),
   });
   const body = (await res.json()) as {
@@ -104,27 +105,23 @@ const graph = owned
   ? own(compiled, createClient({ baseUrl: process.env.LEASEHOLD_URL ?? "", owner: name }), { ttlMs, waitMs })
   : compiled;
 
-interface RunBody {
-  readonly thread: string;
-  /** null: resume the thread where it stopped (a recoverer's run). */
-  readonly input: string | null;
-}
+let recovered: boolean | undefined;
 
 async function turn(body: RunBody): Promise<unknown> {
+  recovered = undefined;
   try {
     const out = (await graph.invoke(
       body.input === null ? null : { messages: [new HumanMessage(body.input)] },
-      { configurable: { thread_id: body.thread } },
+      { configurable: { thread_id: body.id } },
     )) as typeof MessagesAnnotation.State;
-    return { ok: true, output: String(out.messages.at(-1)?.content) };
+    return { ok: true, output: String(out.messages.at(-1)?.content), recovered };
   } catch (err) {
-    const e = err as Error;
-    return { ok: false, error: e.name, message: e.message };
+    return failure(err);
   }
 }
 
-/** The thread's messages as role and text (a tool call as `call:<id>`, its result as `result:<id>` with its content). */
-async function items(thread: string): Promise<Array<{ role: string; text: string; content?: string }>> {
+/** The thread's messages (a tool result with its content). */
+async function items(thread: string): Promise<Message[]> {
   const state = await compiled.getState({ configurable: { thread_id: thread } });
   const messages = ((state.values as { messages?: BaseMessage[] }).messages ?? []) as BaseMessage[];
   return messages.map((m) => {
@@ -136,22 +133,4 @@ async function items(thread: string): Promise<Array<{ role: string; text: string
   });
 }
 
-const server = createServer((req: IncomingMessage, res: ServerResponse) => {
-  void (async () => {
-    let body = "";
-    for await (const chunk of req) body += String(chunk);
-    const url = new URL(req.url ?? "/", "http://x");
-    let out: unknown;
-    if (req.method === "POST" && url.pathname === "/run") out = await turn(JSON.parse(body) as RunBody);
-    else if (req.method === "GET" && url.pathname === "/items") out = await items(url.searchParams.get("id") ?? "");
-    else {
-      res.writeHead(404).end();
-      return;
-    }
-    res.writeHead(200, { "content-type": "application/json" });
-    res.end(JSON.stringify(out));
-  })();
-});
-server.listen(0, "127.0.0.1", () => {
-  console.log(`listening on 127.0.0.1:${(server.address() as AddressInfo).port}`);
-});
+serveWorker(turn, items);

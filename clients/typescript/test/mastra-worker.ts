@@ -11,8 +11,6 @@
 // Prints "listening on 127.0.0.1:<port>" once it serves.
 
 import { appendFileSync } from "node:fs";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
 import { Agent } from "@mastra/core/agent";
 import { createTool } from "@mastra/core/tools";
 import { LibSQLStore } from "@mastra/libsql";
@@ -20,6 +18,7 @@ import { Memory } from "@mastra/memory";
 import { z } from "zod";
 import { createClient } from "../src/index.js";
 import { currentLease, ledgered, own } from "../src/mastra.js";
+import { failure, type Message, type RunBody, serveWorker } from "./worker-http.js";
 
 const name = process.env.AGENT_NAME ?? `agent-${process.pid}`;
 const owned = process.env.AGENT_OWNED === "1";
@@ -56,16 +55,11 @@ const agent = owned
   ? own(plain, createClient({ baseUrl: process.env.LEASEHOLD_URL ?? "", owner: name }), { ttlMs, waitMs })
   : plain;
 
-interface RunBody {
-  readonly thread: string;
-  readonly input: string;
-}
-
 async function turn(body: RunBody): Promise<unknown> {
   let recovered: boolean | undefined;
   try {
-    const result = await agent.generate(body.input, {
-      memory: { thread: body.thread, resource: "user" },
+    const result = await agent.generate(body.input ?? "", {
+      memory: { thread: body.id, resource: "user" },
       prepareStep: () => {
         if (owned) recovered ??= currentLease().recovered;
         return undefined;
@@ -73,13 +67,12 @@ async function turn(body: RunBody): Promise<unknown> {
     });
     return { ok: true, output: result.text, recovered };
   } catch (err) {
-    const e = err as Error;
-    return { ok: false, error: e.name, message: e.message };
+    return failure(err);
   }
 }
 
-/** The thread's messages as role and text (a tool call as `call:<id>`, its result as `result:<id>`). */
-async function items(thread: string): Promise<Array<{ role: string; text: string }>> {
+/** The thread's messages (Mastra keeps a call, its result and the answer in one assistant message). */
+async function items(thread: string): Promise<Message[]> {
   const { messages } = await memory.recall({ threadId: thread, resourceId: "user" });
   return messages.map((m) => ({
     role: m.role,
@@ -94,22 +87,4 @@ async function items(thread: string): Promise<Array<{ role: string; text: string
   }));
 }
 
-const server = createServer((req: IncomingMessage, res: ServerResponse) => {
-  void (async () => {
-    let body = "";
-    for await (const chunk of req) body += String(chunk);
-    const url = new URL(req.url ?? "/", "http://x");
-    let out: unknown;
-    if (req.method === "POST" && url.pathname === "/run") out = await turn(JSON.parse(body) as RunBody);
-    else if (req.method === "GET" && url.pathname === "/items") out = await items(url.searchParams.get("id") ?? "");
-    else {
-      res.writeHead(404).end();
-      return;
-    }
-    res.writeHead(200, { "content-type": "application/json" });
-    res.end(JSON.stringify(out));
-  })();
-});
-server.listen(0, "127.0.0.1", () => {
-  console.log(`listening on 127.0.0.1:${(server.address() as AddressInfo).port}`);
-});
+serveWorker(turn, items);

@@ -13,7 +13,8 @@ import { createTool } from "@mastra/core/tools";
 import { LibSQLStore } from "@mastra/libsql";
 import { Memory } from "@mastra/memory";
 import { z } from "zod";
-import { Harness, type RunReply, script } from "./framework-workers.js";
+import { Harness, ownershipContract, type RunReply, script } from "./framework-workers.js";
+import type { Message } from "./worker-http.js";
 import { itemText, type MockResponses, startMockResponses } from "./mock-responses.js";
 import { startServer, type TestServer } from "./server.js";
 import { BusyError, createClient, LeaseLostError } from "../src/index.js";
@@ -21,12 +22,6 @@ import { currentLease, ledgered, NotOwnedError, own } from "../src/mastra.js";
 
 const WORKER = fileURLToPath(new URL("./mastra-worker.js", import.meta.url));
 
-interface Message {
-  readonly role: string;
-  readonly text: string;
-}
-
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
 describe("mastra: one owner per thread", () => {
   let mock: MockResponses;
@@ -44,9 +39,9 @@ describe("mastra: one owner per thread", () => {
     const h = new Harness(WORKER, mock, undefined);
     try {
       const [a, b] = await Promise.all([h.worker("a"), h.worker("b")]);
-      const first = a.post("/run", { thread: "t1", input: "run shell 600" });
+      const first = a.post("/run", { id: "t1", input: "run shell 600" });
       await h.started("a");
-      const second = (await b.post("/run", { thread: "t1", input: "hello" })) as RunReply;
+      const second = (await b.post("/run", { id: "t1", input: "hello" })) as RunReply;
       assert.equal(second.ok, true, JSON.stringify(second));
       assert.equal(((await first) as RunReply).ok, true);
       const asked = mock.requests.find((r) => r.input.some((i) => i.role === "user" && itemText(i) === "hello"));
@@ -63,78 +58,17 @@ describe("mastra: one owner per thread", () => {
     }
   });
 
-  it("with leasehold, a second run is Busy and writes nothing; a waiting one continues the whole history", async () => {
-    const h = new Harness(WORKER, mock, server);
-    try {
-      const [a, b, c] = await Promise.all([h.worker("a"), h.worker("b"), h.worker("c", { AGENT_WAIT_MS: "10000" })]);
-      const first = a.post("/run", { thread: "t2", input: "run shell 600" });
-      await h.started("a");
-      const busy = (await b.post("/run", { thread: "t2", input: "hello" })) as RunReply;
-      assert.equal(busy.error, "BusyError", JSON.stringify(busy));
-      const waiting = c.post("/run", { thread: "t2", input: "next" });
-      assert.equal(((await first) as RunReply).ok, true);
-      const third = (await waiting) as RunReply;
-      assert.equal(third.ok, true, JSON.stringify(third));
-      assert.equal(third.recovered, false);
-      const messages = await h.items<Message>("t2");
-      assert.deepEqual(messages.filter((m) => m.role === "user").map((m) => m.text), ["run shell 600", "next"]);
-      const asked = mock.requests.find((r) => r.input.some((i) => i.role === "user" && itemText(i) === "next"));
-      assert.ok(asked?.input.some((i) => i.type === "function_call_output"), "the waiting run saw the whole first turn");
-      assert.equal(mock.rejections().length, 0);
-    } finally {
-      await h.close();
-    }
-  });
-
-  it("kill -9 of the owner mid-tool: exactly one of two racing runs takes over, and the begun call is settled unknown, never re-run", async () => {
-    const h = new Harness(WORKER, mock, server);
-    try {
-      const wait = { AGENT_WAIT_MS: "10000" };
-      const [a, b, c] = await Promise.all([h.worker("a"), h.worker("b", wait), h.worker("c", wait)]);
-      void a.post("/run", { thread: "t3", input: "run shell 5000" }).catch(() => undefined);
-      const call = await h.started("a");
-      await a.kill();
-      const replies = (await Promise.all([
-        b.post("/run", { thread: "t3", input: "hello" }),
-        c.post("/run", { thread: "t3", input: "again" }),
-      ])) as RunReply[];
-      assert.ok(replies.every((r) => r.ok), JSON.stringify(replies));
-      assert.deepEqual(replies.map((r) => r.recovered).sort(), [false, true], JSON.stringify(replies));
-      assert.deepEqual(h.effectLines(), [`a start ${call}`], "the lost owner's call was never run again");
-      const calls = await h.ledger("mastra:t3");
-      assert.deepEqual(calls.map((x) => [x.callId, x.state]), [[call, "unknown"]]);
-    } finally {
-      await h.close();
-    }
-  });
-
-  it("an owner frozen (SIGSTOP) past its TTL: the new owner takes over, and the old one's late writes are refused", async () => {
-    const h = new Harness(WORKER, mock, server);
-    try {
-      const [a, b] = await Promise.all([h.worker("a"), h.worker("b", { AGENT_WAIT_MS: "5000" })]);
-      const first = a.post("/run", { thread: "t4", input: "run shell 1200" });
-      const call = await h.started("a");
-      a.freeze();
-      await sleep(1_500); // past a's 1 s TTL: the server ends its term
-      const second = (await b.post("/run", { thread: "t4", input: "hello" })) as RunReply;
-      assert.equal(second.ok, true, JSON.stringify(second));
-      assert.equal(second.recovered, true);
-      a.thaw();
-      const late = (await first) as RunReply;
-      assert.equal(late.ok, false, JSON.stringify(late));
-      assert.equal(late.error, "LeaseLostError", JSON.stringify(late));
-      const messages = await h.items<Message>("t4");
-      // The call itself was written while a still owned the thread (Mastra
-      // flushes a call before running it); its result and answer came too late.
-      assert.ok(
-        !messages.some((m) => m.text.includes(`result:${call}`) || m.text.includes(`answer:${call}`)),
-        `the lost owner's result was refused: ${JSON.stringify(messages)}`,
-      );
-      assert.equal(messages.at(-1)?.text, "answer:hello");
-      assert.deepEqual(h.effectLines(), [`a start ${call}`, `a end ${call}`], "ran once, by the lost owner");
-    } finally {
-      await h.close();
-    }
+  ownershipContract(() => ({ mock, server }), {
+    worker: WORKER,
+    key: (id) => `mastra:${id}`,
+    // Mastra keeps a call, its result and the answer in one assistant message.
+    afterWait: (call) => ["run shell 600", `result:${call} answer:${call}`, "next", "answer:next"],
+    // Mastra saves in the background: a's user message and call may have been saved while
+    // it still owned the thread, or not; its result and answer came too late and were refused.
+    afterFreeze: (call) => [
+      ["run shell 1200", `call:${call}`, "hello", "answer:hello"],
+      ["hello", "answer:hello"],
+    ],
   });
 
   it("a ledgered call id seen before on the thread never runs again; the stored output is answered", async () => {
@@ -142,7 +76,7 @@ describe("mastra: one owner per thread", () => {
     try {
       const a = await h.worker("a");
       for (const input of ["run shell 5 as call_dup", "run shell 5 as call_dup"]) {
-        const reply = (await a.post("/run", { thread: "t5", input })) as RunReply;
+        const reply = (await a.post("/run", { id: "t5", input })) as RunReply;
         assert.equal(reply.ok, true, JSON.stringify(reply));
       }
       assert.deepEqual(h.effectLines(), ["a start call_dup", "a end call_dup"]);

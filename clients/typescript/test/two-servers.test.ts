@@ -204,6 +204,14 @@ describe("two servers with leasehold on one SQLite file", () => {
     const c = await h.agent("c", env());
     await victim.post("/session/k1/message", { text: "run shell 60000" });
     const shell = await h.callOf("k1", "shell");
+    // Killed once the shell runs (in the ledger): a kill between the
+    // transcript's call and its registration is the "never started" case.
+    for (let i = 0; ; i++) {
+      const status = (await victim.get("/status")) as Status;
+      if (status.events.some((e) => e.kind === "tool_started" && e.detail === shell)) break;
+      if (i >= 500) throw new Error("the victim's shell never started");
+      await sleep(20);
+    }
     await victim.kill();
     const resumed: string[][] = [];
     for (let round = 0; round < 100 && resumed.flat().length === 0; round++) {

@@ -165,9 +165,11 @@ async function loop(sessionId: string, own: Ownership, first: Output[] = []): Pr
     });
     outputs = [];
     for (const c of calls) {
-      const output = await own.run({ callId: c.toolCallId, name: c.toolName, turn: responseId }, (signal) =>
-        runTool(c.toolName, c.input, signal),
-      );
+      const output = await own.run({ callId: c.toolCallId, name: c.toolName, turn: responseId }, (signal) => {
+        // With leasehold the call is in the ledger by now (registration comes first).
+        events.push({ session: sessionId, kind: "tool_started", detail: c.toolCallId });
+        return runTool(c.toolName, c.input, signal);
+      });
       const resultFence = await own.gate();
       store.write(sessionId, resultFence, () => store.addPart(sessionId, "result", c.toolCallId, output, name));
       outputs.push({ callId: c.toolCallId, toolName: c.toolName, output });
