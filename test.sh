@@ -53,6 +53,14 @@ for client in python typescript; do
   fi
 done
 
+# The npm packages of the server, packed from the binary just built and
+# installed into a fresh project outside the repository (needs the
+# TypeScript client built above).
+if [[ -x packaging/npm/test.sh && -f clients/typescript/dist/index.js ]]; then
+  phase "packaging/npm"
+  packaging/npm/test.sh
+fi
+
 # The chaos short runs add a Python worker and two TypeScript workers (one
 # per transport) on the clients just installed and built.
 if [[ -x clients/python/.venv/bin/python ]]; then
