@@ -149,6 +149,17 @@ def pg_schema() -> Iterator[str]:
 TESTS = Path(__file__).parent
 
 
+def wait_for_marker(proc: subprocess.Popen[str], marker: str, timeout: float = 60) -> None:
+    """Waits until worker ``proc`` writes ``marker`` (its tool is running);
+    fails at once, with what the worker said, if it ends first."""
+    path = Path(marker)
+    if not wait_until(lambda: path.exists() or proc.poll() is not None, timeout):
+        pytest.fail(f"the worker did not reach its tool within {timeout} s")
+    if not path.exists():
+        out = proc.communicate(timeout=10)[0]
+        pytest.fail(f"the worker ended (status {proc.returncode}) before its tool: {out!r}")
+
+
 def spawn_worker(script: str, spec: dict[str, object]) -> subprocess.Popen[str]:
     """Starts ``tests/<script>`` with ``spec`` (JSON); its one stdout line is
     how it ended."""
