@@ -28,21 +28,15 @@ import type {
 } from "@openai/agents";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { LeaseLostError, LeaseholdError } from "./errors.js";
+import { LeaseholdError, NotOwnedError } from "./errors.js";
 import { SQLITE_CREATE_TABLE, type SqliteConnection, sqliteFencedWrite } from "./fence.js";
 import type { Lease } from "./lease.js";
-import { ALREADY_RUNNING, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
+import { answer, ensureHeld, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
 
 /** What a call the ledger holds from a lost owner answers the model. */
 export const UNKNOWN_RESULT = unknownResult("session");
 
-/** A session used or a ledgered tool called outside the run that owns it. */
-export class NotOwnedError extends LeaseholdError {
-  constructor(message: string) {
-    super("not_owned", message);
-    this.name = "NotOwnedError";
-  }
-}
+export { NotOwnedError };
 
 /** How the session is owned: the lease's TTL, how long to wait for a busy session, the key's prefix. */
 export interface OwnOptions extends Pick<AcquireOptions, "ttlMs" | "waitMs"> {
@@ -249,13 +243,8 @@ function fencedSqlite(session: SQLiteSession, lease: Lease): Session {
 }
 
 function ensureOwner(lease: Lease, session: Session): void {
-  if (lease.lossReason !== undefined) {
-    const id = (session as { sessionId?: unknown }).sessionId;
-    throw new LeaseLostError(
-      `the run lost session ${JSON.stringify(id ?? lease.key)} (${lease.lossReason}): it may not use it any more`,
-      { key: lease.key, fence: lease.fence, reason: lease.lossReason },
-    );
-  }
+  const id = (session as { sessionId?: unknown }).sessionId;
+  ensureHeld(lease, `session ${JSON.stringify(id ?? lease.key)}`);
 }
 
 /**
@@ -343,18 +332,7 @@ export function ledgered<TContext, TParameters extends ToolInputParameters, TRes
       const callId = details?.toolCall?.callId;
       if (callId === undefined) return invoke(runContext, input, details);
       const result = await ledgerCall(lease, callId, tool.name, () => invoke(runContext, input, details));
-      switch (result.kind) {
-        case "fresh":
-          return result.value as string | TResult;
-        case "stored":
-          return result.value as string | TResult;
-        case "failed":
-          throw new Error(result.message);
-        case "unknown":
-          return UNKNOWN_RESULT;
-        case "running":
-          return ALREADY_RUNNING;
-      }
+      return answer(result, UNKNOWN_RESULT) as string | TResult;
     },
   };
 }

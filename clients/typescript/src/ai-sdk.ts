@@ -22,9 +22,9 @@ import * as ai from "ai";
 import type { ToolSet } from "ai";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { LeaseLostError } from "./errors.js";
+import { LeaseLostError, NotOwnedError } from "./errors.js";
 import type { Lease } from "./lease.js";
-import { ALREADY_RUNNING, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
+import { answer, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
 
 /** What a call the ledger holds from a lost owner answers the model. */
 export const UNKNOWN_RESULT = unknownResult("chat");
@@ -34,7 +34,7 @@ const current = new AsyncLocalStorage<Lease>();
 /** The lease of the owned run this code runs in (inside tools, `onFinish`, ...). */
 export function currentLease(): Lease {
   const lease = current.getStore();
-  if (lease === undefined) throw new Error("currentLease(): not inside an owned generateText/streamText run");
+  if (lease === undefined) throw new NotOwnedError("currentLease(): not inside an owned generateText/streamText run");
   return lease;
 }
 
@@ -72,17 +72,7 @@ export function ledgered<T extends ToolSet>(tools: T, lease: Lease): T {
           const both = options.abortSignal === undefined ? signal : AbortSignal.any([options.abortSignal, signal]);
           return execute(input, { ...options, abortSignal: both });
         });
-        switch (result.kind) {
-          case "fresh":
-          case "stored":
-            return result.value;
-          case "failed":
-            throw new Error(result.message);
-          case "unknown":
-            return UNKNOWN_RESULT;
-          case "running":
-            return ALREADY_RUNNING;
-        }
+        return answer(result, UNKNOWN_RESULT);
       },
     };
   }

@@ -191,6 +191,17 @@ export class UnavailableError extends LeaseholdError {
   }
 }
 
+/**
+ * Something that belongs to an owned run (a ledgered tool, `currentLease()`)
+ * used outside one: the framework adapters' one such error.
+ */
+export class NotOwnedError extends LeaseholdError {
+  constructor(message: string) {
+    super("not_owned", message);
+    this.name = "NotOwnedError";
+  }
+}
+
 /** A refusal's details by metadata name: ASCII values as text, `-bin` values as bytes. */
 export interface RefusalDetails {
   text(name: string): string | undefined;

@@ -12,6 +12,7 @@ export {
   InvalidArgumentError,
   LeaseholdError,
   LeaseLostError,
+  NotOwnedError,
   PermissionDeniedError,
   QuarantinedError,
   ReservedError,

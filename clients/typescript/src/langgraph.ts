@@ -31,7 +31,8 @@ import {
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
 import { PG_ADVANCE, PG_CREATE_TABLE, SQLITE_ADVANCE, SQLITE_CREATE_TABLE, StaleFenceError } from "./fence.js";
 import type { Lease } from "./lease.js";
-import { ALREADY_RUNNING, ledgerCall, takeover, unknownResult } from "./owning.js";
+import { NotOwnedError } from "./errors.js";
+import { answer, ledgerCall, takeover, unknownResult } from "./owning.js";
 
 /** The configurable entry that carries a run's lease to its writes. */
 export const RUN = "__leasehold_run";
@@ -407,7 +408,7 @@ export function ledgeredTools<T extends Invocable>(tools: readonly T[]): T[] {
         return invoke(input, config);
       }
       const run = runOf(config);
-      if (run === undefined) throw new Error(`tool ${tool.name} is ledgered but ran outside an owned LangGraph run`);
+      if (run === undefined) throw new NotOwnedError(`tool ${tool.name} is ledgered but ran outside an owned LangGraph run`);
       const result = await ledgerCall(
         run.lease,
         call.id,
@@ -415,18 +416,9 @@ export function ledgeredTools<T extends Invocable>(tools: readonly T[]): T[] {
         () => invoke(input, config),
         (fresh) => (fresh as { content?: unknown } | undefined)?.content ?? fresh,
       );
-      switch (result.kind) {
-        case "fresh":
-          return result.value;
-        case "stored":
-          return typeof result.value === "string" ? result.value : JSON.stringify(result.value);
-        case "failed":
-          throw new Error(result.message);
-        case "unknown":
-          return UNKNOWN_RESULT;
-        case "running":
-          return ALREADY_RUNNING;
-      }
+      // A stored answer is a ToolMessage's content: text, as ToolNode gives it.
+      if (result.kind === "stored") return typeof result.value === "string" ? result.value : JSON.stringify(result.value);
+      return answer(result, UNKNOWN_RESULT);
     };
     return wrapped;
   });

@@ -23,9 +23,9 @@ import { AsyncLocalStorage } from "node:async_hooks";
 import type { Agent } from "@mastra/core/agent";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { LeaseLostError, LeaseholdError } from "./errors.js";
+import { LeaseholdError, NotOwnedError } from "./errors.js";
 import type { Lease } from "./lease.js";
-import { ALREADY_RUNNING, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
+import { answer, ensureHeld, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
 
 /** What a call the ledger holds from a lost owner answers the model. */
 export const UNKNOWN_RESULT = unknownResult("thread");
@@ -36,13 +36,7 @@ export interface OwnOptions extends Pick<AcquireOptions, "ttlMs" | "waitMs"> {
   readonly prefix?: string;
 }
 
-/** A ledgered tool called outside an owned run. */
-export class NotOwnedError extends LeaseholdError {
-  constructor(message: string) {
-    super("not_owned", message);
-    this.name = "NotOwnedError";
-  }
-}
+export { NotOwnedError };
 
 interface Run {
   readonly thread: string;
@@ -103,14 +97,7 @@ function threadOf(options: RunOptions | undefined): string | undefined {
 }
 
 function ensureValid(run: Run): void {
-  const reason = run.lease.lossReason;
-  if (reason !== undefined) {
-    throw new LeaseLostError(`the run lost thread ${JSON.stringify(run.thread)} (${reason}): it may not write it any more`, {
-      key: run.lease.key,
-      fence: run.lease.fence,
-      reason,
-    });
-  }
+  ensureHeld(run.lease, `thread ${JSON.stringify(run.thread)}`);
 }
 
 /** Gates the writes of `memory`'s storage domain (once per domain object). */
@@ -264,17 +251,7 @@ export function ledgered<T extends ExecutingTool>(tool: T): T {
     if (callId === undefined) return execute(input, context);
     ensureValid(run);
     const result = await ledgerCall(run.lease, callId, tool.id, () => execute(input, context));
-    switch (result.kind) {
-      case "fresh":
-      case "stored":
-        return result.value;
-      case "failed":
-        throw new Error(result.message);
-      case "unknown":
-        return UNKNOWN_RESULT;
-      case "running":
-        return ALREADY_RUNNING;
-    }
+    return answer(result, UNKNOWN_RESULT);
   };
   (tool as { execute?: unknown }).execute = wrapped;
   return tool;

@@ -3,6 +3,7 @@
 // caused, and one tool call through the ledger. Internal: not a subpath
 // export of the package.
 
+import { LeaseLostError } from "./errors.js";
 import type { Lease } from "./lease.js";
 
 /** What a call the ledger holds from a lost owner answers the model; `of` names what was owned. */
@@ -18,6 +19,22 @@ export async function takeover(lease: Lease): Promise<void> {
   if (lease.unsettledToolCalls === 0) return;
   for (const call of await lease.listToolCalls({ unsettled: true })) {
     await lease.settleToolCall(call.callId, { state: "unknown" }, { turn: call.turn });
+  }
+}
+
+/**
+ * The local check every adapter makes before it reads or writes for a run:
+ * throws the loss once the lease is no longer held (no round trip).
+ * `what` names what was owned, for the message (`session "s1"`).
+ */
+export function ensureHeld(lease: Lease, what: string): void {
+  const reason = lease.lossReason;
+  if (reason !== undefined) {
+    throw new LeaseLostError(`the run lost ${what} (${reason}): it may not use it any more`, {
+      key: lease.key,
+      fence: lease.fence,
+      reason,
+    });
   }
 }
 
@@ -67,4 +84,22 @@ export async function ledgerCall(
   const text = decoder.decode(outcome.result);
   if (outcome.state === "failed") return { kind: "failed", message: text };
   return { kind: "stored", value: JSON.parse(text) as unknown };
+}
+
+/**
+ * What a ledgered tool answers for `result`: its value (fresh or stored),
+ * the failure rethrown, `unknown` for a lost owner's unsettled call.
+ */
+export function answer(result: Ledgered, unknown: string): unknown {
+  switch (result.kind) {
+    case "fresh":
+    case "stored":
+      return result.value;
+    case "failed":
+      throw new Error(result.message);
+    case "unknown":
+      return unknown;
+    case "running":
+      return ALREADY_RUNNING;
+  }
 }

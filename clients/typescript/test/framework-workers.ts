@@ -104,6 +104,33 @@ export class Harness {
 }
 
 
+/**
+ * The failure without leasehold, for a framework that saves a turn as it
+ * ends: a second process drives session "s1" while the first's turn runs.
+ * Its model is asked with no trace of that turn, and the store then holds
+ * both turns in `storedUsers` order, a history neither model saw.
+ */
+export function forkWithoutLeasehold(env: () => { mock: MockResponses }, worker: string, storedUsers: readonly string[]): void {
+  it("without leasehold, a second process drives the session while the first's turn runs: its model never sees that turn, and the store keeps both turns as neither model saw them", async () => {
+    const h = new Harness(worker, env().mock, undefined);
+    try {
+      const [a, b] = await Promise.all([h.worker("a"), h.worker("b")]);
+      const first = a.post("/run", { id: "s1", input: "run shell 600" });
+      await h.started("a");
+      const second = (await b.post("/run", { id: "s1", input: "meanwhile" })) as RunReply;
+      assert.equal(second.ok, true, JSON.stringify(second));
+      assert.equal(((await first) as RunReply).ok, true);
+      const asked = env().mock.requests.find((r) => r.input.some((i) => i.role === "user" && itemText(i) === "meanwhile"));
+      assert.ok(asked !== undefined);
+      assert.ok(!asked.input.some((i) => i.role === "user" && itemText(i).startsWith("run shell")), JSON.stringify(asked.input));
+      const users = (await h.items<Message>("s1")).filter((m) => m.role === "user").map((m) => m.text);
+      assert.deepEqual(users, storedUsers);
+    } finally {
+      await h.close();
+    }
+  });
+}
+
 /** What differs between the frameworks in the shared process tests. */
 export interface Contract {
   /** The worker script (test/*-worker.js). */
