@@ -31,6 +31,7 @@ from ._errors import (
 )
 from ._sync import Client, Lease, Watch
 from ._types import (
+    PROTOCOL,
     BeginResult,
     EndedTerm,
     HistoryEntry,
@@ -39,6 +40,7 @@ from ._types import (
     KeyState,
     LiveTerm,
     Reservation,
+    ServerInfo,
     ToolCallRecord,
     ToolCallRequest,
     ToolInvocation,
@@ -51,6 +53,7 @@ from ._types import (
 )
 
 __all__ = [
+    "PROTOCOL",
     "AsyncClient",
     "AsyncLease",
     "AsyncWatch",
@@ -74,6 +77,7 @@ __all__ = [
     "Reservation",
     "Reserved",
     "ResourceExhausted",
+    "ServerInfo",
     "ToolCallRecord",
     "ToolCallRequest",
     "ToolInvocation",

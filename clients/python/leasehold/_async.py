@@ -38,6 +38,7 @@ from ._types import (
     HistoryPage,
     KeyPage,
     KeyState,
+    ServerInfo,
     ToolCallRecord,
     ToolCallRequest,
     ToolInvocation,
@@ -448,6 +449,13 @@ class AsyncClient:
         return await conn.run(
             True,
             lambda node: _unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
+        )
+
+    async def server_info(self) -> ServerInfo:
+        """As :meth:`leasehold.Client.server_info`."""
+        reply = await self._call("ServerInfo", pb.ServerInfoRequest())
+        return ServerInfo(
+            version=reply.version, protocol=int(reply.protocol), backend=reply.backend
         )
 
     async def get(self, key: str) -> KeyState:

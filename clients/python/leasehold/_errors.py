@@ -140,9 +140,10 @@ class Compacted(Error):
 
 
 class Unsupported(Error):
-    """The server's storage backend does not have this feature
-    (``UNIMPLEMENTED``; both backends have every feature today, an older
-    server may not). Never silently ignored by the server."""
+    """The server does not have this feature (``UNIMPLEMENTED``): its
+    storage backend lacks it, or the server is older than this client and
+    lacks the call itself (the message then says so). Never silently
+    ignored by the server."""
 
 
 class LeaseLost(Error):
@@ -248,6 +249,17 @@ def _int(details: Mapping[str, str | bytes], name: str) -> int:
         return 0
 
 
+def _missing_rpc(message: str) -> str:
+    from ._types import PROTOCOL  # _types imports the protos; keep _errors light
+
+    said = f" ({message})" if message else ""
+    return (
+        f"the server does not implement this call{said}: it is an older leasehold than this "
+        f"client (which speaks leasehold.v1 revision {PROTOCOL}) or not a leasehold server; "
+        "`leasehold health` against it prints its version"
+    )
+
+
 def _strip(message: str, prefix: str) -> str:
     return message[len(prefix) :] if message.startswith(prefix) else message
 
@@ -277,6 +289,11 @@ def from_code(code: str, message: str, details: Mapping[str, str | bytes]) -> Er
     if code == "OUT_OF_RANGE" and OLDEST in details:
         return Compacted(message, oldest_revision=_int(details, OLDEST), details=details)
     if code == "UNIMPLEMENTED":
+        # A leasehold server's own refusal says "unsupported: ..."; anything
+        # else is the RPC itself missing (grpc answers an unknown method
+        # with "Method not found!"), so name the likely cause.
+        if not message.startswith("unsupported: "):
+            message = _missing_rpc(message)
         return Unsupported(_strip(message, "unsupported: "), code=code, key=key, details=details)
     if code == "ABORTED":
         return Busy(

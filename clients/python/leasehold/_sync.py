@@ -40,6 +40,7 @@ from ._types import (
     HistoryPage,
     KeyPage,
     KeyState,
+    ServerInfo,
     ToolCallRecord,
     ToolCallRequest,
     ToolInvocation,
@@ -512,6 +513,16 @@ class Client:
         return conn.run(
             True,
             lambda node: _unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
+        )
+
+    def server_info(self) -> ServerInfo:
+        """Which server this is: its release, the revision of ``leasehold.v1``
+        it speaks and its backend (``ServerInfo.compatible`` says whether
+        this client can speak to it). Raises ``Unsupported`` from a server
+        older than the call itself."""
+        reply = self._call("ServerInfo", pb.ServerInfoRequest())
+        return ServerInfo(
+            version=reply.version, protocol=int(reply.protocol), backend=reply.backend
         )
 
     def get(self, key: str) -> KeyState:

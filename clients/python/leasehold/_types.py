@@ -164,6 +164,29 @@ class KeyState:
         )
 
 
+#: The revision of ``leasehold.v1`` this client speaks (the server's
+#: ``ServerInfo.protocol`` must be at least this).
+PROTOCOL = 1
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What ``server_info()`` tells of the server."""
+
+    #: Its release, as ``leasehold --version`` prints it.
+    version: str
+    #: The revision of ``leasehold.v1`` it speaks.
+    protocol: int
+    #: Its storage backend: ``"sqlite"`` or ``"postgres"``.
+    backend: str
+
+    @property
+    def compatible(self) -> bool:
+        """Whether this client can speak to it: it speaks at least the
+        revision this client was built for (:data:`PROTOCOL`)."""
+        return self.protocol >= PROTOCOL
+
+
 @dataclass(frozen=True)
 class KeyPage:
     """One page of ``list_keys``."""

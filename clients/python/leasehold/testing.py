@@ -15,7 +15,9 @@ or, anywhere::
 
 The binary is ``$LEASEHOLD_BIN`` when set, else the first ``leasehold`` on
 ``PATH`` (``pip install leasehold-server`` puts one in the venv); with
-neither, :class:`NoServerBinary` says so.
+neither, :class:`NoServerBinary` says so; a binary older than this client
+(one that does not speak the protocol revision it needs) is refused with
+:class:`IncompatibleServer`.
 """
 
 from __future__ import annotations
@@ -30,13 +32,46 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._errors import Error
+from ._errors import Error, Unauthenticated, Unsupported
+from ._sync import Client
+from ._types import PROTOCOL
 
-__all__ = ["NoServerBinary", "TestServer", "find_binary", "leasehold_server", "server"]
+__all__ = [
+    "IncompatibleServer",
+    "NoServerBinary",
+    "TestServer",
+    "find_binary",
+    "leasehold_server",
+    "server",
+]
 
 
 class NoServerBinary(Error):
     """No leasehold server binary to start."""
+
+
+class IncompatibleServer(Error):
+    """The binary started, but it does not speak what this client needs."""
+
+
+def _check_speaks(binary: str, address: str) -> None:
+    """Refuses a server older than this client, naming both sides."""
+    with Client(address) as client:
+        try:
+            info = client.server_info()
+        except Unauthenticated:
+            return  # started with --auth: this helper has no token to ask with
+        except Unsupported as e:
+            raise IncompatibleServer(
+                f"{binary} is older than this client: it does not answer ServerInfo ({e}); "
+                "install a leasehold server of at least this client's version"
+            ) from None
+    if not info.compatible:
+        raise IncompatibleServer(
+            f"{binary} is leasehold {info.version}, speaking leasehold.v1 revision "
+            f"{info.protocol}; this client needs revision {PROTOCOL}: install a leasehold "
+            "server of at least this client's version"
+        )
 
 
 def find_binary() -> str:
@@ -109,6 +144,7 @@ def server(*args: str, start_timeout: float = 20.0) -> Iterator[TestServer]:
                     f"{err.strip()[-500:]}"
                 )
             srv.address = line[0].split("listening on ", 1)[1].strip()
+            _check_speaks(binary, srv.address)
             yield srv
         finally:
             srv.stop()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,44 @@ def test_it_finds_leasehold_on_path(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.delenv("LEASEHOLD_BIN")
     monkeypatch.setenv("PATH", str(tmp_path))
     assert leasehold.testing.find_binary() == str(tmp_path / "leasehold")
+
+
+# A "server" that speaks gRPC but not leasehold.v1 (an older release would
+# look the same: no ServerInfo): only the standard health service.
+_FOREIGN = """
+import sys
+from concurrent import futures
+import grpc
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(f"listening on 127.0.0.1:{port}", flush=True)
+server.wait_for_termination(timeout=60)
+"""
+
+
+def test_a_server_older_than_the_client_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = tmp_path / "leasehold"
+    fake.write_text(f"#!{sys.executable}\n{_FOREIGN}")
+    fake.chmod(0o755)
+    monkeypatch.setenv("LEASEHOLD_BIN", str(fake))
+    with pytest.raises(leasehold.testing.IncompatibleServer, match="older than this client") as e:
+        with leasehold.testing.server():
+            pass
+    assert f"revision {leasehold.PROTOCOL}" in str(e.value)
+    assert "leasehold health" in str(e.value)
+
+
+def test_server_info_says_the_server_speaks_this_client(
+    leasehold_server: leasehold.testing.TestServer,  # noqa: F811
+) -> None:
+    with leasehold.Client(leasehold_server.address) as client:
+        info = client.server_info()
+    assert info.protocol >= leasehold.PROTOCOL and info.compatible
+    assert info.backend == "sqlite"
+    version = subprocess.run(
+        [os.environ["LEASEHOLD_BIN"], "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert info.version in version

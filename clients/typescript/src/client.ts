@@ -16,12 +16,14 @@ import {
   type KeyState,
   type ListFilterName,
   listFilter,
+  type ServerInfo,
   toHistoryPage,
   toKeyState,
   Watch,
   type WatchOptions,
 } from "./lifecycle.js";
 import { type LeaseOps, StreamOps, UnaryOps } from "./ops.js";
+import { PROTOCOL } from "./protocol.js";
 import { now, retryPause, sleep, timing } from "./timing.js";
 import {
   toFinding,
@@ -269,6 +271,25 @@ export class LeaseholdClient implements AsyncDisposable {
     // fn may have ended the term itself (handOff, release, suspend).
     if (lease.lossReason !== "ended") await lease.release();
     return result;
+  }
+
+  /**
+   * Which server this is: its release, the revision of `leasehold.v1` it
+   * speaks and its backend; `compatible` says whether this client can speak to it.
+   * @throws UnsupportedError from a server older than the call itself.
+   */
+  async serverInfo(): Promise<ServerInfo> {
+    try {
+      const reply = await this.#endpoints.run("safe", "ServerInfo", (n) => n.rpc.serverInfo({}));
+      return {
+        version: reply.version,
+        protocol: reply.protocol,
+        backend: reply.backend,
+        compatible: reply.protocol >= PROTOCOL,
+      };
+    } catch (err) {
+      throw fromCallError(err, "ServerInfo");
+    }
   }
 
   /**

@@ -5,6 +5,7 @@
 // messages.
 
 import { Code, ConnectError, decodeBinaryHeader } from "@connectrpc/connect";
+import { PROTOCOL } from "./protocol.js";
 
 /** Why a fence is not the key's live term, as the server says it. */
 export type StaleReason = "expired" | "released" | "suspended" | "superseded" | "unknown";
@@ -106,9 +107,19 @@ export class CompactedError extends LeaseholdError {
 }
 
 /**
- * The server's storage backend lacks this feature (gRPC `UNIMPLEMENTED`):
- * today `watch` on the PostgreSQL backend. Never silently ignored.
+ * The server lacks this feature (gRPC `UNIMPLEMENTED`): its storage backend
+ * does not have it, or the server is older than this client and lacks the
+ * call itself (the message then says so). Never silently ignored.
  */
+function missingRpc(message: string): string {
+  const said = message === "" ? "" : ` (${message})`;
+  return (
+    `the server does not implement this call${said}: it is an older leasehold than this client ` +
+    `(which speaks leasehold.v1 revision ${PROTOCOL}) or not a leasehold server; ` +
+    "`leasehold health` against it prints its version"
+  );
+}
+
 export class UnsupportedError extends LeaseholdError {
   constructor(message: string) {
     super("unsupported", message);
@@ -298,7 +309,9 @@ export function fromRefusal(code: number, message: string, details: RefusalDetai
     case Code.NotFound:
       return new LeaseholdError("not_found", message);
     case Code.Unimplemented:
-      return new UnsupportedError(message.replace(/^unsupported: /, ""));
+      // A leasehold server's own refusal says "unsupported: ..."; anything
+      // else is the RPC itself missing, so name the likely cause.
+      return new UnsupportedError(message.startsWith("unsupported: ") ? message.slice(13) : missingRpc(message));
     case Code.Unauthenticated:
       return new UnauthenticatedError(message);
     case Code.ResourceExhausted:

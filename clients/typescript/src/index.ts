@@ -32,10 +32,12 @@ export {
   type ListFilterName,
   type LiveTerm,
   type Reservation,
+  type ServerInfo,
   type WatchEvent,
   type WatchEventKind,
   type WatchOptions,
 } from "./lifecycle.js";
+export { PROTOCOL } from "./protocol.js";
 export type {
   ToolCallRecord,
   ToolCallRequest,

@@ -83,6 +83,18 @@ export interface KeyState {
   readonly reservation: Reservation | undefined;
 }
 
+/** What `serverInfo()` tells of the server. */
+export interface ServerInfo {
+  /** Its release, as `leasehold --version` prints it. */
+  readonly version: string;
+  /** The revision of `leasehold.v1` it speaks. */
+  readonly protocol: number;
+  /** Its storage backend: "sqlite" or "postgres". */
+  readonly backend: string;
+  /** Whether this client can speak to it (`protocol >= PROTOCOL`). */
+  readonly compatible: boolean;
+}
+
 /** One page of `list`. */
 export interface KeyPage {
   readonly keys: readonly KeyState[];

@@ -7,19 +7,57 @@
 //   await server.close();                            // stops it and deletes the database
 //
 // The binary is $LEASEHOLD_BIN when set, else the first `leasehold` on PATH;
-// with neither, `startTestServer` rejects with NoServerBinaryError saying so.
+// with neither, `startTestServer` rejects with NoServerBinaryError saying so;
+// a binary older than this client (it does not speak the protocol revision
+// the client needs) is refused with IncompatibleServerError.
 
 import { type ChildProcess, spawn } from "node:child_process";
 import { accessSync, constants, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { delimiter, join } from "node:path";
 import { createInterface } from "node:readline";
+import { createClient } from "./client.js";
+import { UnauthenticatedError, UnsupportedError } from "./errors.js";
+import { PROTOCOL } from "./protocol.js";
 
 /** No leasehold server binary to start. */
 export class NoServerBinaryError extends Error {
   constructor(message: string) {
     super(message);
     this.name = "NoServerBinaryError";
+  }
+}
+
+/** The binary started, but it does not speak what this client needs. */
+export class IncompatibleServerError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "IncompatibleServerError";
+  }
+}
+
+/** Refuses a server older than this client, naming both sides. */
+async function checkSpeaks(binary: string, baseUrl: string): Promise<void> {
+  const client = createClient({ baseUrl, owner: "leasehold-testing" });
+  try {
+    const info = await client.serverInfo();
+    if (!info.compatible) {
+      throw new IncompatibleServerError(
+        `${binary} is leasehold ${info.version}, speaking leasehold.v1 revision ${info.protocol}; ` +
+          `this client needs revision ${PROTOCOL}: install a leasehold server of at least this client's version`,
+      );
+    }
+  } catch (err) {
+    if (err instanceof UnauthenticatedError) return; // started with --auth: no token to ask with
+    if (err instanceof UnsupportedError) {
+      throw new IncompatibleServerError(
+        `${binary} is older than this client: it does not answer ServerInfo (${err.message}); ` +
+          "install a leasehold server of at least this client's version",
+      );
+    }
+    throw err;
+  } finally {
+    client.close();
   }
 }
 
@@ -100,7 +138,9 @@ export async function startTestServer(args: readonly string[] = []): Promise<Tes
         else resolve(m[1]);
       });
     });
-    return { baseUrl: `http://${address}`, dbPath, close };
+    const baseUrl = `http://${address}`;
+    await checkSpeaks(binary, baseUrl);
+    return { baseUrl, dbPath, close };
   } catch (err) {
     await close();
     throw err;

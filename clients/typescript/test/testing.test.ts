@@ -1,13 +1,15 @@
 // @leasehold/client/testing: the throwaway server users' own tests start.
 
 import assert from "node:assert/strict";
-import { existsSync, mkdtempSync, symlinkSync } from "node:fs";
+import { chmodSync, existsSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 
-import { createClient } from "../src/index.js";
-import { findBinary, NoServerBinaryError, startTestServer } from "../src/testing.js";
+import { execFileSync } from "node:child_process";
+
+import { createClient, PROTOCOL } from "../src/index.js";
+import { findBinary, IncompatibleServerError, NoServerBinaryError, startTestServer } from "../src/testing.js";
 
 describe("testing: startTestServer", () => {
   it("serves a real server on loopback and deletes its database on close", async () => {
@@ -42,6 +44,50 @@ describe("testing: startTestServer", () => {
     } finally {
       process.env.LEASEHOLD_BIN = saved.bin;
       process.env.PATH = saved.path;
+    }
+  });
+
+  it("reads the server's version, and refuses a server older than the client by name", async () => {
+    const server = await startTestServer();
+    const lh = createClient({ baseUrl: server.baseUrl });
+    try {
+      const info = await lh.serverInfo();
+      assert.ok(info.compatible && info.protocol >= PROTOCOL, JSON.stringify(info));
+      assert.equal(info.backend, "sqlite");
+      assert.ok(execFileSync(process.env.LEASEHOLD_BIN ?? "", ["--version"], { encoding: "utf8" }).includes(info.version));
+    } finally {
+      lh.close();
+      await server.close();
+    }
+
+    // A gRPC server that is not leasehold.v1 (an older release looks the
+    // same: no ServerInfo) answers every call UNIMPLEMENTED, as grpc does.
+    const dir = mkdtempSync(join(tmpdir(), "leasehold-foreign-"));
+    const fake = join(dir, "leasehold");
+    writeFileSync(
+      fake,
+      `#!${process.execPath}
+const http2 = require("node:http2");
+const server = http2.createServer();
+server.on("stream", (stream) => stream.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": "12" }, { endStream: true }));
+server.listen(0, "127.0.0.1", () => console.log("listening on 127.0.0.1:" + server.address().port));
+setTimeout(() => process.exit(0), 30000).unref();
+process.on("SIGTERM", () => process.exit(0));
+`,
+    );
+    chmodSync(fake, 0o755);
+    const saved = process.env.LEASEHOLD_BIN;
+    process.env.LEASEHOLD_BIN = fake;
+    try {
+      await assert.rejects(startTestServer(), (err: unknown) => {
+        assert.ok(err instanceof IncompatibleServerError, String(err));
+        assert.match(err.message, /older than this client/);
+        assert.match(err.message, new RegExp(`revision ${PROTOCOL}`));
+        assert.match(err.message, /leasehold health/);
+        return true;
+      });
+    } finally {
+      process.env.LEASEHOLD_BIN = saved;
     }
   });
 });

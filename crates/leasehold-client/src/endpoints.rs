@@ -34,10 +34,13 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use leasehold_core::Error;
+use leasehold_wire::pb::leasehold_client::LeaseholdClient;
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
 
-use crate::Rpc;
 use crate::error::ClientError;
 use crate::session::SessionMux;
+use crate::{Credentials, Health, Rpc};
 
 /// Whether a call may be sent again to another server after an UNAVAILABLE
 /// answer (see the module docs).
@@ -57,6 +60,8 @@ pub(crate) struct Node {
     pub(crate) url: String,
     /// The generated gRPC client; cloned per call.
     pub(crate) rpc: Rpc,
+    /// The same server's `grpc.health.v1` service, on the same channel.
+    pub(crate) health: Health,
     /// The Session stream to this server, opened on first use.
     pub(crate) session: SessionMux,
 }
@@ -72,16 +77,21 @@ pub(crate) struct Endpoints {
 
 impl Endpoints {
     /// `nodes` (at least one), starting with `nodes[first]`.
-    pub(crate) fn new(nodes: Vec<(String, Rpc)>, first: usize) -> Endpoints {
+    pub(crate) fn new(nodes: Vec<(String, Channel, Credentials)>, first: usize) -> Endpoints {
         assert!(!nodes.is_empty(), "a client needs an endpoint");
         let first = first % nodes.len();
         Endpoints {
             nodes: nodes
                 .into_iter()
-                .map(|(url, rpc)| Node {
-                    url,
-                    session: SessionMux::new(rpc.clone()),
-                    rpc,
+                .map(|(url, channel, credentials)| {
+                    let rpc =
+                        LeaseholdClient::with_interceptor(channel.clone(), credentials.clone());
+                    Node {
+                        url,
+                        session: SessionMux::new(rpc.clone()),
+                        rpc,
+                        health: HealthClient::with_interceptor(channel, credentials),
+                    }
                 })
                 .collect(),
             current: AtomicUsize::new(first),
@@ -167,16 +177,13 @@ mod tests {
     use std::sync::Mutex;
 
     use leasehold_core::lease::{Fence, Key};
-    use leasehold_wire::pb::leasehold_client::LeaseholdClient;
-
     /// Three endpoints that are never connected to (the ops below are fakes).
     fn three() -> Endpoints {
         let nodes = ["http://a", "http://b", "http://c"]
             .into_iter()
             .map(|url| {
                 let channel = tonic::transport::Endpoint::from_static(url).connect_lazy();
-                let rpc = LeaseholdClient::with_interceptor(channel, crate::Credentials::default());
-                (url.to_owned(), rpc)
+                (url.to_owned(), channel, crate::Credentials::default())
             })
             .collect();
         Endpoints::new(nodes, 0)

@@ -151,6 +151,7 @@ use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_client::LeaseholdClient;
 use leasehold_wire::pb::session_request::Op;
 use tonic::service::interceptor::InterceptedService;
+use tonic_health::pb::health_client::HealthClient;
 
 pub use error::{ClientError, LossReason};
 pub use guard::{Ended, SessionGuard};
@@ -163,7 +164,7 @@ pub use leasehold_core::lease::{
 pub use leasehold_core::ledger::{CallState, ToolCall};
 pub use leasehold_core::lessor::{Acquire, ListFilter};
 pub use leasehold_core::{Error, StaleReason};
-pub use ops::{Granted, HistoryPage, KeyPage};
+pub use ops::{Granted, HistoryPage, KeyPage, ServerInfo};
 pub use tools::{ToolCallRequest, ToolCalls, ToolInvocation, ToolOutcome, ToolResult};
 pub use watch::Watch;
 
@@ -185,6 +186,9 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The generated gRPC client as this crate uses it: every call passes the
 /// client's [`Credentials`].
 pub type Rpc = LeaseholdClient<InterceptedService<Channel, Credentials>>;
+
+/// The `grpc.health.v1` client on the same channel and credentials.
+pub(crate) type Health = HealthClient<InterceptedService<Channel, Credentials>>;
 
 /// What a client presents to a server run with `--auth`: a bearer token
 /// (sent as `authorization: Bearer <token>`). A client certificate (mutual
@@ -386,10 +390,7 @@ impl Client {
                     endpoint.connect_lazy()
                 }
             };
-            nodes.push((
-                url,
-                LeaseholdClient::with_interceptor(channel, credentials.clone()),
-            ));
+            nodes.push((url, channel, credentials.clone()));
         }
         let Some(first) = first else {
             return Err(Error::Unavailable(failures.join("; ")).into());
@@ -440,9 +441,11 @@ impl Client {
 
     /// A client over `channel` that sends `credentials` with every call.
     pub fn with_credentials(channel: Channel, credentials: Credentials) -> Client {
-        let rpc = LeaseholdClient::with_interceptor(channel, credentials);
         Client {
-            endpoints: Arc::new(Endpoints::new(vec![("channel".into(), rpc)], 0)),
+            endpoints: Arc::new(Endpoints::new(
+                vec![("channel".into(), channel, credentials)],
+                0,
+            )),
         }
     }
 

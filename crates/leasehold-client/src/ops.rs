@@ -37,6 +37,25 @@ pub struct Granted {
     pub unsettled_tool_calls: u32,
 }
 
+/// What [`Client::server_info`] tells of the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Its release, as `leasehold --version` prints it.
+    pub version: String,
+    /// The revision of `leasehold.v1` it speaks (see [`leasehold_wire::PROTOCOL`]).
+    pub protocol: u32,
+    /// Its storage backend: `"sqlite"` or `"postgres"`.
+    pub backend: String,
+}
+
+impl ServerInfo {
+    /// Whether this client can speak to that server: it speaks at least
+    /// the revision this client was built for.
+    pub fn is_compatible(&self) -> bool {
+        self.protocol >= leasehold_wire::PROTOCOL
+    }
+}
+
 /// One page of [`Client::history`], newest first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryPage {
@@ -166,6 +185,50 @@ impl Client {
         Ok(convert::ended_from_pb(
             reply.ended.ok_or_else(|| missing("Release"))?,
         )?)
+    }
+
+    /// Which server this is: its release, protocol revision and backend.
+    /// [`ServerInfo::is_compatible`] says whether this client can speak to it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] from a server older than `ServerInfo` itself
+    /// (or not a leasehold server).
+    pub async fn server_info(&self) -> Result<ServerInfo, ClientError> {
+        let reply = unary!(
+            self.endpoints,
+            Resend::Safe,
+            "ServerInfo",
+            OP_TIMEOUT,
+            server_info,
+            pb::ServerInfoRequest {}
+        )?;
+        Ok(ServerInfo {
+            version: reply.version,
+            protocol: reply.protocol,
+            backend: reply.backend,
+        })
+    }
+
+    /// Whether the server calls go to now reports itself `SERVING` on the
+    /// standard gRPC health service (`grpc.health.v1`, service
+    /// `leasehold.v1.Leasehold`): its storage answers and it is not
+    /// draining. Asks that one server only, with no failover, as a probe must.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when it cannot be reached in time.
+    pub async fn health(&self) -> Result<bool, ClientError> {
+        use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+        let mut health = self.endpoints.current().health.clone();
+        let message = HealthCheckRequest {
+            service: "leasehold.v1.Leasehold".to_owned(),
+        };
+        let reply = call(
+            "Health.Check",
+            OP_TIMEOUT,
+            health.check(request(message, OP_TIMEOUT)),
+        )
+        .await?;
+        Ok(reply.status == ServingStatus::Serving as i32)
     }
 
     /// The state of `key`: its live term (without lease id), its last ended

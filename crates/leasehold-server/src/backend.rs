@@ -36,6 +36,10 @@ pub type Pending<T> = BoxFuture<'static, Result<T>>;
 /// The lease state behind the gRPC services. See the [module docs](self) for
 /// the contract every implementation keeps.
 pub trait Backend: Send + Sync + 'static {
+    /// The storage behind it, as `ServerInfo` and the logs name it
+    /// (`"sqlite"`, `"postgres"`).
+    fn name(&self) -> &'static str;
+
     /// Grants `request.key`, waiting up to `request.wait` in line.
     fn acquire(&self, request: Acquire) -> Pending<Grant>;
 

@@ -220,6 +220,14 @@ enum Command {
         #[arg(long)]
         fence: u64,
     },
+    /// Ask a server whether it is serving (the gRPC health service: its
+    /// storage answers, it is not draining) and which release, protocol
+    /// revision and backend it runs. Exits 1 when it is not serving: a
+    /// container's HEALTHCHECK or a probe runs it as it is.
+    Health {
+        #[command(flatten)]
+        target: Target,
+    },
     /// Show a key's live lease, last ended term and recoverability.
     Get {
         key: String,
@@ -939,6 +947,7 @@ fn wants_json(command: &Command) -> bool {
         | Command::Unquarantine { target, .. }
         | Command::Check { target, .. }
         | Command::Get { target, .. }
+        | Command::Health { target }
         | Command::List { target, .. } => target.json,
         Command::Serve { .. } | Command::Transcript { .. } => false,
     }
@@ -1100,6 +1109,36 @@ async fn operate(command: Command) -> Result<(), Refusal> {
                 .await
                 .map_err(refused)?;
             print(target.json, json!({ "lease": lease_json(&lease) }));
+        }
+        Command::Health { target } => {
+            let client = connect(&target).await?;
+            let serving = client.health().await.map_err(refused)?;
+            // Health needs no credentials (a probe may have none); ServerInfo
+            // does, and a server older than it has none: either way the
+            // answer is still whether it serves.
+            let info = match client.server_info().await {
+                Ok(info) => Some(info),
+                Err(ClientError::Server(
+                    leasehold_core::Error::Unsupported(_)
+                    | leasehold_core::Error::Unauthenticated(_),
+                )) => None,
+                Err(e) => return Err(refused(e)),
+            };
+            print(
+                target.json,
+                json!({
+                    "serving": serving,
+                    "version": info.as_ref().map(|i| i.version.clone()),
+                    "protocol": info.as_ref().map(|i| i.protocol),
+                    "backend": info.as_ref().map(|i| i.backend.clone()),
+                }),
+            );
+            if !serving {
+                return Err(Refusal::from(format!(
+                    "{} is not serving (its storage does not answer, or it is draining)",
+                    target.server
+                )));
+            }
         }
         Command::Get { key: k, target } => {
             let k = key(k)?;

@@ -451,3 +451,31 @@ async fn operator_commands_take_several_servers() {
     ]));
     assert_eq!(acquired["lease"]["owner"], "ops");
 }
+
+/// `leasehold health` (the container's HEALTHCHECK) exits 0 with the
+/// server's release, protocol and backend while it serves, and 1 once it
+/// is gone.
+#[tokio::test]
+async fn health_reports_a_serving_server_and_fails_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(&dir.path().join("cli.db"));
+    let url = server.url();
+    let version = String::from_utf8(run(&["--version"]).stdout).unwrap();
+
+    let health = json(&run(&["health", "--server", &url, "--json"]));
+    assert_eq!(health["serving"], true, "{health}");
+    assert!(
+        version.contains(health["version"].as_str().unwrap()),
+        "{version} / {health}"
+    );
+    assert_eq!(health["protocol"], leasehold_wire::PROTOCOL, "{health}");
+    assert_eq!(health["backend"], "sqlite", "{health}");
+    let text = run(&["health", "--server", &url]);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("serving: true"));
+
+    server.terminate();
+    let gone = run(&["health", "--server", &url]);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("cannot connect"));
+}

@@ -189,6 +189,22 @@ async fn a_schema_name_of_63_bytes_works() {
     assert_eq!(lease_of(waiting.await.unwrap().unwrap()).owner, "b");
 }
 
+/// ServerInfo names the PostgreSQL backend.
+#[tokio::test]
+async fn server_info_names_the_postgres_backend() {
+    let schema = schema_or_skip!();
+    let server = PgServer::start(&schema).await;
+    let reply = server
+        .client()
+        .await
+        .server_info(pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.backend, "postgres");
+    assert_eq!(reply.protocol, leasehold_wire::PROTOCOL);
+}
+
 /// Connection options in the URL are kept beside the schema's search_path:
 /// here one that makes every transaction read-only, so the start fails.
 #[tokio::test]

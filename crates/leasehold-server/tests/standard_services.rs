@@ -103,3 +103,67 @@ async fn reflection_v1alpha_lists_the_lease_service() {
         assert!(names.contains(&expected.to_owned()), "{names:?}");
     }
 }
+
+/// ServerInfo names the release (`leasehold --version`), the protocol
+/// revision and the backend; the Rust client reads it and its health.
+#[tokio::test]
+async fn server_info_names_version_protocol_and_backend() {
+    let server = TestServer::start().await;
+    let mut raw = server.client().await;
+    let reply = raw
+        .server_info(leasehold_wire::pb::ServerInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(reply.protocol, leasehold_wire::PROTOCOL);
+    assert_eq!(reply.backend, "sqlite");
+
+    let client = leasehold_client::Client::connect(server.url())
+        .await
+        .unwrap();
+    let info = client.server_info().await.unwrap();
+    assert_eq!(info.version, reply.version);
+    assert!(info.is_compatible(), "{info:?}");
+    assert!(client.health().await.unwrap());
+}
+
+/// A server that lacks an RPC the client calls (an older leasehold, or not
+/// leasehold at all: here a bare gRPC server with only the health service)
+/// is refused as Unsupported, with a message naming the likely cause,
+/// instead of tonic's empty UNIMPLEMENTED.
+#[tokio::test]
+async fn a_server_without_the_rpc_is_named_as_older_or_foreign() {
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let client = leasehold_client::Client::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    for err in [
+        client.server_info().await.unwrap_err(),
+        client
+            .get(&leasehold_client::Key::parse("k").unwrap())
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+    ] {
+        let leasehold_client::ClientError::Server(leasehold_core::Error::Unsupported(message)) =
+            &err
+        else {
+            panic!("not Unsupported: {err:?}");
+        };
+        assert!(
+            message.contains("older leasehold than this client")
+                && message.contains(&format!("revision {}", leasehold_wire::PROTOCOL))
+                && message.contains("leasehold health"),
+            "{message}"
+        );
+    }
+    served.abort();
+}

@@ -6,6 +6,10 @@
 //!   `tonic::Status` (and the Session stream's in-band refusals), both ways.
 //! - [`convert`]: the conversions between `pb` and domain values, both ways.
 
+/// The revision of `leasehold.v1` this code speaks (`ServerInfo.protocol`):
+/// raised by one whenever an RPC or a field a client may rely on is added.
+pub const PROTOCOL: u32 = 1;
+
 pub mod convert;
 pub mod pb;
 pub mod status;

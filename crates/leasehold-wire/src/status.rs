@@ -127,6 +127,21 @@ pub fn to_status(err: Error) -> Status {
     Status::with_metadata(code, message, meta)
 }
 
+/// The refusal for an RPC the server does not implement.
+fn missing_rpc(message: &str) -> String {
+    let said = if message.is_empty() {
+        String::new()
+    } else {
+        format!(" ({message})")
+    };
+    format!(
+        "the server does not implement this call{said}: it is an older leasehold than this \
+         client (which speaks leasehold.v1 revision {}) or not a leasehold server; \
+         `leasehold health` against it prints its version",
+        crate::PROTOCOL
+    )
+}
+
 /// Turns a status from a leasehold server back into the domain error.
 ///
 /// Statuses without leasehold metadata (from a proxy, a deadline, a broken
@@ -277,12 +292,13 @@ fn by_code(code: Code, message: String) -> Error {
         // INTERNAL): it is what the client's transport reports when the
         // connection failed under a call (a refused TLS handshake, a reset),
         // so it is as retryable as UNAVAILABLE.
-        Code::Unimplemented => Error::Unsupported(
-            message
-                .strip_prefix("unsupported: ")
-                .unwrap_or(&message)
-                .to_owned(),
-        ),
+        // A leasehold server's own refusal says "unsupported: ..."; anything
+        // else is the RPC itself missing (tonic answers an unknown method with
+        // no message), so the client names the likely cause.
+        Code::Unimplemented => Error::Unsupported(match message.strip_prefix("unsupported: ") {
+            Some(feature) => feature.to_owned(),
+            None => missing_rpc(&message),
+        }),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             Error::Unavailable(
                 message

@@ -44,6 +44,20 @@ SUCCEEDED: ToolCallState
 FAILED: ToolCallState
 UNKNOWN: ToolCallState
 
+class ServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerInfoResponse(_message.Message):
+    __slots__ = ("version", "protocol", "backend")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    protocol: int
+    backend: str
+    def __init__(self, version: _Optional[str] = ..., protocol: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+
 class SessionRequest(_message.Message):
     __slots__ = ("renew", "check", "acquire", "release", "id")
     RENEW_FIELD_NUMBER: _ClassVar[int]

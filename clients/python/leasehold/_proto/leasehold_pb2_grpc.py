@@ -104,6 +104,11 @@ class LeaseholdStub:
                 request_serializer=leasehold_dot_v1_dot_leasehold__pb2.SessionRequest.SerializeToString,
                 response_deserializer=leasehold_dot_v1_dot_leasehold__pb2.SessionResponse.FromString,
                 _registered_method=True)
+        self.ServerInfo = channel.unary_unary(
+                '/leasehold.v1.Leasehold/ServerInfo',
+                request_serializer=leasehold_dot_v1_dot_leasehold__pb2.ServerInfoRequest.SerializeToString,
+                response_deserializer=leasehold_dot_v1_dot_leasehold__pb2.ServerInfoResponse.FromString,
+                _registered_method=True)
 
 
 class LeaseholdServicer:
@@ -235,6 +240,15 @@ class LeaseholdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ServerInfo(self, request, context):
+        """Which server this is: its release, the protocol revision it speaks and
+        its storage backend. Any authenticated caller may ask. Clients read it
+        to say which side to upgrade when the other lacks an RPC they need.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LeaseholdServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -307,6 +321,11 @@ def add_LeaseholdServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=leasehold_dot_v1_dot_leasehold__pb2.SessionRequest.FromString,
                     response_serializer=leasehold_dot_v1_dot_leasehold__pb2.SessionResponse.SerializeToString,
+            ),
+            'ServerInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.ServerInfo,
+                    request_deserializer=leasehold_dot_v1_dot_leasehold__pb2.ServerInfoRequest.FromString,
+                    response_serializer=leasehold_dot_v1_dot_leasehold__pb2.ServerInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -687,6 +706,33 @@ class Leasehold:
             '/leasehold.v1.Leasehold/Session',
             leasehold_dot_v1_dot_leasehold__pb2.SessionRequest.SerializeToString,
             leasehold_dot_v1_dot_leasehold__pb2.SessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ServerInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/leasehold.v1.Leasehold/ServerInfo',
+            leasehold_dot_v1_dot_leasehold__pb2.ServerInfoRequest.SerializeToString,
+            leasehold_dot_v1_dot_leasehold__pb2.ServerInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -898,6 +898,12 @@ fn closed() -> Error {
 /// The engine is the SQLite-backed [`Backend`]: each call applies to the
 /// lease table at once, so call order is apply order.
 impl Backend for Engine {
+    /// The server runs the engine on SQLite only (other stores are tests'
+    /// doubles of it).
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
     fn acquire(&self, request: Acquire) -> Pending<Grant> {
         Box::pin(Engine::acquire(self, request))
     }

@@ -535,6 +535,20 @@ impl Leasehold for LeaseholdService {
             pending: FuturesUnordered::new(),
         }))
     }
+
+    async fn server_info(
+        &self,
+        request: Request<pb::ServerInfoRequest>,
+    ) -> Reply<pb::ServerInfoResponse> {
+        // Authenticated like every RPC, but no right on any key is needed.
+        self.caller("ServerInfo", &request)?;
+        self.metrics.record("ServerInfo", Duration::ZERO, None);
+        Ok(Response::new(pb::ServerInfoResponse {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            protocol: leasehold_wire::PROTOCOL,
+            backend: self.backend.name().to_owned(),
+        }))
+    }
 }
 
 /// At most this many operations are in flight on one Session stream; beyond

@@ -692,6 +692,10 @@ impl PgBackend {
 }
 
 impl Backend for PgBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     fn acquire(&self, request: Acquire) -> Pending<Grant> {
         // The next operation on the key starts once this one is granted,
         // refused or in line, not when its wait ends.

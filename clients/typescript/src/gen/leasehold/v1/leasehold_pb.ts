@@ -28,7 +28,56 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file leasehold/v1/leasehold.proto.
  */
 export const file_leasehold_v1_leasehold: GenFile = /*@__PURE__*/
-  fileDesc("ChxsZWFzZWhvbGQvdjEvbGVhc2Vob2xkLnByb3RvEgxsZWFzZWhvbGQudjEi3gEKDlNlc3Npb25SZXF1ZXN0EisKBXJlbmV3GAEgASgLMhoubGVhc2Vob2xkLnYxLlJlbmV3UmVxdWVzdEgAEisKBWNoZWNrGAIgASgLMhoubGVhc2Vob2xkLnYxLkNoZWNrUmVxdWVzdEgAEi8KB2FjcXVpcmUYAyABKAsyHC5sZWFzZWhvbGQudjEuQWNxdWlyZVJlcXVlc3RIABIvCgdyZWxlYXNlGAQgASgLMhwubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXF1ZXN0SAASCgoCaWQYDyABKARCBAoCb3Ai4AIKD1Nlc3Npb25SZXNwb25zZRIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkSDgoGcmVhc29uGAMgASgJEiIKBWxlYXNlGAQgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlEikKCHByZXZpb3VzGAUgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRIQCghyZXBsYXllZBgGIAEoCBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgHIAEoDRImCgVlbmRlZBgIIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SCgoCaWQYCSABKAQSOwoHZGV0YWlscxgKIAMoCzIqLmxlYXNlaG9sZC52MS5TZXNzaW9uUmVzcG9uc2UuRGV0YWlsc0VudHJ5Gi4KDERldGFpbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAw6AjgBIoMBCgVMZWFzZRILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSDQoFb3duZXIYAyABKAkSEAoIbGVhc2VfaWQYBCABKAkSDgoGdHRsX21zGAUgASgEEhYKDmFjcXVpcmVkX2F0X21zGAYgASgEEhUKDWV4cGlyZXNfYXRfbXMYByABKAQidgoJRW5kZWRUZXJtEg0KBWZlbmNlGAEgASgEEg0KBW93bmVyGAIgASgJEiIKA2VuZBgDIAEoDjIVLmxlYXNlaG9sZC52MS5UZXJtRW5kEhMKC2VuZGVkX2F0X21zGAQgASgEEhIKCmhhbmRlZF9vZmYYBSABKAginwEKDkFjcXVpcmVSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVvd25lchgCIAEoCRIOCgZ0dGxfbXMYAyABKAQSDwoHd2FpdF9tcxgEIAEoBBISCgpyZXF1ZXN0X2lkGAUgASgJEhUKDWxvY2tfZGVsYXlfbXMYBiABKAQSFgoObWF4X3JlY292ZXJpZXMYByABKA0SDQoFZm9yY2UYCCABKAgikAEKD0FjcXVpcmVSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIpCghwcmV2aW91cxgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEAoIcmVwbGF5ZWQYAyABKAgSHAoUdW5zZXR0bGVkX3Rvb2xfY2FsbHMYBCABKA0iTAoMUmVuZXdSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIOCgZ0dGxfbXMYBCABKAQiMwoNUmVuZXdSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSJ2Cg5SZWxlYXNlUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHc3VzcGVuZBgEIAEoCBIRCglzdWNjZXNzb3IYBSABKAkSEgoKaGFuZG9mZl9tcxgGIAEoBCI5Cg9SZWxlYXNlUmVzcG9uc2USJgoFZW5kZWQYASABKAsyFy5sZWFzZWhvbGQudjEuRW5kZWRUZXJtIioKDENoZWNrUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQiMwoNQ2hlY2tSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZSIZCgpHZXRSZXF1ZXN0EgsKA2tleRgBIAEoCSK4AQoLR2V0UmVzcG9uc2USIgoFbGVhc2UYASABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2USKwoKbGFzdF9lbmRlZBgCIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0SEwoLcmVjb3ZlcmFibGUYAyABKAgSEwoLcXVhcmFudGluZWQYBCABKAgSLgoLcmVzZXJ2YXRpb24YBSABKAsyGS5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24isAEKC1Jlc2VydmF0aW9uEiwKBGtpbmQYASABKA4yHi5sZWFzZWhvbGQudjEuUmVzZXJ2YXRpb24uS2luZBITCgthZnRlcl9mZW5jZRgCIAEoBBIRCglzdWNjZXNzb3IYAyABKAkSEAoIdW50aWxfbXMYBCABKAQiOQoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASDgoKTE9DS19ERUxBWRABEgsKB0hBTkRPRkYQAiJuCgtMaXN0UmVxdWVzdBIOCgZwcmVmaXgYASABKAkSKAoGZmlsdGVyGAIgASgOMhgubGVhc2Vob2xkLnYxLkxpc3RGaWx0ZXISEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkiwgEKCEtleVN0YXRlEgsKA2tleRgBIAEoCRIiCgVsZWFzZRgCIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIrCgpsYXN0X2VuZGVkGAMgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRITCgtyZWNvdmVyYWJsZRgEIAEoCBITCgtxdWFyYW50aW5lZBgFIAEoCBIuCgtyZXNlcnZhdGlvbhgGIAEoCzIZLmxlYXNlaG9sZC52MS5SZXNlcnZhdGlvbiJECg5IaXN0b3J5UmVxdWVzdBILCgNrZXkYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkirwEKDEhpc3RvcnlFbnRyeRINCgVmZW5jZRgBIAEoBBINCgVvd25lchgCIAEoCRIWCg5hY3F1aXJlZF9hdF9tcxgDIAEoBBITCgtlbmRlZF9hdF9tcxgEIAEoBBIiCgNlbmQYBSABKA4yFS5sZWFzZWhvbGQudjEuVGVybUVuZBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgGIAEoDRISCgpoYW5kZWRfb2ZmGAcgASgIIlcKD0hpc3RvcnlSZXNwb25zZRIrCgdlbnRyaWVzGAEgAygLMhoubGVhc2Vob2xkLnYxLkhpc3RvcnlFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiQwoMV2F0Y2hSZXF1ZXN0EgsKA2tleRgBIAEoCRIOCgZwcmVmaXgYAiABKAkSFgoOc3RhcnRfcmV2aXNpb24YAyABKAQi3wEKBUV2ZW50EhAKCHJldmlzaW9uGAEgASgEEgsKA2tleRgCIAEoCRImCgRraW5kGAMgASgOMhgubGVhc2Vob2xkLnYxLkV2ZW50LktpbmQSDQoFZmVuY2UYBCABKAQSDQoFb3duZXIYBSABKAkSDQoFYXRfbXMYBiABKAQiYgoES2luZBIUChBLSU5EX1VOU1BFQ0lGSUVEEAASCwoHR1JBTlRFRBABEgwKCFJFTEVBU0VEEAISDQoJU1VTUEVOREVEEAMSCwoHRVhQSVJFRBAEEg0KCUZPUkdPVFRFThAFIkYKDVdhdGNoUmVzcG9uc2USIwoGZXZlbnRzGAEgAygLMhMubGVhc2Vob2xkLnYxLkV2ZW50EhAKCHJldmlzaW9uGAIgASgEIiIKE1VucXVhcmFudGluZVJlcXVlc3QSCwoDa2V5GAEgASgJIjsKFFVucXVhcmFudGluZVJlc3BvbnNlEiMKA2tleRgBIAEoCzIWLmxlYXNlaG9sZC52MS5LZXlTdGF0ZSJNCgxMaXN0UmVzcG9uc2USJAoEa2V5cxgBIAMoCzIWLmxlYXNlaG9sZC52MS5LZXlTdGF0ZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiqQIKCFRvb2xDYWxsEgsKA2tleRgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEgwKBG5hbWUYAyABKAkSFAoMaW5wdXRfZGlnZXN0GAQgASgJEg0KBWZlbmNlGAUgASgEEioKBXN0YXRlGAYgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNc2V0dGxlZF9mZW5jZRgHIAEoBBIVCg1yZXN1bHRfZGlnZXN0GAggASgJEg4KBnJlc3VsdBgJIAEoDBITCgtiZWd1bl9hdF9tcxgKIAEoBBIVCg1zZXR0bGVkX2F0X21zGAsgASgEEg8KB29yZGluYWwYDCABKAQSFwoPaWRlbXBvdGVuY3lfa2V5GA0gASgJEgwKBHR1cm4YDiABKAkiQwoMVG9vbENhbGxTcGVjEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIUCgxpbnB1dF9kaWdlc3QYAyABKAkinQEKFEJlZ2luVG9vbENhbGxSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIPCgdjYWxsX2lkGAQgASgJEgwKBG5hbWUYBSABKAkSFAoMaW5wdXRfZGlnZXN0GAYgASgJEgwKBHR1cm4YByABKAkSFAoMYWNyb3NzX3R1cm5zGAggASgIIlAKFUJlZ2luVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCCKUAQoVQmVnaW5Ub29sQ2FsbHNSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIpCgVjYWxscxgEIAMoCzIaLmxlYXNlaG9sZC52MS5Ub29sQ2FsbFNwZWMSDAoEdHVybhgFIAEoCRIUCgxhY3Jvc3NfdHVybnMYBiABKAgibgoWQmVnaW5Ub29sQ2FsbHNSZXNwb25zZRIlCgVjYWxscxgBIAMoCzIWLmxlYXNlaG9sZC52MS5Ub29sQ2FsbBIRCglkdXBsaWNhdGUYAiABKAgSGgoSZHVwbGljYXRlX2NhbGxfaWRzGAMgAygJIrkBChVTZXR0bGVUb29sQ2FsbFJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEg8KB2NhbGxfaWQYBCABKAkSLAoHb3V0Y29tZRgFIAEoDjIbLmxlYXNlaG9sZC52MS5Ub29sQ2FsbFN0YXRlEhUKDXJlc3VsdF9kaWdlc3QYBiABKAkSDgoGcmVzdWx0GAcgASgMEgwKBHR1cm4YCCABKAkiVwoWU2V0dGxlVG9vbENhbGxSZXNwb25zZRIkCgRjYWxsGAEgASgLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhcKD2FscmVhZHlfc2V0dGxlZBgCIAEoCCKYAQoUTGlzdFRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEjkKBmZpbHRlchgCIAEoDjIpLmxlYXNlaG9sZC52MS5MaXN0VG9vbENhbGxzUmVxdWVzdC5GaWx0ZXIiOAoGRmlsdGVyEhYKEkZJTFRFUl9VTlNQRUNJRklFRBAAEg0KCVVOU0VUVExFRBABEgcKA0FMTBACIj4KFUxpc3RUb29sQ2FsbHNSZXNwb25zZRIlCgVjYWxscxgBIAMoCzIWLmxlYXNlaG9sZC52MS5Ub29sQ2FsbCI8ChZUcmFuc2NyaXB0Q2hlY2tSZXF1ZXN0EhIKCnRyYW5zY3JpcHQYASABKAkSDgoGZm9ybWF0GAIgASgJIncKEVRyYW5zY3JpcHRGaW5kaW5nEgwKBGtpbmQYASABKAkSDwoHY2FsbF9pZBgCIAEoCRINCgVpbmRleBgDIAEoBBIMCgRsaW5lGAQgASgEEg4KBmRldGFpbBgFIAEoCRIWCg5wcm92aWRlcl9lcnJvchgGIAEoCSKUAQoXVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USDwoHaGVhbHRoeRgBIAEoCBIOCgZmb3JtYXQYAiABKAkSEAoIbWVzc2FnZXMYAyABKAQSMQoIZmluZGluZ3MYBCADKAsyHy5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdEZpbmRpbmcSEwoLcmVwb3J0X2pzb24YBSABKAkiWgoXVHJhbnNjcmlwdFJlcGFpclJlcXVlc3QSEgoKdHJhbnNjcmlwdBgBIAEoCRIOCgZmb3JtYXQYAiABKAkSGwoTcGxhY2Vob2xkZXJfbWFya2VycxgDIAMoCSKNAQoYVHJhbnNjcmlwdFJlcGFpclJlc3BvbnNlEhIKCnRyYW5zY3JpcHQYASABKAkSDwoHaGVhbHRoeRgCIAEoCBIUCgxhY3Rpb25zX2pzb24YAyABKAkSNgoNdW5yZWNvdmVyYWJsZRgEIAMoCzIfLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0RmluZGluZypNCgdUZXJtRW5kEhgKFFRFUk1fRU5EX1VOU1BFQ0lGSUVEEAASDAoIUkVMRUFTRUQQARINCglTVVNQRU5ERUQQAhILCgdFWFBJUkVEEAMqXgoKTGlzdEZpbHRlchIbChdMSVNUX0ZJTFRFUl9VTlNQRUNJRklFRBAAEggKBExJVkUQARIPCgtSRUNPVkVSQUJMRRACEgcKA0FMTBADEg8KC1FVQVJBTlRJTkVEEAQqZQoNVG9vbENhbGxTdGF0ZRIfChtUT09MX0NBTExfU1RBVEVfVU5TUEVDSUZJRUQQABILCgdSVU5OSU5HEAESDQoJU1VDQ0VFREVEEAISCgoGRkFJTEVEEAMSCwoHVU5LTk9XThAEMrcICglMZWFzZWhvbGQSRgoHQWNxdWlyZRIcLmxlYXNlaG9sZC52MS5BY3F1aXJlUmVxdWVzdBodLmxlYXNlaG9sZC52MS5BY3F1aXJlUmVzcG9uc2USQAoFUmVuZXcSGi5sZWFzZWhvbGQudjEuUmVuZXdSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLlJlbmV3UmVzcG9uc2USRgoHUmVsZWFzZRIcLmxlYXNlaG9sZC52MS5SZWxlYXNlUmVxdWVzdBodLmxlYXNlaG9sZC52MS5SZWxlYXNlUmVzcG9uc2USQAoFQ2hlY2sSGi5sZWFzZWhvbGQudjEuQ2hlY2tSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLkNoZWNrUmVzcG9uc2USOgoDR2V0EhgubGVhc2Vob2xkLnYxLkdldFJlcXVlc3QaGS5sZWFzZWhvbGQudjEuR2V0UmVzcG9uc2USPQoETGlzdBIZLmxlYXNlaG9sZC52MS5MaXN0UmVxdWVzdBoaLmxlYXNlaG9sZC52MS5MaXN0UmVzcG9uc2USRgoHSGlzdG9yeRIcLmxlYXNlaG9sZC52MS5IaXN0b3J5UmVxdWVzdBodLmxlYXNlaG9sZC52MS5IaXN0b3J5UmVzcG9uc2USVQoMVW5xdWFyYW50aW5lEiEubGVhc2Vob2xkLnYxLlVucXVhcmFudGluZVJlcXVlc3QaIi5sZWFzZWhvbGQudjEuVW5xdWFyYW50aW5lUmVzcG9uc2USQgoFV2F0Y2gSGi5sZWFzZWhvbGQudjEuV2F0Y2hSZXF1ZXN0GhsubGVhc2Vob2xkLnYxLldhdGNoUmVzcG9uc2UwARJYCg1CZWdpblRvb2xDYWxsEiIubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxSZXNwb25zZRJbCg5CZWdpblRvb2xDYWxscxIjLmxlYXNlaG9sZC52MS5CZWdpblRvb2xDYWxsc1JlcXVlc3QaJC5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbHNSZXNwb25zZRJbCg5TZXR0bGVUb29sQ2FsbBIjLmxlYXNlaG9sZC52MS5TZXR0bGVUb29sQ2FsbFJlcXVlc3QaJC5sZWFzZWhvbGQudjEuU2V0dGxlVG9vbENhbGxSZXNwb25zZRJYCg1MaXN0VG9vbENhbGxzEiIubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXF1ZXN0GiMubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXNwb25zZRJKCgdTZXNzaW9uEhwubGVhc2Vob2xkLnYxLlNlc3Npb25SZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLlNlc3Npb25SZXNwb25zZSgBMAEyvAEKC1RyYW5zY3JpcHRzElQKBUNoZWNrEiQubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRDaGVja1JlcXVlc3QaJS5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdENoZWNrUmVzcG9uc2USVwoGUmVwYWlyEiUubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXF1ZXN0GiYubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRSZXBhaXJSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChxsZWFzZWhvbGQvdjEvbGVhc2Vob2xkLnByb3RvEgxsZWFzZWhvbGQudjEiEwoRU2VydmVySW5mb1JlcXVlc3QiSAoSU2VydmVySW5mb1Jlc3BvbnNlEg8KB3ZlcnNpb24YASABKAkSEAoIcHJvdG9jb2wYAiABKA0SDwoHYmFja2VuZBgDIAEoCSLeAQoOU2Vzc2lvblJlcXVlc3QSKwoFcmVuZXcYASABKAsyGi5sZWFzZWhvbGQudjEuUmVuZXdSZXF1ZXN0SAASKwoFY2hlY2sYAiABKAsyGi5sZWFzZWhvbGQudjEuQ2hlY2tSZXF1ZXN0SAASLwoHYWNxdWlyZRgDIAEoCzIcLmxlYXNlaG9sZC52MS5BY3F1aXJlUmVxdWVzdEgAEi8KB3JlbGVhc2UYBCABKAsyHC5sZWFzZWhvbGQudjEuUmVsZWFzZVJlcXVlc3RIABIKCgJpZBgPIAEoBEIECgJvcCLgAgoPU2Vzc2lvblJlc3BvbnNlEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCRIOCgZyZWFzb24YAyABKAkSIgoFbGVhc2UYBCABKAsyEy5sZWFzZWhvbGQudjEuTGVhc2USKQoIcHJldmlvdXMYBSABKAsyFy5sZWFzZWhvbGQudjEuRW5kZWRUZXJtEhAKCHJlcGxheWVkGAYgASgIEhwKFHVuc2V0dGxlZF90b29sX2NhbGxzGAcgASgNEiYKBWVuZGVkGAggASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRIKCgJpZBgJIAEoBBI7CgdkZXRhaWxzGAogAygLMioubGVhc2Vob2xkLnYxLlNlc3Npb25SZXNwb25zZS5EZXRhaWxzRW50cnkaLgoMRGV0YWlsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoDDoCOAEigwEKBUxlYXNlEgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBINCgVvd25lchgDIAEoCRIQCghsZWFzZV9pZBgEIAEoCRIOCgZ0dGxfbXMYBSABKAQSFgoOYWNxdWlyZWRfYXRfbXMYBiABKAQSFQoNZXhwaXJlc19hdF9tcxgHIAEoBCJ2CglFbmRlZFRlcm0SDQoFZmVuY2UYASABKAQSDQoFb3duZXIYAiABKAkSIgoDZW5kGAMgASgOMhUubGVhc2Vob2xkLnYxLlRlcm1FbmQSEwoLZW5kZWRfYXRfbXMYBCABKAQSEgoKaGFuZGVkX29mZhgFIAEoCCKfAQoOQWNxdWlyZVJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBW93bmVyGAIgASgJEg4KBnR0bF9tcxgDIAEoBBIPCgd3YWl0X21zGAQgASgEEhIKCnJlcXVlc3RfaWQYBSABKAkSFQoNbG9ja19kZWxheV9tcxgGIAEoBBIWCg5tYXhfcmVjb3ZlcmllcxgHIAEoDRINCgVmb3JjZRgIIAEoCCKQAQoPQWNxdWlyZVJlc3BvbnNlEiIKBWxlYXNlGAEgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlEikKCHByZXZpb3VzGAIgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRIQCghyZXBsYXllZBgDIAEoCBIcChR1bnNldHRsZWRfdG9vbF9jYWxscxgEIAEoDSJMCgxSZW5ld1JlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEg4KBnR0bF9tcxgEIAEoBCIzCg1SZW5ld1Jlc3BvbnNlEiIKBWxlYXNlGAEgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlInYKDlJlbGVhc2VSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBBIQCghsZWFzZV9pZBgDIAEoCRIPCgdzdXNwZW5kGAQgASgIEhEKCXN1Y2Nlc3NvchgFIAEoCRISCgpoYW5kb2ZmX21zGAYgASgEIjkKD1JlbGVhc2VSZXNwb25zZRImCgVlbmRlZBgBIAEoCzIXLmxlYXNlaG9sZC52MS5FbmRlZFRlcm0iKgoMQ2hlY2tSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgVmZW5jZRgCIAEoBCIzCg1DaGVja1Jlc3BvbnNlEiIKBWxlYXNlGAEgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlIhkKCkdldFJlcXVlc3QSCwoDa2V5GAEgASgJIrgBCgtHZXRSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmxlYXNlaG9sZC52MS5MZWFzZRIrCgpsYXN0X2VuZGVkGAIgASgLMhcubGVhc2Vob2xkLnYxLkVuZGVkVGVybRITCgtyZWNvdmVyYWJsZRgDIAEoCBITCgtxdWFyYW50aW5lZBgEIAEoCBIuCgtyZXNlcnZhdGlvbhgFIAEoCzIZLmxlYXNlaG9sZC52MS5SZXNlcnZhdGlvbiKwAQoLUmVzZXJ2YXRpb24SLAoEa2luZBgBIAEoDjIeLmxlYXNlaG9sZC52MS5SZXNlcnZhdGlvbi5LaW5kEhMKC2FmdGVyX2ZlbmNlGAIgASgEEhEKCXN1Y2Nlc3NvchgDIAEoCRIQCgh1bnRpbF9tcxgEIAEoBCI5CgRLaW5kEhQKEEtJTkRfVU5TUEVDSUZJRUQQABIOCgpMT0NLX0RFTEFZEAESCwoHSEFORE9GRhACIm4KC0xpc3RSZXF1ZXN0Eg4KBnByZWZpeBgBIAEoCRIoCgZmaWx0ZXIYAiABKA4yGC5sZWFzZWhvbGQudjEuTGlzdEZpbHRlchIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSLCAQoIS2V5U3RhdGUSCwoDa2V5GAEgASgJEiIKBWxlYXNlGAIgASgLMhMubGVhc2Vob2xkLnYxLkxlYXNlEisKCmxhc3RfZW5kZWQYAyABKAsyFy5sZWFzZWhvbGQudjEuRW5kZWRUZXJtEhMKC3JlY292ZXJhYmxlGAQgASgIEhMKC3F1YXJhbnRpbmVkGAUgASgIEi4KC3Jlc2VydmF0aW9uGAYgASgLMhkubGVhc2Vob2xkLnYxLlJlc2VydmF0aW9uIkQKDkhpc3RvcnlSZXF1ZXN0EgsKA2tleRgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSKvAQoMSGlzdG9yeUVudHJ5Eg0KBWZlbmNlGAEgASgEEg0KBW93bmVyGAIgASgJEhYKDmFjcXVpcmVkX2F0X21zGAMgASgEEhMKC2VuZGVkX2F0X21zGAQgASgEEiIKA2VuZBgFIAEoDjIVLmxlYXNlaG9sZC52MS5UZXJtRW5kEhwKFHVuc2V0dGxlZF90b29sX2NhbGxzGAYgASgNEhIKCmhhbmRlZF9vZmYYByABKAgiVwoPSGlzdG9yeVJlc3BvbnNlEisKB2VudHJpZXMYASADKAsyGi5sZWFzZWhvbGQudjEuSGlzdG9yeUVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJDCgxXYXRjaFJlcXVlc3QSCwoDa2V5GAEgASgJEg4KBnByZWZpeBgCIAEoCRIWCg5zdGFydF9yZXZpc2lvbhgDIAEoBCLfAQoFRXZlbnQSEAoIcmV2aXNpb24YASABKAQSCwoDa2V5GAIgASgJEiYKBGtpbmQYAyABKA4yGC5sZWFzZWhvbGQudjEuRXZlbnQuS2luZBINCgVmZW5jZRgEIAEoBBINCgVvd25lchgFIAEoCRINCgVhdF9tcxgGIAEoBCJiCgRLaW5kEhQKEEtJTkRfVU5TUEVDSUZJRUQQABILCgdHUkFOVEVEEAESDAoIUkVMRUFTRUQQAhINCglTVVNQRU5ERUQQAxILCgdFWFBJUkVEEAQSDQoJRk9SR09UVEVOEAUiRgoNV2F0Y2hSZXNwb25zZRIjCgZldmVudHMYASADKAsyEy5sZWFzZWhvbGQudjEuRXZlbnQSEAoIcmV2aXNpb24YAiABKAQiIgoTVW5xdWFyYW50aW5lUmVxdWVzdBILCgNrZXkYASABKAkiOwoUVW5xdWFyYW50aW5lUmVzcG9uc2USIwoDa2V5GAEgASgLMhYubGVhc2Vob2xkLnYxLktleVN0YXRlIk0KDExpc3RSZXNwb25zZRIkCgRrZXlzGAEgAygLMhYubGVhc2Vob2xkLnYxLktleVN0YXRlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKpAgoIVG9vbENhbGwSCwoDa2V5GAEgASgJEg8KB2NhbGxfaWQYAiABKAkSDAoEbmFtZRgDIAEoCRIUCgxpbnB1dF9kaWdlc3QYBCABKAkSDQoFZmVuY2UYBSABKAQSKgoFc3RhdGUYBiABKA4yGy5sZWFzZWhvbGQudjEuVG9vbENhbGxTdGF0ZRIVCg1zZXR0bGVkX2ZlbmNlGAcgASgEEhUKDXJlc3VsdF9kaWdlc3QYCCABKAkSDgoGcmVzdWx0GAkgASgMEhMKC2JlZ3VuX2F0X21zGAogASgEEhUKDXNldHRsZWRfYXRfbXMYCyABKAQSDwoHb3JkaW5hbBgMIAEoBBIXCg9pZGVtcG90ZW5jeV9rZXkYDSABKAkSDAoEdHVybhgOIAEoCSJDCgxUb29sQ2FsbFNwZWMSDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhQKDGlucHV0X2RpZ2VzdBgDIAEoCSKdAQoUQmVnaW5Ub29sQ2FsbFJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEg8KB2NhbGxfaWQYBCABKAkSDAoEbmFtZRgFIAEoCRIUCgxpbnB1dF9kaWdlc3QYBiABKAkSDAoEdHVybhgHIAEoCRIUCgxhY3Jvc3NfdHVybnMYCCABKAgiUAoVQmVnaW5Ub29sQ2FsbFJlc3BvbnNlEiQKBGNhbGwYASABKAsyFi5sZWFzZWhvbGQudjEuVG9vbENhbGwSEQoJZHVwbGljYXRlGAIgASgIIpQBChVCZWdpblRvb2xDYWxsc1JlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWZlbmNlGAIgASgEEhAKCGxlYXNlX2lkGAMgASgJEikKBWNhbGxzGAQgAygLMhoubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3BlYxIMCgR0dXJuGAUgASgJEhQKDGFjcm9zc190dXJucxgGIAEoCCJuChZCZWdpblRvb2xDYWxsc1Jlc3BvbnNlEiUKBWNhbGxzGAEgAygLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsEhEKCWR1cGxpY2F0ZRgCIAEoCBIaChJkdXBsaWNhdGVfY2FsbF9pZHMYAyADKAkiuQEKFVNldHRsZVRvb2xDYWxsUmVxdWVzdBILCgNrZXkYASABKAkSDQoFZmVuY2UYAiABKAQSEAoIbGVhc2VfaWQYAyABKAkSDwoHY2FsbF9pZBgEIAEoCRIsCgdvdXRjb21lGAUgASgOMhsubGVhc2Vob2xkLnYxLlRvb2xDYWxsU3RhdGUSFQoNcmVzdWx0X2RpZ2VzdBgGIAEoCRIOCgZyZXN1bHQYByABKAwSDAoEdHVybhgIIAEoCSJXChZTZXR0bGVUb29sQ2FsbFJlc3BvbnNlEiQKBGNhbGwYASABKAsyFi5sZWFzZWhvbGQudjEuVG9vbENhbGwSFwoPYWxyZWFkeV9zZXR0bGVkGAIgASgIIpgBChRMaXN0VG9vbENhbGxzUmVxdWVzdBILCgNrZXkYASABKAkSOQoGZmlsdGVyGAIgASgOMikubGVhc2Vob2xkLnYxLkxpc3RUb29sQ2FsbHNSZXF1ZXN0LkZpbHRlciI4CgZGaWx0ZXISFgoSRklMVEVSX1VOU1BFQ0lGSUVEEAASDQoJVU5TRVRUTEVEEAESBwoDQUxMEAIiPgoVTGlzdFRvb2xDYWxsc1Jlc3BvbnNlEiUKBWNhbGxzGAEgAygLMhYubGVhc2Vob2xkLnYxLlRvb2xDYWxsIjwKFlRyYW5zY3JpcHRDaGVja1JlcXVlc3QSEgoKdHJhbnNjcmlwdBgBIAEoCRIOCgZmb3JtYXQYAiABKAkidwoRVHJhbnNjcmlwdEZpbmRpbmcSDAoEa2luZBgBIAEoCRIPCgdjYWxsX2lkGAIgASgJEg0KBWluZGV4GAMgASgEEgwKBGxpbmUYBCABKAQSDgoGZGV0YWlsGAUgASgJEhYKDnByb3ZpZGVyX2Vycm9yGAYgASgJIpQBChdUcmFuc2NyaXB0Q2hlY2tSZXNwb25zZRIPCgdoZWFsdGh5GAEgASgIEg4KBmZvcm1hdBgCIAEoCRIQCghtZXNzYWdlcxgDIAEoBBIxCghmaW5kaW5ncxgEIAMoCzIfLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0RmluZGluZxITCgtyZXBvcnRfanNvbhgFIAEoCSJaChdUcmFuc2NyaXB0UmVwYWlyUmVxdWVzdBISCgp0cmFuc2NyaXB0GAEgASgJEg4KBmZvcm1hdBgCIAEoCRIbChNwbGFjZWhvbGRlcl9tYXJrZXJzGAMgAygJIo0BChhUcmFuc2NyaXB0UmVwYWlyUmVzcG9uc2USEgoKdHJhbnNjcmlwdBgBIAEoCRIPCgdoZWFsdGh5GAIgASgIEhQKDGFjdGlvbnNfanNvbhgDIAEoCRI2Cg11bnJlY292ZXJhYmxlGAQgAygLMh8ubGVhc2Vob2xkLnYxLlRyYW5zY3JpcHRGaW5kaW5nKk0KB1Rlcm1FbmQSGAoUVEVSTV9FTkRfVU5TUEVDSUZJRUQQABIMCghSRUxFQVNFRBABEg0KCVNVU1BFTkRFRBACEgsKB0VYUElSRUQQAypeCgpMaXN0RmlsdGVyEhsKF0xJU1RfRklMVEVSX1VOU1BFQ0lGSUVEEAASCAoETElWRRABEg8KC1JFQ09WRVJBQkxFEAISBwoDQUxMEAMSDwoLUVVBUkFOVElORUQQBCplCg1Ub29sQ2FsbFN0YXRlEh8KG1RPT0xfQ0FMTF9TVEFURV9VTlNQRUNJRklFRBAAEgsKB1JVTk5JTkcQARINCglTVUNDRUVERUQQAhIKCgZGQUlMRUQQAxILCgdVTktOT1dOEAQyiAkKCUxlYXNlaG9sZBJGCgdBY3F1aXJlEhwubGVhc2Vob2xkLnYxLkFjcXVpcmVSZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLkFjcXVpcmVSZXNwb25zZRJACgVSZW5ldxIaLmxlYXNlaG9sZC52MS5SZW5ld1JlcXVlc3QaGy5sZWFzZWhvbGQudjEuUmVuZXdSZXNwb25zZRJGCgdSZWxlYXNlEhwubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLlJlbGVhc2VSZXNwb25zZRJACgVDaGVjaxIaLmxlYXNlaG9sZC52MS5DaGVja1JlcXVlc3QaGy5sZWFzZWhvbGQudjEuQ2hlY2tSZXNwb25zZRI6CgNHZXQSGC5sZWFzZWhvbGQudjEuR2V0UmVxdWVzdBoZLmxlYXNlaG9sZC52MS5HZXRSZXNwb25zZRI9CgRMaXN0EhkubGVhc2Vob2xkLnYxLkxpc3RSZXF1ZXN0GhoubGVhc2Vob2xkLnYxLkxpc3RSZXNwb25zZRJGCgdIaXN0b3J5EhwubGVhc2Vob2xkLnYxLkhpc3RvcnlSZXF1ZXN0Gh0ubGVhc2Vob2xkLnYxLkhpc3RvcnlSZXNwb25zZRJVCgxVbnF1YXJhbnRpbmUSIS5sZWFzZWhvbGQudjEuVW5xdWFyYW50aW5lUmVxdWVzdBoiLmxlYXNlaG9sZC52MS5VbnF1YXJhbnRpbmVSZXNwb25zZRJCCgVXYXRjaBIaLmxlYXNlaG9sZC52MS5XYXRjaFJlcXVlc3QaGy5sZWFzZWhvbGQudjEuV2F0Y2hSZXNwb25zZTABElgKDUJlZ2luVG9vbENhbGwSIi5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbFJlcXVlc3QaIy5sZWFzZWhvbGQudjEuQmVnaW5Ub29sQ2FsbFJlc3BvbnNlElsKDkJlZ2luVG9vbENhbGxzEiMubGVhc2Vob2xkLnYxLkJlZ2luVG9vbENhbGxzUmVxdWVzdBokLmxlYXNlaG9sZC52MS5CZWdpblRvb2xDYWxsc1Jlc3BvbnNlElsKDlNldHRsZVRvb2xDYWxsEiMubGVhc2Vob2xkLnYxLlNldHRsZVRvb2xDYWxsUmVxdWVzdBokLmxlYXNlaG9sZC52MS5TZXR0bGVUb29sQ2FsbFJlc3BvbnNlElgKDUxpc3RUb29sQ2FsbHMSIi5sZWFzZWhvbGQudjEuTGlzdFRvb2xDYWxsc1JlcXVlc3QaIy5sZWFzZWhvbGQudjEuTGlzdFRvb2xDYWxsc1Jlc3BvbnNlEkoKB1Nlc3Npb24SHC5sZWFzZWhvbGQudjEuU2Vzc2lvblJlcXVlc3QaHS5sZWFzZWhvbGQudjEuU2Vzc2lvblJlc3BvbnNlKAEwARJPCgpTZXJ2ZXJJbmZvEh8ubGVhc2Vob2xkLnYxLlNlcnZlckluZm9SZXF1ZXN0GiAubGVhc2Vob2xkLnYxLlNlcnZlckluZm9SZXNwb25zZTK8AQoLVHJhbnNjcmlwdHMSVAoFQ2hlY2sSJC5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdENoZWNrUmVxdWVzdBolLmxlYXNlaG9sZC52MS5UcmFuc2NyaXB0Q2hlY2tSZXNwb25zZRJXCgZSZXBhaXISJS5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdFJlcGFpclJlcXVlc3QaJi5sZWFzZWhvbGQudjEuVHJhbnNjcmlwdFJlcGFpclJlc3BvbnNlYgZwcm90bzM");
+
+/**
+ * @generated from message leasehold.v1.ServerInfoRequest
+ */
+export type ServerInfoRequest = Message<"leasehold.v1.ServerInfoRequest"> & {
+};
+
+/**
+ * Describes the message leasehold.v1.ServerInfoRequest.
+ * Use `create(ServerInfoRequestSchema)` to create a new message.
+ */
+export const ServerInfoRequestSchema: GenMessage<ServerInfoRequest> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 0);
+
+/**
+ * @generated from message leasehold.v1.ServerInfoResponse
+ */
+export type ServerInfoResponse = Message<"leasehold.v1.ServerInfoResponse"> & {
+  /**
+   * The server's release, as `leasehold --version` prints it (e.g. "0.1.0").
+   *
+   * @generated from field: string version = 1;
+   */
+  version: string;
+
+  /**
+   * The revision of leasehold.v1 the server speaks: raised by one whenever an
+   * RPC or a field a client may rely on is added (never for a removal: that
+   * would be leasehold.v2). A client needing revision N refuses a server
+   * reporting less, naming both. Revision 1 is this file's first release.
+   *
+   * @generated from field: uint32 protocol = 2;
+   */
+  protocol: number;
+
+  /**
+   * The storage backend: "sqlite" or "postgres".
+   *
+   * @generated from field: string backend = 3;
+   */
+  backend: string;
+};
+
+/**
+ * Describes the message leasehold.v1.ServerInfoResponse.
+ * Use `create(ServerInfoResponseSchema)` to create a new message.
+ */
+export const ServerInfoResponseSchema: GenMessage<ServerInfoResponse> = /*@__PURE__*/
+  messageDesc(file_leasehold_v1_leasehold, 1);
 
 /**
  * @generated from message leasehold.v1.SessionRequest
@@ -77,7 +126,7 @@ export type SessionRequest = Message<"leasehold.v1.SessionRequest"> & {
  * Use `create(SessionRequestSchema)` to create a new message.
  */
 export const SessionRequestSchema: GenMessage<SessionRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 0);
+  messageDesc(file_leasehold_v1_leasehold, 2);
 
 /**
  * @generated from message leasehold.v1.SessionResponse
@@ -157,7 +206,7 @@ export type SessionResponse = Message<"leasehold.v1.SessionResponse"> & {
  * Use `create(SessionResponseSchema)` to create a new message.
  */
 export const SessionResponseSchema: GenMessage<SessionResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 1);
+  messageDesc(file_leasehold_v1_leasehold, 3);
 
 /**
  * A live term of a key. `lease_id` is only ever returned to the holder
@@ -209,7 +258,7 @@ export type Lease = Message<"leasehold.v1.Lease"> & {
  * Use `create(LeaseSchema)` to create a new message.
  */
 export const LeaseSchema: GenMessage<Lease> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 2);
+  messageDesc(file_leasehold_v1_leasehold, 4);
 
 /**
  * How a key's last term ended.
@@ -251,7 +300,7 @@ export type EndedTerm = Message<"leasehold.v1.EndedTerm"> & {
  * Use `create(EndedTermSchema)` to create a new message.
  */
 export const EndedTermSchema: GenMessage<EndedTerm> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 3);
+  messageDesc(file_leasehold_v1_leasehold, 5);
 
 /**
  * @generated from message leasehold.v1.AcquireRequest
@@ -320,7 +369,7 @@ export type AcquireRequest = Message<"leasehold.v1.AcquireRequest"> & {
  * Use `create(AcquireRequestSchema)` to create a new message.
  */
 export const AcquireRequestSchema: GenMessage<AcquireRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 4);
+  messageDesc(file_leasehold_v1_leasehold, 6);
 
 /**
  * @generated from message leasehold.v1.AcquireResponse
@@ -360,7 +409,7 @@ export type AcquireResponse = Message<"leasehold.v1.AcquireResponse"> & {
  * Use `create(AcquireResponseSchema)` to create a new message.
  */
 export const AcquireResponseSchema: GenMessage<AcquireResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 5);
+  messageDesc(file_leasehold_v1_leasehold, 7);
 
 /**
  * @generated from message leasehold.v1.RenewRequest
@@ -394,7 +443,7 @@ export type RenewRequest = Message<"leasehold.v1.RenewRequest"> & {
  * Use `create(RenewRequestSchema)` to create a new message.
  */
 export const RenewRequestSchema: GenMessage<RenewRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 6);
+  messageDesc(file_leasehold_v1_leasehold, 8);
 
 /**
  * @generated from message leasehold.v1.RenewResponse
@@ -411,7 +460,7 @@ export type RenewResponse = Message<"leasehold.v1.RenewResponse"> & {
  * Use `create(RenewResponseSchema)` to create a new message.
  */
 export const RenewResponseSchema: GenMessage<RenewResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 7);
+  messageDesc(file_leasehold_v1_leasehold, 9);
 
 /**
  * @generated from message leasehold.v1.ReleaseRequest
@@ -460,7 +509,7 @@ export type ReleaseRequest = Message<"leasehold.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 8);
+  messageDesc(file_leasehold_v1_leasehold, 10);
 
 /**
  * @generated from message leasehold.v1.ReleaseResponse
@@ -479,7 +528,7 @@ export type ReleaseResponse = Message<"leasehold.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 9);
+  messageDesc(file_leasehold_v1_leasehold, 11);
 
 /**
  * @generated from message leasehold.v1.CheckRequest
@@ -501,7 +550,7 @@ export type CheckRequest = Message<"leasehold.v1.CheckRequest"> & {
  * Use `create(CheckRequestSchema)` to create a new message.
  */
 export const CheckRequestSchema: GenMessage<CheckRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 10);
+  messageDesc(file_leasehold_v1_leasehold, 12);
 
 /**
  * @generated from message leasehold.v1.CheckResponse
@@ -520,7 +569,7 @@ export type CheckResponse = Message<"leasehold.v1.CheckResponse"> & {
  * Use `create(CheckResponseSchema)` to create a new message.
  */
 export const CheckResponseSchema: GenMessage<CheckResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 11);
+  messageDesc(file_leasehold_v1_leasehold, 13);
 
 /**
  * @generated from message leasehold.v1.GetRequest
@@ -537,7 +586,7 @@ export type GetRequest = Message<"leasehold.v1.GetRequest"> & {
  * Use `create(GetRequestSchema)` to create a new message.
  */
 export const GetRequestSchema: GenMessage<GetRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 12);
+  messageDesc(file_leasehold_v1_leasehold, 14);
 
 /**
  * @generated from message leasehold.v1.GetResponse
@@ -585,7 +634,7 @@ export type GetResponse = Message<"leasehold.v1.GetResponse"> & {
  * Use `create(GetResponseSchema)` to create a new message.
  */
 export const GetResponseSchema: GenMessage<GetResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 13);
+  messageDesc(file_leasehold_v1_leasehold, 15);
 
 /**
  * Who alone may take a free key, and until when.
@@ -625,7 +674,7 @@ export type Reservation = Message<"leasehold.v1.Reservation"> & {
  * Use `create(ReservationSchema)` to create a new message.
  */
 export const ReservationSchema: GenMessage<Reservation> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 14);
+  messageDesc(file_leasehold_v1_leasehold, 16);
 
 /**
  * @generated from enum leasehold.v1.Reservation.Kind
@@ -655,7 +704,7 @@ export enum Reservation_Kind {
  * Describes the enum leasehold.v1.Reservation.Kind.
  */
 export const Reservation_KindSchema: GenEnum<Reservation_Kind> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_leasehold, 14, 0);
+  enumDesc(file_leasehold_v1_leasehold, 16, 0);
 
 /**
  * @generated from message leasehold.v1.ListRequest
@@ -691,7 +740,7 @@ export type ListRequest = Message<"leasehold.v1.ListRequest"> & {
  * Use `create(ListRequestSchema)` to create a new message.
  */
 export const ListRequestSchema: GenMessage<ListRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 15);
+  messageDesc(file_leasehold_v1_leasehold, 17);
 
 /**
  * @generated from message leasehold.v1.KeyState
@@ -733,7 +782,7 @@ export type KeyState = Message<"leasehold.v1.KeyState"> & {
  * Use `create(KeyStateSchema)` to create a new message.
  */
 export const KeyStateSchema: GenMessage<KeyState> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 16);
+  messageDesc(file_leasehold_v1_leasehold, 18);
 
 /**
  * @generated from message leasehold.v1.HistoryRequest
@@ -764,7 +813,7 @@ export type HistoryRequest = Message<"leasehold.v1.HistoryRequest"> & {
  * Use `create(HistoryRequestSchema)` to create a new message.
  */
 export const HistoryRequestSchema: GenMessage<HistoryRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 17);
+  messageDesc(file_leasehold_v1_leasehold, 19);
 
 /**
  * One ended term of a key.
@@ -817,7 +866,7 @@ export type HistoryEntry = Message<"leasehold.v1.HistoryEntry"> & {
  * Use `create(HistoryEntrySchema)` to create a new message.
  */
 export const HistoryEntrySchema: GenMessage<HistoryEntry> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 18);
+  messageDesc(file_leasehold_v1_leasehold, 20);
 
 /**
  * @generated from message leasehold.v1.HistoryResponse
@@ -841,7 +890,7 @@ export type HistoryResponse = Message<"leasehold.v1.HistoryResponse"> & {
  * Use `create(HistoryResponseSchema)` to create a new message.
  */
 export const HistoryResponseSchema: GenMessage<HistoryResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 19);
+  messageDesc(file_leasehold_v1_leasehold, 21);
 
 /**
  * @generated from message leasehold.v1.WatchRequest
@@ -873,7 +922,7 @@ export type WatchRequest = Message<"leasehold.v1.WatchRequest"> & {
  * Use `create(WatchRequestSchema)` to create a new message.
  */
 export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 20);
+  messageDesc(file_leasehold_v1_leasehold, 22);
 
 /**
  * @generated from message leasehold.v1.Event
@@ -918,7 +967,7 @@ export type Event = Message<"leasehold.v1.Event"> & {
  * Use `create(EventSchema)` to create a new message.
  */
 export const EventSchema: GenMessage<Event> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 21);
+  messageDesc(file_leasehold_v1_leasehold, 23);
 
 /**
  * @generated from enum leasehold.v1.Event.Kind
@@ -964,7 +1013,7 @@ export enum Event_Kind {
  * Describes the enum leasehold.v1.Event.Kind.
  */
 export const Event_KindSchema: GenEnum<Event_Kind> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_leasehold, 21, 0);
+  enumDesc(file_leasehold_v1_leasehold, 23, 0);
 
 /**
  * @generated from message leasehold.v1.WatchResponse
@@ -991,7 +1040,7 @@ export type WatchResponse = Message<"leasehold.v1.WatchResponse"> & {
  * Use `create(WatchResponseSchema)` to create a new message.
  */
 export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 22);
+  messageDesc(file_leasehold_v1_leasehold, 24);
 
 /**
  * @generated from message leasehold.v1.UnquarantineRequest
@@ -1008,7 +1057,7 @@ export type UnquarantineRequest = Message<"leasehold.v1.UnquarantineRequest"> & 
  * Use `create(UnquarantineRequestSchema)` to create a new message.
  */
 export const UnquarantineRequestSchema: GenMessage<UnquarantineRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 23);
+  messageDesc(file_leasehold_v1_leasehold, 25);
 
 /**
  * @generated from message leasehold.v1.UnquarantineResponse
@@ -1025,7 +1074,7 @@ export type UnquarantineResponse = Message<"leasehold.v1.UnquarantineResponse"> 
  * Use `create(UnquarantineResponseSchema)` to create a new message.
  */
 export const UnquarantineResponseSchema: GenMessage<UnquarantineResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 24);
+  messageDesc(file_leasehold_v1_leasehold, 26);
 
 /**
  * @generated from message leasehold.v1.ListResponse
@@ -1050,7 +1099,7 @@ export type ListResponse = Message<"leasehold.v1.ListResponse"> & {
  * Use `create(ListResponseSchema)` to create a new message.
  */
 export const ListResponseSchema: GenMessage<ListResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 25);
+  messageDesc(file_leasehold_v1_leasehold, 27);
 
 /**
  * One entry of a key's tool-call ledger.
@@ -1149,7 +1198,7 @@ export type ToolCall = Message<"leasehold.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 26);
+  messageDesc(file_leasehold_v1_leasehold, 28);
 
 /**
  * @generated from message leasehold.v1.ToolCallSpec
@@ -1176,7 +1225,7 @@ export type ToolCallSpec = Message<"leasehold.v1.ToolCallSpec"> & {
  * Use `create(ToolCallSpecSchema)` to create a new message.
  */
 export const ToolCallSpecSchema: GenMessage<ToolCallSpec> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 27);
+  messageDesc(file_leasehold_v1_leasehold, 29);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallRequest
@@ -1233,7 +1282,7 @@ export type BeginToolCallRequest = Message<"leasehold.v1.BeginToolCallRequest"> 
  * Use `create(BeginToolCallRequestSchema)` to create a new message.
  */
 export const BeginToolCallRequestSchema: GenMessage<BeginToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 28);
+  messageDesc(file_leasehold_v1_leasehold, 30);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallResponse
@@ -1258,7 +1307,7 @@ export type BeginToolCallResponse = Message<"leasehold.v1.BeginToolCallResponse"
  * Use `create(BeginToolCallResponseSchema)` to create a new message.
  */
 export const BeginToolCallResponseSchema: GenMessage<BeginToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 29);
+  messageDesc(file_leasehold_v1_leasehold, 31);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallsRequest
@@ -1302,7 +1351,7 @@ export type BeginToolCallsRequest = Message<"leasehold.v1.BeginToolCallsRequest"
  * Use `create(BeginToolCallsRequestSchema)` to create a new message.
  */
 export const BeginToolCallsRequestSchema: GenMessage<BeginToolCallsRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 30);
+  messageDesc(file_leasehold_v1_leasehold, 32);
 
 /**
  * @generated from message leasehold.v1.BeginToolCallsResponse
@@ -1335,7 +1384,7 @@ export type BeginToolCallsResponse = Message<"leasehold.v1.BeginToolCallsRespons
  * Use `create(BeginToolCallsResponseSchema)` to create a new message.
  */
 export const BeginToolCallsResponseSchema: GenMessage<BeginToolCallsResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 31);
+  messageDesc(file_leasehold_v1_leasehold, 33);
 
 /**
  * @generated from message leasehold.v1.SettleToolCallRequest
@@ -1392,7 +1441,7 @@ export type SettleToolCallRequest = Message<"leasehold.v1.SettleToolCallRequest"
  * Use `create(SettleToolCallRequestSchema)` to create a new message.
  */
 export const SettleToolCallRequestSchema: GenMessage<SettleToolCallRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 32);
+  messageDesc(file_leasehold_v1_leasehold, 34);
 
 /**
  * @generated from message leasehold.v1.SettleToolCallResponse
@@ -1418,7 +1467,7 @@ export type SettleToolCallResponse = Message<"leasehold.v1.SettleToolCallRespons
  * Use `create(SettleToolCallResponseSchema)` to create a new message.
  */
 export const SettleToolCallResponseSchema: GenMessage<SettleToolCallResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 33);
+  messageDesc(file_leasehold_v1_leasehold, 35);
 
 /**
  * @generated from message leasehold.v1.ListToolCallsRequest
@@ -1440,7 +1489,7 @@ export type ListToolCallsRequest = Message<"leasehold.v1.ListToolCallsRequest"> 
  * Use `create(ListToolCallsRequestSchema)` to create a new message.
  */
 export const ListToolCallsRequestSchema: GenMessage<ListToolCallsRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 34);
+  messageDesc(file_leasehold_v1_leasehold, 36);
 
 /**
  * @generated from enum leasehold.v1.ListToolCallsRequest.Filter
@@ -1468,7 +1517,7 @@ export enum ListToolCallsRequest_Filter {
  * Describes the enum leasehold.v1.ListToolCallsRequest.Filter.
  */
 export const ListToolCallsRequest_FilterSchema: GenEnum<ListToolCallsRequest_Filter> = /*@__PURE__*/
-  enumDesc(file_leasehold_v1_leasehold, 34, 0);
+  enumDesc(file_leasehold_v1_leasehold, 36, 0);
 
 /**
  * @generated from message leasehold.v1.ListToolCallsResponse
@@ -1485,7 +1534,7 @@ export type ListToolCallsResponse = Message<"leasehold.v1.ListToolCallsResponse"
  * Use `create(ListToolCallsResponseSchema)` to create a new message.
  */
 export const ListToolCallsResponseSchema: GenMessage<ListToolCallsResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 35);
+  messageDesc(file_leasehold_v1_leasehold, 37);
 
 /**
  * @generated from message leasehold.v1.TranscriptCheckRequest
@@ -1507,7 +1556,7 @@ export type TranscriptCheckRequest = Message<"leasehold.v1.TranscriptCheckReques
  * Use `create(TranscriptCheckRequestSchema)` to create a new message.
  */
 export const TranscriptCheckRequestSchema: GenMessage<TranscriptCheckRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 36);
+  messageDesc(file_leasehold_v1_leasehold, 38);
 
 /**
  * @generated from message leasehold.v1.TranscriptFinding
@@ -1558,7 +1607,7 @@ export type TranscriptFinding = Message<"leasehold.v1.TranscriptFinding"> & {
  * Use `create(TranscriptFindingSchema)` to create a new message.
  */
 export const TranscriptFindingSchema: GenMessage<TranscriptFinding> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 37);
+  messageDesc(file_leasehold_v1_leasehold, 39);
 
 /**
  * @generated from message leasehold.v1.TranscriptCheckResponse
@@ -1599,7 +1648,7 @@ export type TranscriptCheckResponse = Message<"leasehold.v1.TranscriptCheckRespo
  * Use `create(TranscriptCheckResponseSchema)` to create a new message.
  */
 export const TranscriptCheckResponseSchema: GenMessage<TranscriptCheckResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 38);
+  messageDesc(file_leasehold_v1_leasehold, 40);
 
 /**
  * @generated from message leasehold.v1.TranscriptRepairRequest
@@ -1628,7 +1677,7 @@ export type TranscriptRepairRequest = Message<"leasehold.v1.TranscriptRepairRequ
  * Use `create(TranscriptRepairRequestSchema)` to create a new message.
  */
 export const TranscriptRepairRequestSchema: GenMessage<TranscriptRepairRequest> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 39);
+  messageDesc(file_leasehold_v1_leasehold, 41);
 
 /**
  * @generated from message leasehold.v1.TranscriptRepairResponse
@@ -1668,7 +1717,7 @@ export type TranscriptRepairResponse = Message<"leasehold.v1.TranscriptRepairRes
  * Use `create(TranscriptRepairResponseSchema)` to create a new message.
  */
 export const TranscriptRepairResponseSchema: GenMessage<TranscriptRepairResponse> = /*@__PURE__*/
-  messageDesc(file_leasehold_v1_leasehold, 40);
+  messageDesc(file_leasehold_v1_leasehold, 42);
 
 /**
  * @generated from enum leasehold.v1.TermEnd
@@ -1957,6 +2006,18 @@ export const Leasehold: GenService<{
     methodKind: "bidi_streaming";
     input: typeof SessionRequestSchema;
     output: typeof SessionResponseSchema;
+  },
+  /**
+   * Which server this is: its release, the protocol revision it speaks and
+   * its storage backend. Any authenticated caller may ask. Clients read it
+   * to say which side to upgrade when the other lacks an RPC they need.
+   *
+   * @generated from rpc leasehold.v1.Leasehold.ServerInfo
+   */
+  serverInfo: {
+    methodKind: "unary";
+    input: typeof ServerInfoRequestSchema;
+    output: typeof ServerInfoResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_leasehold_v1_leasehold, 0);
