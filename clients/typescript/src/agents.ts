@@ -23,15 +23,18 @@ import type {
   FunctionTool,
   NonStreamRunOptions,
   RunResult,
+  RunState,
   Session,
+  StreamedRunResult,
+  StreamRunOptions,
   ToolInputParameters,
 } from "@openai/agents";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { LeaseholdError, NotOwnedError } from "./errors.js";
+import { NotOwnedError } from "./errors.js";
 import { SQLITE_CREATE_TABLE, type SqliteConnection, sqliteFencedWrite } from "./fence.js";
 import type { Lease } from "./lease.js";
-import { answer, ensureHeld, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
+import { answer, ensureHeld, failedRun, ledgerCall, takeover, unknownResult } from "./owning.js";
 
 /** What a call the ledger holds from a lost owner answers the model. */
 export const UNKNOWN_RESULT = unknownResult("session");
@@ -42,6 +45,8 @@ export { NotOwnedError };
 export interface OwnOptions extends Pick<AcquireOptions, "ttlMs" | "waitMs"> {
   /** Prepended to the session id to make the lease key (default `agents:`). */
   readonly prefix?: string;
+  /** The SDK `Runner` whose `run` is called (default: the SDK's `run`, its default runner). */
+  readonly runner?: agents.Runner;
 }
 
 /** The lease of the owned run this code runs in (inside tools, filters, ...). */
@@ -258,23 +263,51 @@ export type RunOptions<TContext, TAgent extends SdkAgent> = NonStreamRunOptions<
   readonly session: Session;
 };
 
+/** `agents.run`'s options for a streamed run (`stream: true`), with the session required. */
+export type StreamedRunOptions<TContext, TAgent extends SdkAgent> = StreamRunOptions<TContext, TAgent> & {
+  readonly session: Session;
+};
+
+/** What `run` continues: new input, or a `RunState` resumed after a human approved or rejected its interruptions. */
+export type RunInput<TContext, TAgent extends SdkAgent> = string | AgentInputItem[] | RunState<TContext, TAgent>;
+
 /**
  * The Agents SDK's `run(agent, input, options)` as the owner of
  * `options.session`. A session taken over from a lost owner first has the
  * tool calls it left running settled as unknown (a ledgered tool then
  * answers `UNKNOWN_RESULT` for such a call id instead of running it).
+ *
+ * With `stream: true` the lease is held until the stream's run ends, however
+ * (or whether) the stream is read: `completed` then resolves once the lease
+ * is released, or rejects with the leasehold error when it was lost
+ * (suspended when the run failed); cancelling the stream aborts the run.
  * @throws BusyError (another run owns the session), LeaseLostError (lost
  *   mid-run: never the SDK's wrapper around it), and whatever run throws.
  */
 export async function run<TAgent extends SdkAgent, TContext = undefined>(
   client: LeaseholdClient,
   agent: TAgent,
-  input: string | AgentInputItem[],
+  input: RunInput<TContext, TAgent>,
   options: RunOptions<TContext, TAgent>,
+  own?: OwnOptions,
+): Promise<RunResult<TContext, TAgent>>;
+export async function run<TAgent extends SdkAgent, TContext = undefined>(
+  client: LeaseholdClient,
+  agent: TAgent,
+  input: RunInput<TContext, TAgent>,
+  options: StreamedRunOptions<TContext, TAgent>,
+  own?: OwnOptions,
+): Promise<StreamedRunResult<TContext, TAgent>>;
+export async function run<TAgent extends SdkAgent, TContext = undefined>(
+  client: LeaseholdClient,
+  agent: TAgent,
+  input: RunInput<TContext, TAgent>,
+  options: RunOptions<TContext, TAgent> | StreamedRunOptions<TContext, TAgent>,
   own: OwnOptions = {},
-): Promise<RunResult<TContext, TAgent>> {
+): Promise<RunResult<TContext, TAgent> | StreamedRunResult<TContext, TAgent>> {
   const key = `${own.prefix ?? "agents:"}${await options.session.getSessionId()}`;
   const lease = await client.acquire(key, { ttlMs: own.ttlMs, waitMs: own.waitMs });
+  const runner = own.runner ?? agents;
   return current.run(lease, async () => {
     try {
       const session = ownedSession(options.session, lease);
@@ -290,28 +323,49 @@ export async function run<TAgent extends SdkAgent, TContext = undefined>(
         return filter === undefined ? args.modelData : filter(args);
       };
       const signal = options.signal === undefined ? lease.signal : AbortSignal.any([options.signal, lease.signal]);
-      const result = (await agents.run(agent, input, {
-        ...options,
-        stream: false,
-        session,
-        callModelInputFilter: gated,
-        signal,
-      }));
+      const owned = { session, callModelInputFilter: gated, signal };
+      if (options.stream === true) {
+        const streamed = await runner.run(agent, input, { ...options, ...owned, stream: true });
+        return heldUntilDone(streamed, lease);
+      }
+      const result = await runner.run(agent, input, { ...options, ...owned, stream: false });
       await lease.release();
       return result;
     } catch (err) {
-      await lease.suspend().catch(() => undefined);
-      throw await lossOf(lease, err);
+      throw await failedRun(lease, err);
     }
   });
 }
 
-/** The leasehold error behind `err` (the SDK wraps what a hook or session throws), or `err`. */
-async function lossOf(lease: Lease, err: unknown): Promise<unknown> {
-  for (let e: unknown = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
-    if (e instanceof LeaseholdError) return e;
-  }
-  return lostInstead(lease, err);
+/**
+ * `result` whose `completed` (and `error`) tell the run's end as the
+ * owner sees it: the lease released after a run that ended well, suspended
+ * (and the leasehold error behind the SDK's wrapper reported) after one that
+ * did not. The run goes on whether or not the stream is read.
+ */
+function heldUntilDone<TContext, TAgent extends SdkAgent>(
+  result: StreamedRunResult<TContext, TAgent>,
+  lease: Lease,
+): StreamedRunResult<TContext, TAgent> {
+  let failure: unknown;
+  const completed = result.completed.then(
+    () => lease.release(),
+    async (err: unknown) => {
+      failure = await failedRun(lease, err);
+      throw failure;
+    },
+  );
+  // The SDK lets a caller never await `completed`; so does this.
+  completed.catch(() => undefined);
+  return new Proxy(result, {
+    get(target, name) {
+      if (name === "completed") return completed;
+      if (name === "error") return failure ?? target.error;
+      // The result keeps its state in private fields: methods and getters run on the target itself.
+      const value: unknown = Reflect.get(target, name, target);
+      return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+    },
+  });
 }
 
 /**

@@ -22,9 +22,9 @@ import * as ai from "ai";
 import type { ToolSet } from "ai";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { LeaseLostError, NotOwnedError } from "./errors.js";
+import { NotOwnedError } from "./errors.js";
 import type { Lease } from "./lease.js";
-import { answer, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
+import { answer, failedRun, ledgerCall, takeover, unknownResult } from "./owning.js";
 
 /** What a call the ledger holds from a lost owner answers the model. */
 export const UNKNOWN_RESULT = unknownResult("chat");
@@ -121,8 +121,7 @@ export async function generateText(
       await lease.release();
       return result;
     } catch (err) {
-      await lease.suspend().catch(() => undefined);
-      throw err instanceof LeaseLostError ? err : await lostInstead(lease, err);
+      throw await failedRun(lease, err);
     }
   });
 }

@@ -25,7 +25,7 @@ import type { Agent } from "@mastra/core/agent";
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
 import { LeaseholdError, NotOwnedError } from "./errors.js";
 import type { Lease } from "./lease.js";
-import { answer, ensureHeld, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
+import { answer, ensureHeld, failedRun, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
 
 /** What a call the ledger holds from a lost owner answers the model. */
 export const UNKNOWN_RESULT = unknownResult("thread");
@@ -197,8 +197,7 @@ export function own<A extends Agent>(agent: A, client: LeaseholdClient, options:
         await run.lease.release();
         return result;
       } catch (err) {
-        await run.lease.suspend().catch(() => undefined);
-        throw err instanceof LeaseholdError ? err : await lostInstead(run.lease, err);
+        throw await failedRun(run.lease, err);
       }
     });
   };
@@ -220,8 +219,9 @@ export function own<A extends Agent>(agent: A, client: LeaseholdClient, options:
       try {
         return await stream(messages, owning(runOptions ?? {}, run, end));
       } catch (err) {
+        const reported = err instanceof LeaseholdError ? err : await lostInstead(run.lease, err);
         await end(true);
-        throw err instanceof LeaseholdError ? err : await lostInstead(run.lease, err);
+        throw reported;
       }
     });
   };

@@ -3,7 +3,7 @@
 // caused, and one tool call through the ledger. Internal: not a subpath
 // export of the package.
 
-import { LeaseLostError } from "./errors.js";
+import { LeaseholdError, LeaseLostError } from "./errors.js";
 import type { Lease } from "./lease.js";
 
 /** What a call the ledger holds from a lost owner answers the model; `of` names what was owned. */
@@ -36,6 +36,26 @@ export function ensureHeld(lease: Lease, what: string): void {
       reason,
     });
   }
+}
+
+/**
+ * What a run that failed with `err` throws, its lease then suspended (a key
+ * left mid-run is for a recoverer): the leasehold error behind `err` (a
+ * framework wraps what a hook or store throws), else the loss when the lease
+ * was lost (the abort or refusal it caused is not the news), else `err`.
+ * The report is taken before suspending: a suspended lease reads as lost.
+ */
+export async function failedRun(lease: Lease, err: unknown): Promise<unknown> {
+  let reported: unknown;
+  for (let e: unknown = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    if (e instanceof LeaseholdError) {
+      reported = e;
+      break;
+    }
+  }
+  reported ??= await lostInstead(lease, err);
+  await lease.suspend().catch(() => undefined);
+  return reported;
 }
 
 /** A run that failed after its lease was lost reports the loss, not the abort or refusal it caused. */

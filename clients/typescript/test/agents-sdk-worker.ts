@@ -8,7 +8,8 @@
 // session store, as a user has it today.
 //
 // Env: AGENT_NAME, AGENT_DB, MODEL_URL, LEASEHOLD_URL (owned), AGENT_TTL_MS, AGENT_WAIT_MS,
-// AGENT_EFFECTS (a file each tool's side effects are appended to).
+// AGENT_EFFECTS (a file each tool's side effects are appended to), AGENT_STREAM=1 (streamed
+// runs, `stream: true`, their events read to the end).
 // Prints "listening on 127.0.0.1:<port>" once it serves.
 
 import { appendFileSync } from "node:fs";
@@ -27,6 +28,7 @@ const owned = process.env.AGENT_OWNED === "1";
 const ttlMs = Number(process.env.AGENT_TTL_MS ?? "1000");
 const waitMs = Number(process.env.AGENT_WAIT_MS ?? "0");
 const effects = process.env.AGENT_EFFECTS ?? "/dev/null";
+const streamed = process.env.AGENT_STREAM === "1";
 const db = new Database(process.env.AGENT_DB ?? "agents.db", { timeout: 10_000 });
 db.pragma("journal_mode = WAL");
 const client: LeaseholdClient | undefined = owned
@@ -69,26 +71,33 @@ async function turn(body: RunBody): Promise<unknown> {
   const input = body.input ?? "";
   try {
     if (client === undefined) {
+      if (streamed) {
+        const result = await sdk.run(agent, input, { session, stream: true });
+        for await (const _event of result);
+        await result.completed;
+        return { ok: true, output: result.finalOutput };
+      }
       const result = await sdk.run(agent, input, { session });
       return { ok: true, output: result.finalOutput };
     }
     let recovered: boolean | undefined;
     let fence: string | undefined;
-    const result = await run(
-      client,
-      agent,
-      input,
-      {
-        session,
-        callModelInputFilter: ({ modelData }) => {
-          const lease = currentLease();
-          recovered ??= lease.recovered;
-          fence ??= lease.fence.toString();
-          return modelData;
-        },
+    const options = {
+      session,
+      callModelInputFilter: ({ modelData }: { modelData: sdk.ModelInputData }) => {
+        const lease = currentLease();
+        recovered ??= lease.recovered;
+        fence ??= lease.fence.toString();
+        return modelData;
       },
-      { ttlMs, waitMs },
-    );
+    };
+    if (streamed) {
+      const result = await run(client, agent, input, { ...options, stream: true }, { ttlMs, waitMs });
+      for await (const _event of result);
+      await result.completed;
+      return { ok: true, output: result.finalOutput, recovered, fence };
+    }
+    const result = await run(client, agent, input, options, { ttlMs, waitMs });
     return { ok: true, output: result.finalOutput, recovered, fence };
   } catch (err) {
     return failure(err);

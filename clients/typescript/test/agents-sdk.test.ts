@@ -14,9 +14,10 @@ import { z } from "zod";
 import { forkWithoutLeasehold, Harness, ownershipContract, type RunReply, script } from "./framework-workers.js";
 import type { Message } from "./worker-http.js";
 import { type MockResponses, startMockResponses } from "./mock-responses.js";
-import { startServer, type TestServer } from "./server.js";
-import { ledgered, NotOwnedError, ownedSession, SQLiteSession } from "../src/agents.js";
-import { createClient, LeaseLostError, sqliteFencedWrite, StaleFenceError } from "../src/index.js";
+import { startServer, type TestServer, waitFor } from "./server.js";
+import OpenAI from "openai";
+import { currentLease, ledgered, NotOwnedError, ownedSession, run, SQLiteSession } from "../src/agents.js";
+import { BusyError, createClient, type Lease, LeaseLostError, sqliteFencedWrite, StaleFenceError } from "../src/index.js";
 
 const WORKER = fileURLToPath(new URL("./agents-sdk-worker.js", import.meta.url));
 
@@ -28,6 +29,18 @@ interface Item {
   readonly output?: unknown;
 }
 
+
+let slowLease: Lease | undefined;
+const slowShell = sdk.tool({
+  name: "shell",
+  description: "runs a shell command for ms milliseconds",
+  parameters: z.object({ ms: z.number() }),
+  execute: async ({ ms }) => {
+    slowLease = currentLease();
+    await new Promise((r) => setTimeout(r, ms));
+    return `ran for ${ms} ms`;
+  },
+});
 
 describe("agents sdk: one owner per session", () => {
   let mock: MockResponses;
@@ -49,6 +62,75 @@ describe("agents sdk: one owner per session", () => {
     key: (id) => `agents:${id}`,
     // The SDK saves a turn when it ends: the frozen owner's turn never reached the session.
     afterFreeze: () => [["hello", "answer:hello"]],
+  });
+
+  it("a streamed run holds the session until its run ends, read or not; a custom Runner runs owned too", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
+    const db = new Database(join(dir, "a.db"));
+    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
+    const other = createClient({ baseUrl: server.baseUrl, owner: "other" });
+    try {
+      const session = new SQLiteSession("s8", db);
+      const agent = new sdk.Agent({
+        name: "assistant",
+        instructions: "test",
+        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: mock.baseURL, apiKey: "t", maxRetries: 0 }), "mock"),
+        tools: [ledgered(slowShell)],
+      });
+      const runner = new sdk.Runner({ tracingDisabled: true });
+      const result = await run(client, agent, "run shell 300", { session, stream: true }, { runner });
+      // Nobody reads the stream: the run goes on, and owns the session meanwhile.
+      await assert.rejects(other.acquire("agents:s8"), BusyError);
+      await result.completed;
+      assert.equal(result.finalOutput?.toString().startsWith("answer:"), true, String(result.finalOutput));
+      const texts = (await session.getItems()).map((i) => (i as Item).role ?? (i as Item).type);
+      assert.deepEqual(texts, ["user", "function_call", "function_call_result", "assistant"]);
+      const next = await other.acquire("agents:s8");
+      assert.ok(next.fence > 0n);
+      await next.release();
+    } finally {
+      client.close();
+      other.close();
+      db.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("a streamed run that loses its lease: completed rejects with LeaseLostError and the late write is refused", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
+    const db = new Database(join(dir, "a.db"));
+    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
+    const admin = createClient({ baseUrl: server.baseUrl, owner: "admin" });
+    try {
+      const session = new SQLiteSession("s9", db);
+      const agent = new sdk.Agent({
+        name: "assistant",
+        instructions: "test",
+        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: mock.baseURL, apiKey: "t", maxRetries: 0 }), "mock"),
+        tools: [ledgered(slowShell)],
+      });
+      const result = await run(client, agent, "run shell 600", { session, stream: true });
+      const events: string[] = [];
+      const reading = (async () => {
+        for await (const e of result) events.push(e.type);
+      })().catch(() => undefined);
+      await waitFor(() => slowLease?.key === "agents:s9", 5_000, "the streamed run's tool to start");
+      // Another owner takes the session while the tool runs (the term ended under the run).
+      await slowLease?.release();
+      const taker = await admin.acquire("agents:s9");
+      await assert.rejects(result.completed, LeaseLostError);
+      assert.ok(result.error instanceof LeaseLostError, String(result.error));
+      await reading;
+      assert.ok(events.length > 0, "the stream was read while the run lasted");
+      const stored = (await session.getItems()).map((i) => (i as Item).type ?? (i as Item).role);
+      assert.ok(!stored.includes("function_call_result"), `the lost run's tool result was not stored: ${JSON.stringify(stored)}`);
+      await taker.release();
+    } finally {
+      client.close();
+      admin.close();
+      db.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it("a ledgered call id seen before on the session never runs again; the stored output is answered", async () => {
@@ -108,6 +190,79 @@ describe("agents sdk: one owner per session", () => {
     }
   });
 
+  it("a run interrupted for approval lets go; its RunState resumes under a new lease and the approved call runs once", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
+    const db = new Database(join(dir, "a.db"));
+    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
+    try {
+      const ran: bigint[] = [];
+      const approved = sdk.tool({
+        name: "shell",
+        description: "runs a shell command for ms milliseconds",
+        parameters: z.object({ ms: z.number() }),
+        needsApproval: true,
+        execute: async ({ ms }) => {
+          ran.push(currentLease().fence);
+          return `ran for ${ms} ms`;
+        },
+      });
+      const agent = new sdk.Agent({
+        name: "assistant",
+        instructions: "test",
+        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: mock.baseURL, apiKey: "t", maxRetries: 0 }), "mock"),
+        tools: [ledgered(approved)],
+      });
+      const session = new SQLiteSession("s-hitl", db);
+      const first = await run(client, agent, "run shell 10", { session });
+      assert.equal(first.interruptions.length, 1);
+      assert.deepEqual(ran, []);
+      const asked = await client.get("agents:s-hitl");
+      assert.equal(asked.lease, undefined, "an interrupted run lets go of the session");
+      first.state.approve(first.interruptions[0]!);
+      const resumed = await run(client, agent, first.state, { session });
+      assert.equal(resumed.finalOutput?.toString().startsWith("answer:"), true, String(resumed.finalOutput));
+      const ended = await client.get("agents:s-hitl");
+      assert.deepEqual(ran, [ended.lastEnded?.fence], "the approved call ran once, under the resume's lease");
+      assert.ok((ended.lastEnded?.fence ?? 0n) > (asked.lastEnded?.fence ?? 0n));
+      const calls = await client.get("agents:s-hitl");
+      assert.equal(calls.lastEnded?.end, "released");
+    } finally {
+      client.close();
+      db.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("a run whose model fails throws the model's error, not a loss, and leaves the session suspended", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
+    const db = new Database(join(dir, "a.db"));
+    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
+    try {
+      const agent = new sdk.Agent({
+        name: "assistant",
+        instructions: "test",
+        // Nothing listens on port 1: the model call fails, the lease does not.
+        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: "http://127.0.0.1:1/v1", apiKey: "t", maxRetries: 0 }), "mock"),
+      });
+      for (const stream of [false, true]) {
+        const id = `s-fail-${stream}`;
+        const session = new SQLiteSession(id, db);
+        const failed = stream
+          ? run(client, agent, "hi", { session, stream: true }).then((r) => r.completed)
+          : run(client, agent, "hi", { session });
+        await assert.rejects(failed, (err: unknown) => {
+          assert.ok(!(err instanceof LeaseLostError), `a model failure reported as ${String(err)}`);
+          return true;
+        });
+        assert.equal((await client.get(`agents:${id}`)).lastEnded?.end, "suspended");
+      }
+    } finally {
+      client.close();
+      db.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it("a ledgered tool outside an owned run refuses to run", async () => {
     let ran = false;
     const t = ledgered(
@@ -123,5 +278,25 @@ describe("agents sdk: one owner per session", () => {
     );
     await assert.rejects(t.invoke(new sdk.RunContext(), "{}"), NotOwnedError);
     assert.equal(ran, false);
+  });
+});
+
+describe("agents sdk: streamed runs (stream: true) own the session the same way", () => {
+  let mock: MockResponses;
+  let server: TestServer;
+  before(async () => {
+    mock = await startMockResponses(script);
+    server = await startServer();
+  });
+  after(async () => {
+    await mock.close();
+    await server.close();
+  });
+
+  ownershipContract(() => ({ mock, server }), {
+    worker: WORKER,
+    env: { AGENT_STREAM: "1" },
+    key: (id) => `agents:${id}`,
+    afterFreeze: () => [["hello", "answer:hello"]],
   });
 });

@@ -145,6 +145,15 @@ describe("ai-sdk: generateText / streamText as the chat's owner", () => {
     assert.equal(model.requests.length, before + 1); // the first step only
   });
 
+  it("a run whose model fails throws the model's error, not a loss, and leaves the chat suspended", async () => {
+    const dead = createOpenAI({ baseURL: "http://127.0.0.1:1/v1", apiKey: "test" });
+    await assert.rejects(generateText(lh, "chat:fail", { model: dead.responses("mock"), prompt: "ls", maxRetries: 0 }), (err: unknown) => {
+      assert.ok(!(err instanceof LeaseLostError), `a model failure reported as ${String(err)}`);
+      return true;
+    });
+    assert.equal((await lh.get("chat:fail")).lastEnded?.end, "suspended");
+  });
+
   it("a streamed run holds its lease until its stream ends", async () => {
     const shell = new Shell();
     shell.hold();

@@ -48,6 +48,7 @@ export class Harness {
     readonly script: string,
     readonly mock: MockResponses,
     readonly server: TestServer | undefined,
+    readonly env: Readonly<Record<string, string>> = {},
   ) {
     writeFileSync(this.effects, "");
   }
@@ -58,6 +59,7 @@ export class Harness {
       AGENT_EFFECTS: this.effects,
       MODEL_URL: this.mock.baseURL,
       ...(this.server === undefined ? {} : { AGENT_OWNED: "1", LEASEHOLD_URL: this.server.baseUrl }),
+      ...this.env,
       ...env,
     });
     this.workers.push(w);
@@ -135,6 +137,8 @@ export function forkWithoutLeasehold(env: () => { mock: MockResponses }, worker:
 export interface Contract {
   /** The worker script (test/*-worker.js). */
   readonly worker: string;
+  /** More environment for every worker (a mode of the worker script). */
+  readonly env?: Readonly<Record<string, string>>;
   /** The lease key of session `id`. */
   readonly key: (id: string) => string;
   /** The stored texts after "run shell 600" (tool call `call`) and then "next". */
@@ -159,7 +163,7 @@ const texts = async (h: Harness, id: string): Promise<string[]> => (await h.item
  * and a frozen owner's late write refused.
  */
 export function ownershipContract(env: () => { mock: MockResponses; server: TestServer }, c: Contract): void {
-  const harness = (): Harness => new Harness(c.worker, env().mock, env().server);
+  const harness = (): Harness => new Harness(c.worker, env().mock, env().server, c.env);
 
   it("the second process is Busy and asks nothing; a waiting one continues the whole history", async () => {
     const h = harness();

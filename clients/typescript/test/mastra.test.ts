@@ -141,6 +141,14 @@ describe("mastra: one owner per thread", () => {
       const out = await agent.stream("hello", thread);
       await assert.rejects(agent.generate("second", thread), BusyError);
       assert.equal(await out.text, "answer:hello");
+      // The stream lets go in its onFinish, which Mastra calls just after `text` resolves.
+      let state = await client.get("mastra:t8");
+      for (let i = 0; i < 100 && state.lease !== undefined; i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        state = await client.get("mastra:t8");
+      }
+      assert.equal(state.lease, undefined, "the stream's end let go of the thread");
+      assert.equal(state.lastEnded?.end, "released");
       const next = await agent.generate("after", thread);
       assert.equal(next.text, "answer:after");
       const { messages } = await memory.recall({ threadId: "t8", resourceId: "user" });

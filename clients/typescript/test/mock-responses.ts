@@ -158,7 +158,8 @@ export async function startMockResponses(
       });
     }
     send({ type: "response.output_item.done", output_index: 0, item });
-    send({ type: "response.completed", response: { usage } });
+    // As the API does: the completed event carries the whole response.
+    send({ type: "response.completed", response: { id, created_at: 0, model, status: "completed", output: [item], usage } });
     res.end();
   }
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
