@@ -27,7 +27,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import tomllib
 import zipfile
@@ -54,9 +53,7 @@ def glibc_needs(elf: bytes) -> tuple[str, tuple[int, int] | None]:
         raise SystemExit(f"wheel_from_binary.py: ELF machine {machine} has no wheel tag here")
     (shoff,) = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
-    sections = [
-        struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)
-    ]
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
     best: tuple[int, int] | None = None
     for _name, kind, _flags, _addr, offset, _size, link, info, _align, _entsize in sections:
         if kind != SHT_GNU_VERNEED:
@@ -126,7 +123,7 @@ def build(binary: Path, out: Path, strip: bool) -> Path:
     dist = re.sub(r"[-_.]+", "_", str(project["name"])).lower()
     version = str(project["version"])
     info = f"{dist}-{version}.dist-info"
-    wheel_text = "Wheel-Version: 1.0\n" f"Generator: {GENERATOR}\n" "Root-Is-Purelib: false\n"
+    wheel_text = f"Wheel-Version: 1.0\nGenerator: {GENERATOR}\nRoot-Is-Purelib: false\n"
     wheel_text += "".join(f"Tag: py3-none-{tag}\n" for tag in tags)
     files = [
         (f"{dist}-{version}.data/scripts/{SCRIPT}", program, 0o755),
@@ -158,4 +155,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
