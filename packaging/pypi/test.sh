@@ -128,7 +128,7 @@ sed 's|^manifest-path = .*|manifest-path = "../Cargo.toml"|' "$here/pyproject.to
   fail "maturin build of the stand-in crate failed"
 "$python" "$here/wheel_from_binary.py" "$standin/target/release/leasehold" "$standin/ours" >/dev/null
 "$venv/bin/python" - "$standin/maturin" "$standin/ours" "$wheel" <<'PY'
-import sys, zipfile
+import base64, hashlib, sys, zipfile
 from pathlib import Path
 
 def only(folder):
@@ -138,8 +138,22 @@ def only(folder):
 def read(wheel):
     with zipfile.ZipFile(wheel) as z:
         # maturin adds a CycloneDX SBOM (dist-info/sboms/); our packer does not.
-        modes = {i.filename: i.external_attr >> 16 for i in z.infolist() if "/sboms/" not in i.filename}
+        modes = {i.filename: oct(i.external_attr >> 16) for i in z.infolist() if "/sboms/" not in i.filename}
         text = {n: z.read(n).decode() for n in modes if n.endswith(("/WHEEL", "/METADATA"))}
+        # Every file but RECORD is in RECORD, with its digest and size.
+        (record,) = [n for n in z.namelist() if n.endswith(".dist-info/RECORD")]
+        listed = {}
+        for line in z.read(record).decode().splitlines():
+            name, digest, size = line.rsplit(",", 2)
+            listed[name] = (digest, size)
+        for name in z.namelist():
+            data = z.read(name)
+            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            want = ("", "") if name == record else (f"sha256={sha}", str(len(data)))
+            if listed.pop(name, None) != want:
+                sys.exit(f"pypi test: {wheel.name}: RECORD is wrong about {name}")
+        if listed:
+            sys.exit(f"pypi test: {wheel.name}: RECORD lists {sorted(listed)}, not in the wheel")
     return modes, text
 
 def fields(wheel_text):
