@@ -22,6 +22,8 @@ if [[ ! -x "$maturin" ]]; then
   echo "pypi test: no maturin at $maturin (clients/python/setup.sh installs the pinned one; or set MATURIN)" >&2
   exit 1
 fi
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  { echo "pypi test: $python is older than 3.11 (wheel_from_binary.py reads TOML with tomllib); set PYTHON" >&2; exit 1; }
 started=$SECONDS
 work="$(mktemp -d)"
 server_pid=""
@@ -124,8 +126,8 @@ echo "fn main() { println!(\"leasehold $version\"); }" >"$standin/src/main.rs"
 sed 's|^manifest-path = .*|manifest-path = "../Cargo.toml"|' "$here/pyproject.toml" >"$standin/pypi/pyproject.toml"
 (cd "$standin" && cargo generate-lockfile --offline --quiet)
 (cd "$standin/pypi" && CARGO_TARGET_DIR="$standin/target" \
-  "$maturin" build --release --offline --quiet -o "$standin/maturin" >/dev/null 2>&1) ||
-  fail "maturin build of the stand-in crate failed"
+  "$maturin" build --release --offline -o "$standin/maturin" >"$work/maturin.log" 2>&1) ||
+  fail "maturin build of the stand-in crate failed: $(cat "$work/maturin.log")"
 "$python" "$here/wheel_from_binary.py" "$standin/target/release/leasehold" "$standin/ours" >/dev/null
 "$venv/bin/python" - "$standin/maturin" "$standin/ours" "$wheel" <<'PY'
 import base64, hashlib, sys, zipfile
