@@ -61,6 +61,15 @@ if [[ -x packaging/npm/test.sh && -f clients/typescript/dist/index.js ]]; then
   packaging/npm/test.sh
 fi
 
+# The Python wheel of the server (leasehold-server), packed from the same
+# binary and installed with the Python client into a fresh venv outside the
+# repository; its layout is checked against maturin's (pinned in the
+# client's test dependencies, so it needs the venv installed above).
+if [[ -x packaging/pypi/test.sh && -x clients/python/.venv/bin/python ]]; then
+  phase "packaging/pypi"
+  packaging/pypi/test.sh
+fi
+
 # The chaos short runs add a Python worker and two TypeScript workers (one
 # per transport) on the clients just installed and built.
 if [[ -x clients/python/.venv/bin/python ]]; then
