@@ -94,6 +94,15 @@ pub struct Term {
     pub lifecycle: Lifecycle,
 }
 
+/// The quarantine rule: a term that ends failed (suspended or expired) as
+/// the `failures`-th failure in a row quarantines its key once that count
+/// reaches `limit`, the recovery limit in force (`None` or 0: no limit).
+/// The lessor applies it as a term ends; PostgreSQL's statements spell it
+/// as `sql::earns_quarantine!`, and its rows are read back through it.
+pub fn earns_quarantine(failures: u32, limit: Option<u32>) -> bool {
+    limit.is_some_and(|k| k > 0 && failures >= k)
+}
+
 /// The parts of a term that only matter when it ends (lock-delay, recovery
 /// limit) or that say how it began (handed off). Kept together so a term
 /// that uses none of them is written `Lifecycle::default()`.

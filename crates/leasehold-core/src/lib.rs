@@ -8,6 +8,7 @@
 //! - [`lessor`]: the lease table in memory: grants, renewals, releases,
 //!   expiry, FIFO waiters, fence allocation, change tracking.
 //! - [`store`]: the storage trait and the records it speaks in.
+//! - [`stored`]: the integer every enumerated value is stored as, for every backend.
 //!
 //! The server crate runs these rules behind gRPC over a durable store; the
 //! client crate and the wire crate share the values and the error type.
@@ -19,6 +20,7 @@ pub mod lease;
 pub mod ledger;
 pub mod lessor;
 pub mod store;
+pub mod stored;
 
 pub use clock::{Clock, ManualClock, Millis, SystemClock};
 pub use error::{Error, Result, StaleReason};

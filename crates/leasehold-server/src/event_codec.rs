@@ -9,26 +9,15 @@
 
 use leasehold_core::events::{Event, EventKind};
 use leasehold_core::lease::{Fence, Key, Owner};
+use leasehold_core::stored::Stored;
 
 fn kind_code(kind: EventKind) -> u8 {
-    match kind {
-        EventKind::Granted => 1,
-        EventKind::Released => 2,
-        EventKind::Suspended => 3,
-        EventKind::Expired => 4,
-        EventKind::Forgotten => 5,
-    }
+    // Every code fits a byte (leasehold_core::stored).
+    kind.code() as u8
 }
 
 fn kind_of(code: u8) -> Option<EventKind> {
-    Some(match code {
-        1 => EventKind::Granted,
-        2 => EventKind::Released,
-        3 => EventKind::Suspended,
-        4 => EventKind::Expired,
-        5 => EventKind::Forgotten,
-        _ => return None,
-    })
+    EventKind::from_code(i64::from(code))
 }
 
 /// Encodes `events` into one record.

@@ -35,6 +35,7 @@ use leasehold_core::lease::{
 };
 use leasehold_core::ledger::{CallState, ToolCall};
 use leasehold_core::store::{Batch, KeyRecord};
+use leasehold_core::stored::{ReservationKind, Stored};
 
 use crate::event_codec;
 use leasehold_core::store::{Snapshot, Store, StoreError};
@@ -315,10 +316,16 @@ impl Store for SqliteStore {
                 let reservation = record.reservation.as_ref();
                 let (kind, after, successor) = match reservation {
                     None => (None, None, None),
-                    Some(Reservation::LockDelay { after, .. }) => (Some(1), Some(after), None),
+                    Some(Reservation::LockDelay { after, .. }) => {
+                        (Some(ReservationKind::LockDelay.code()), Some(after), None)
+                    }
                     Some(Reservation::Handoff {
                         from, successor, ..
-                    }) => (Some(2), Some(from), Some(Sql(successor))),
+                    }) => (
+                        Some(ReservationKind::Handoff.code()),
+                        Some(from),
+                        Some(Sql(successor)),
+                    ),
                 };
                 put.execute(params![
                     Sql(&record.key),
@@ -549,53 +556,25 @@ impl FromSql for Sql<LeaseId> {
     }
 }
 
-/// Term ends as stored: 1 released, 2 suspended, 3 expired.
-impl ToSql for Sql<&TermEnd> {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        let code: i64 = match self.0 {
-            TermEnd::Released => 1,
-            TermEnd::Suspended => 2,
-            TermEnd::Expired => 3,
-        };
-        Ok(ToSqlOutput::from(code))
-    }
-}
-
-impl FromSql for Sql<TermEnd> {
-    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
-        match i64::column_result(value)? {
-            1 => Ok(Sql(TermEnd::Released)),
-            2 => Ok(Sql(TermEnd::Suspended)),
-            3 => Ok(Sql(TermEnd::Expired)),
-            code => Err(FromSqlError::OutOfRange(code)),
+/// Term ends and tool-call states, stored as their codes
+/// (`leasehold_core::stored`).
+macro_rules! stored_as_code {
+    ($($t:ty),*) => {$(
+        impl ToSql for Sql<&$t> {
+            fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+                Ok(ToSqlOutput::from(i64::from(self.0.code())))
+            }
         }
-    }
-}
 
-/// Tool-call states as stored: 1 running, 2 succeeded, 3 failed, 4 unknown.
-impl ToSql for Sql<&CallState> {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        let code: i64 = match self.0 {
-            CallState::Running => 1,
-            CallState::Succeeded => 2,
-            CallState::Failed => 3,
-            CallState::Unknown => 4,
-        };
-        Ok(ToSqlOutput::from(code))
-    }
-}
-
-impl FromSql for Sql<CallState> {
-    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
-        match i64::column_result(value)? {
-            1 => Ok(Sql(CallState::Running)),
-            2 => Ok(Sql(CallState::Succeeded)),
-            3 => Ok(Sql(CallState::Failed)),
-            4 => Ok(Sql(CallState::Unknown)),
-            code => Err(FromSqlError::OutOfRange(code)),
+        impl FromSql for Sql<$t> {
+            fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+                let code = i64::column_result(value)?;
+                <$t>::from_code(code).map(Sql).ok_or(FromSqlError::OutOfRange(code))
+            }
         }
-    }
+    )*};
 }
+stored_as_code!(TermEnd, CallState);
 
 /// Reads column `idx` as the domain value `T`.
 fn col<T>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T>
@@ -669,18 +648,18 @@ fn read_record(row: &Row<'_>) -> rusqlite::Result<KeyRecord> {
         Some(kind) => {
             let until = row.get::<_, i64>(19)? as u64;
             let after = Fence(row.get::<_, i64>(17)? as u64);
-            Some(match kind {
-                1 => Reservation::LockDelay { after, until },
-                2 => Reservation::Handoff {
+            Some(match ReservationKind::from_code(kind) {
+                Some(ReservationKind::LockDelay) => Reservation::LockDelay { after, until },
+                Some(ReservationKind::Handoff) => Reservation::Handoff {
                     from: after,
                     successor: col(row, 18)?,
                     until,
                 },
-                other => {
+                None => {
                     return Err(rusqlite::Error::FromSqlConversionFailure(
                         16,
                         rusqlite::types::Type::Integer,
-                        format!("unknown reservation kind {other}").into(),
+                        format!("unknown reservation kind {kind}").into(),
                     ));
                 }
             })

@@ -23,7 +23,7 @@
 
 use crate::clock::Millis;
 use crate::error::{Error, Held, Result};
-use crate::lease::{Fence, HistoryEntry, Key, Reservation, Term, TermEnd};
+use crate::lease::{Fence, HistoryEntry, Key, Reservation, Term, TermEnd, earns_quarantine};
 use crate::store::KeyRecord;
 
 use super::key_state::KeyState;
@@ -88,7 +88,7 @@ impl<W> KeyState<W> {
         }
         self.failures = self.failures.saturating_add(1);
         let limit = term.lifecycle.max_recoveries.or(default_max_recoveries);
-        if limit.is_some_and(|k| k > 0 && self.failures >= k) {
+        if earns_quarantine(self.failures, limit) {
             self.quarantined = true;
         }
     }

@@ -27,6 +27,7 @@
 //! release is committed before its reply: the reply is sent once the
 //! batch's autocommit statement returned.
 
+use leasehold_core::stored::Stored;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -328,7 +329,7 @@ impl Inner {
         let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
         let fences: Vec<i64> = jobs.iter().map(|j| j.fence.0 as i64).collect();
         let lease_ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.lease_id.0).collect();
-        let ends: Vec<i16> = jobs.iter().map(|j| row::term_end_code(j.end)).collect();
+        let ends: Vec<i16> = jobs.iter().map(|j| j.end.code()).collect();
         let successors: Vec<Option<&str>> = jobs
             .iter()
             .map(|j| j.handoff.as_ref().map(|h| h.successor.as_str()))

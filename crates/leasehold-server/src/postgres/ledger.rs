@@ -8,6 +8,7 @@
 
 use super::terms::raced;
 use super::*;
+use leasehold_core::stored::Stored;
 
 impl Inner {
     pub(super) async fn begin_tool_calls(
@@ -140,7 +141,7 @@ impl Inner {
                         &(fence.0 as i64),
                         &lease_id.0,
                         &settlement.call_id,
-                        &row::call_state_code(settlement.outcome),
+                        &settlement.outcome.code(),
                         &settlement.result_digest,
                         &settlement.result,
                         &settlement.turn,

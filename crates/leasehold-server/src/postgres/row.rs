@@ -11,9 +11,10 @@ use leasehold_core::error::{Error, Result, StaleReason};
 use leasehold_core::events::{Event, EventKind};
 use leasehold_core::lease::{
     EndedTerm, Fence, HistoryEntry, Key, LeaseId, Lifecycle, Owner, RequestId, Reservation, Term,
-    TermEnd, Ttl,
+    TermEnd, Ttl, earns_quarantine,
 };
 use leasehold_core::ledger::{CallState, ToolCall};
+use leasehold_core::stored::{ReservationKind, Stored};
 use tokio_postgres::Row;
 
 /// A key's row as stored (possibly with a term past its deadline).
@@ -102,18 +103,13 @@ impl KeyRow {
             Some(kind) => {
                 let after = fence_of(row.try_get("reserved_after_fence").map_err(storage)?);
                 let until = millis(row.try_get("reserved_until_ms").map_err(storage)?);
-                match kind {
-                    1 => Some(Reservation::LockDelay { after, until }),
-                    2 => Some(Reservation::Handoff {
+                match decode(kind, "reservation kind")? {
+                    ReservationKind::LockDelay => Some(Reservation::LockDelay { after, until }),
+                    ReservationKind::Handoff => Some(Reservation::Handoff {
                         from: after,
                         successor: owner_of(row.try_get("reserved_successor").map_err(storage)?)?,
                         until,
                     }),
-                    other => {
-                        return Err(Error::Storage(format!(
-                            "unknown stored reservation kind {other}"
-                        )));
-                    }
                 }
             }
         };
@@ -148,7 +144,7 @@ impl KeyRow {
         match self.live {
             Some(term) if !term.is_live_at(now) => {
                 let failures = self.failures.saturating_add(1);
-                let limit = term.lifecycle.max_recoveries.filter(|&k| k > 0);
+
                 let lock_delay = term.lifecycle.lock_delay_ms;
                 KeyNow {
                     reservation: (lock_delay > 0)
@@ -157,7 +153,8 @@ impl KeyRow {
                             until: term.expires_at + lock_delay,
                         })
                         .filter(|r| now < r.until()),
-                    quarantined: self.quarantined || limit.is_some_and(|k| failures >= k),
+                    quarantined: self.quarantined
+                        || earns_quarantine(failures, term.lifecycle.max_recoveries),
                     failures,
                     last_ended: Some(EndedTerm {
                         fence: term.fence,
@@ -273,42 +270,22 @@ pub fn tool_call(row: &Row) -> Result<ToolCall> {
     })
 }
 
-/// The stored code of a terminal call state.
-pub fn call_state_code(state: CallState) -> i16 {
-    match state {
-        CallState::Running => 1,
-        CallState::Succeeded => 2,
-        CallState::Failed => 3,
-        CallState::Unknown => 4,
-    }
-}
-
-fn call_state(code: i16) -> Result<CallState> {
-    match code {
-        1 => Ok(CallState::Running),
-        2 => Ok(CallState::Succeeded),
-        3 => Ok(CallState::Failed),
-        4 => Ok(CallState::Unknown),
-        other => Err(Error::Storage(format!("unknown stored call state {other}"))),
-    }
-}
-
-/// The stored code of how a term ended.
-pub fn term_end_code(end: TermEnd) -> i16 {
-    match end {
-        TermEnd::Released => 1,
-        TermEnd::Suspended => 2,
-        TermEnd::Expired => 3,
-    }
+/// The value stored as `code` (`leasehold_core::stored`); `what` names
+/// the column's domain for the error.
+///
+/// # Errors
+/// [`Error::Storage`] for a code this build does not know.
+pub fn decode<T: Stored>(code: i16, what: &str) -> Result<T> {
+    T::from_code(i64::from(code))
+        .ok_or_else(|| Error::Storage(format!("unknown stored {what} {code}")))
 }
 
 pub fn term_end(code: i16) -> Result<TermEnd> {
-    match code {
-        1 => Ok(TermEnd::Released),
-        2 => Ok(TermEnd::Suspended),
-        3 => Ok(TermEnd::Expired),
-        other => Err(Error::Storage(format!("unknown stored term end {other}"))),
-    }
+    decode(code, "term end")
+}
+
+fn call_state(code: i16) -> Result<CallState> {
+    decode(code, "call state")
 }
 
 /// Reads an `events` row (see `events`).
@@ -316,14 +293,7 @@ pub fn term_end(code: i16) -> Result<TermEnd> {
 /// # Errors
 /// [`Error::Storage`] for a value outside the domain.
 pub fn event(row: &Row) -> Result<Event> {
-    let kind = match row.try_get::<_, i16>("kind").map_err(storage)? {
-        1 => EventKind::Granted,
-        2 => EventKind::Released,
-        3 => EventKind::Suspended,
-        4 => EventKind::Expired,
-        5 => EventKind::Forgotten,
-        other => return Err(Error::Storage(format!("unknown stored event kind {other}"))),
-    };
+    let kind: EventKind = decode(row.try_get("kind").map_err(storage)?, "event kind")?;
     let key: String = row.try_get("key").map_err(storage)?;
     Ok(Event {
         revision: row.try_get::<_, i64>("revision").map_err(storage)?.max(0) as u64,

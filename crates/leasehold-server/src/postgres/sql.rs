@@ -10,6 +10,12 @@
 //!
 //! Unqualified names resolve in the backend's schema (each connection's
 //! `search_path`).
+//!
+//! Stored codes (a term's end, a call's state, a reservation's kind, an
+//! event's kind) are named, `stored!(TermEnd::Expired)`, never written as
+//! numbers: `leasehold_core::stored` is their one table.
+
+use leasehold_core::stored;
 
 /// The `keys` columns that place the history entry of the term a statement
 /// ends (migration 0008): when `$moved` (the term moves from live to ended
@@ -52,6 +58,17 @@ macro_rules! ring_advance {
     };
 }
 
+/// The quarantine rule, `leasehold_core::lease::earns_quarantine`, for
+/// row `k`'s live term ending failed (suspended or expired): that failure,
+/// counted, reaches the term's recovery limit (NULL or 0: none). The grant
+/// stores the limit in force (the term's or the server's default) as
+/// `live_max_recoveries`.
+macro_rules! earns_quarantine {
+    () => {
+        "(COALESCE(k.live_max_recoveries, 0) > 0 AND k.failures + 1 >= k.live_max_recoveries)"
+    };
+}
+
 /// The ended term a grant moves out of the way: an expired live term
 /// becomes the last ended one (ended at its deadline), with its failure
 /// counted and the quarantine it earns; with no live term the last ended
@@ -65,7 +82,7 @@ macro_rules! end_expired_live {
          ended_fence    = CASE WHEN k.live_fence IS NULL THEN k.ended_fence    ELSE k.live_fence END,
          ended_owner    = CASE WHEN k.live_fence IS NULL THEN k.ended_owner    ELSE k.live_owner END,
          ended_lease_id = CASE WHEN k.live_fence IS NULL THEN k.ended_lease_id ELSE k.live_lease_id END,
-         ended_end      = CASE WHEN k.live_fence IS NULL THEN k.ended_end      ELSE 3 END,
+         ended_end      = CASE WHEN k.live_fence IS NULL THEN k.ended_end      ELSE ", stored!(TermEnd::Expired), " END,
          ended_at_ms    = CASE WHEN k.live_fence IS NULL THEN k.ended_at_ms    ELSE k.live_expires_at_ms END,
          ended_acquired_at_ms = CASE WHEN k.live_fence IS NULL THEN k.ended_acquired_at_ms
                                      ELSE k.live_acquired_at_ms END,
@@ -73,8 +90,7 @@ macro_rules! end_expired_live {
                                  ELSE k.live_handed_off END,
          failures       = CASE WHEN k.live_fence IS NULL THEN k.failures ELSE k.failures + 1 END,
          quarantined    = CASE WHEN k.live_fence IS NULL THEN k.quarantined
-                               ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
-                                                      AND k.failures + 1 >= k.live_max_recoveries) END,
+                               ELSE k.quarantined OR ", earns_quarantine!(), " END,
          reserved_kind = NULL, reserved_after_fence = NULL, reserved_successor = NULL,
          reserved_until_ms = NULL"
         )
@@ -90,12 +106,11 @@ macro_rules! expire_live {
             ring_advance!("(k.live_acquired_at_ms IS NOT NULL)", $len),
             ",
          ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
-         ended_end = 3, ended_at_ms = k.live_expires_at_ms,
+         ended_end = ", stored!(TermEnd::Expired), ", ended_at_ms = k.live_expires_at_ms,
          ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
          failures = k.failures + 1,
-         quarantined = k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
-                                         AND k.failures + 1 >= k.live_max_recoveries),
-         reserved_kind        = CASE WHEN k.live_lock_delay_ms > 0 THEN 1 END,
+         quarantined = k.quarantined OR ", earns_quarantine!(), ",
+         reserved_kind        = CASE WHEN k.live_lock_delay_ms > 0 THEN ", stored!(ReservationKind::LockDelay), " END,
          reserved_after_fence = CASE WHEN k.live_lock_delay_ms > 0 THEN k.live_fence END,
          reserved_successor   = NULL,
          reserved_until_ms    = CASE WHEN k.live_lock_delay_ms > 0
@@ -119,11 +134,10 @@ macro_rules! end_live {
          ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
          ended_end = ", $end, ", ended_at_ms = n.ms,
          ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
-         failures = CASE WHEN ", $end, " = 1 THEN 0 ELSE k.failures + 1 END,
-         quarantined = CASE WHEN ", $end, " = 1 THEN false
-                            ELSE k.quarantined OR (COALESCE(k.live_max_recoveries, 0) > 0
-                                                   AND k.failures + 1 >= k.live_max_recoveries) END,
-         reserved_kind        = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE 2 END,
+         failures = CASE WHEN ", $end, " = ", stored!(TermEnd::Released), " THEN 0 ELSE k.failures + 1 END,
+         quarantined = CASE WHEN ", $end, " = ", stored!(TermEnd::Released), " THEN false
+                            ELSE k.quarantined OR ", earns_quarantine!(), " END,
+         reserved_kind        = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE ", stored!(ReservationKind::Handoff), " END,
          reserved_after_fence = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE k.live_fence END,
          reserved_successor   = ", $successor, ",
          reserved_until_ms    = CASE WHEN ", $successor, " IS NULL THEN NULL ELSE n.ms + ", $for_ms, " END,
@@ -141,7 +155,9 @@ macro_rules! quarantined_at {
         concat!(
             "COALESCE(k.quarantined OR (k.live_fence IS NOT NULL AND k.live_expires_at_ms <= ",
             $now,
-            " AND COALESCE(k.live_max_recoveries, 0) > 0 AND k.failures + 1 >= k.live_max_recoveries), false)"
+            " AND ",
+            earns_quarantine!(),
+            "), false)"
         )
     };
 }
@@ -154,7 +170,9 @@ macro_rules! takeable_by {
         concat!(
             "COALESCE((k.live_fence IS NULL AND (k.reserved_until_ms IS NULL OR k.reserved_until_ms <= ",
             $now,
-            " OR (k.reserved_kind = 2 AND k.reserved_successor = ",
+            " OR (k.reserved_kind = ",
+            stored!(ReservationKind::Handoff),
+            " AND k.reserved_successor = ",
             $owner,
             "))) OR (k.live_fence IS NOT NULL AND k.live_expires_at_ms + k.live_lock_delay_ms <= ",
             $now,
@@ -167,7 +185,9 @@ macro_rules! takeable_by {
 macro_rules! handoff_to {
     ($now:literal, $owner:literal) => {
         concat!(
-            "COALESCE(k.live_fence IS NULL AND k.reserved_kind = 2 AND k.reserved_until_ms > ",
+            "COALESCE(k.live_fence IS NULL AND k.reserved_kind = ",
+            stored!(ReservationKind::Handoff),
+            " AND k.reserved_until_ms > ",
             $now,
             " AND k.reserved_successor = ",
             $owner,
@@ -214,7 +234,7 @@ macro_rules! handoff_to {
 /// - with `$which`: a grant or a served waiter, whose rows offered may
 ///   carry a term ended earlier (it replaces an expired term, or finds one
 ///   the sweeper moved and recorded already); `$which` narrows the rows
-///   offered (a grant only ever ends an expired term: `r.ended_end = 3`
+///   offered (a grant only ever ends an expired term: `r.ended_end` is expired
 ///   spares the hot path of a key released and taken again a look at the
 ///   ring). A term someone else moved did not advance the ring, so its
 ///   slot is the newest entry's, which holds that very term: the
@@ -231,7 +251,9 @@ macro_rules! record_history {
                     acquired_at_ms = r.ended_acquired_at_ms, ended_at_ms = r.ended_at_ms,
                     end_kind = r.ended_end,
                     unsettled_tool_calls =
-                        (SELECT count(*) FROM tool_calls t WHERE t.key = r.key AND t.state = 1),
+                        (SELECT count(*) FROM tool_calls t WHERE t.key = r.key AND t.state = ",
+            stored!(CallState::Running),
+            "),
                     handed_off = r.ended_handed_off
                 FROM ",
             $rows,
@@ -257,7 +279,7 @@ macro_rules! record_history {
             history_insert!($rows, "r.history_ends > 0", history_upsert!(""))
         )
     };
-    ($rows:literal, $which:literal) => {
+    ($rows:literal, $which:expr) => {
         concat!(
             history_regrown!($rows),
             ",
@@ -300,7 +322,9 @@ macro_rules! history_insert {
                 SELECT r.key, r.history_base + (r.history_ends - 1) % r.history_slots,
                        r.ended_fence, r.ended_owner, r.ended_acquired_at_ms, r.ended_at_ms,
                        r.ended_end,
-                       (SELECT count(*) FROM tool_calls t WHERE t.key = r.key AND t.state = 1),
+                       (SELECT count(*) FROM tool_calls t WHERE t.key = r.key AND t.state = ",
+            stored!(CallState::Running),
+            "),
                        r.ended_handed_off
                 FROM ",
             $rows,
@@ -344,7 +368,7 @@ macro_rules! queue_end_events {
         concat!(
             "events_queued AS (
                 INSERT INTO event_queue (keys, kinds, fences, owners, at_mss)
-                SELECT array_agg(r.key ORDER BY r.key), array_agg(r.ended_end + 1 ORDER BY r.key),
+                SELECT array_agg(r.key ORDER BY r.key), array_agg(r.ended_end + 1 ORDER BY r.key), -- an end's event (leasehold_core::stored)
                        array_agg(r.ended_fence ORDER BY r.key), array_agg(r.ended_owner ORDER BY r.key),
                        array_agg(r.ended_at_ms ORDER BY r.key)
                 FROM ",
@@ -371,11 +395,13 @@ macro_rules! queue_grant_events {
                        array_agg(e.fence ORDER BY e.step, e.key), array_agg(e.owner ORDER BY e.step, e.key),
                        array_agg(e.at_ms ORDER BY e.step, e.key)
                 FROM (
-                    SELECT 0 AS step, h.key, h.end_kind + 1 AS kind, h.fence, h.owner,
+                    SELECT 0 AS step, h.key, h.end_kind + 1 AS kind, h.fence, h.owner, -- an end's event
                            h.ended_at_ms AS at_ms
                     FROM history_added h
                     UNION ALL
-                    SELECT 1, g.key, 1, g.live_fence, g.live_owner, g.live_acquired_at_ms
+                    SELECT 1, g.key, ",
+            stored!(EventKind::Granted),
+            ", g.live_fence, g.live_owner, g.live_acquired_at_ms
                     FROM ",
             $rows,
             " g) e
@@ -387,7 +413,11 @@ macro_rules! queue_grant_events {
 /// Counts the key's tool calls still running (for `unsettled_tool_calls`).
 macro_rules! unsettled {
     () => {
-        "(SELECT count(*) FROM tool_calls t WHERE t.key = k.key AND t.state = 1) AS unsettled"
+        concat!(
+            "(SELECT count(*) FROM tool_calls t WHERE t.key = k.key AND t.state = ",
+            stored!(CallState::Running),
+            ") AS unsettled"
+        )
     };
 }
 
@@ -481,7 +511,10 @@ pub const GRANT: &str = concat!(
     unsettled!(),
     "),
      ",
-    record_history!("granted", "r.ended_end = 3"),
+    record_history!(
+        "granted",
+        concat!("r.ended_end = ", stored!(TermEnd::Expired))
+    ),
     ",
      ",
     queue_grant_events!("granted"),
@@ -546,7 +579,10 @@ pub const SERVE_FIRST: &str = concat!(
     "
          RETURNING w.id),
      ",
-    record_history!("served", "r.ended_end = 3"),
+    record_history!(
+        "served",
+        concat!("r.ended_end = ", stored!(TermEnd::Expired))
+    ),
     ",
      ",
     queue_grant_events!("served"),
@@ -819,24 +855,36 @@ pub const RECENT_ENDS: &str = "SELECT fence, end_kind FROM term_history WHERE ke
 
 /// Retention, step 1: drops the settled tool calls of keys released cleanly
 /// at least `$1` ms ago.
-pub const PRUNE_SETTLED_CALLS: &str = "DELETE FROM tool_calls t USING keys k
-     WHERE t.key = k.key AND t.state <> 1
-       AND k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)";
+pub const PRUNE_SETTLED_CALLS: &str = concat!(
+    "DELETE FROM tool_calls t USING keys k
+     WHERE t.key = k.key AND t.state <> ",
+    stored!(CallState::Running),
+    "
+       AND k.live_fence IS NULL AND k.ended_end = ",
+    stored!(TermEnd::Released),
+    " AND k.ended_at_ms <= (SELECT now_ms() - $1)"
+);
 
 /// Retention, step 2: forgets keys released cleanly at least `$1` ms ago
 /// that have no running tool calls and nobody in line, with their history,
 /// and queues their FORGOTTEN events (with the last term's fence and
 /// owner). The fence sequence lives apart from the rows, so a forgotten
 /// key's fences are never reused.
-pub const FORGET_RELEASED: &str = "WITH gone AS (
+pub const FORGET_RELEASED: &str = concat!(
+    "WITH gone AS (
          DELETE FROM keys k
-         WHERE k.live_fence IS NULL AND k.ended_end = 1 AND k.ended_at_ms <= (SELECT now_ms() - $1)
+         WHERE k.live_fence IS NULL AND k.ended_end = ",
+    stored!(TermEnd::Released),
+    " AND k.ended_at_ms <= (SELECT now_ms() - $1)
            AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
            AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)
          RETURNING k.key, k.ended_fence, k.ended_owner),
      history_gone AS (DELETE FROM term_history h USING gone WHERE h.key = gone.key)
      INSERT INTO event_queue (key, kind, fence, owner, at_ms)
-     SELECT gone.key, 5, gone.ended_fence, gone.ended_owner, now_ms() FROM gone";
+     SELECT gone.key, ",
+    stored!(EventKind::Forgotten),
+    ", gone.ended_fence, gone.ended_owner, now_ms() FROM gone"
+);
 
 /// Waiter rows whose server stopped keeping them alive (or whose grant was
 /// never picked up) for a minute.
@@ -865,10 +913,15 @@ pub const LIST_LIVE: &str = "SELECT n.ms AS now, k.* FROM keys k, (SELECT now_ms
 /// expiry quarantines the key. `now` is read once, and used as a plan
 /// parameter (an InitPlan), so the deadline half is an index range, not a
 /// scan of every live key.
-pub const LIST_RECOVERABLE: &str = "WITH n AS (SELECT now_ms() AS ms)
+pub const LIST_RECOVERABLE: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms)
      SELECT * FROM (
          (SELECT n.ms AS now, k.* FROM keys k, n
-          WHERE k.live_fence IS NULL AND k.ended_end IN (2, 3) AND NOT k.quarantined
+          WHERE k.live_fence IS NULL AND k.ended_end IN (",
+    stored!(TermEnd::Suspended),
+    ", ",
+    stored!(TermEnd::Expired),
+    ") AND NOT k.quarantined
             AND k.key >= $2 AND k.key < $3 AND k.key LIKE $1 AND k.key > $4
           ORDER BY k.key LIMIT $5)
          UNION ALL
@@ -880,7 +933,8 @@ pub const LIST_RECOVERABLE: &str = "WITH n AS (SELECT now_ms() AS ms)
             AND NOT (d.quarantined OR (COALESCE(d.live_max_recoveries, 0) > 0
                                        AND d.failures + 1 >= d.live_max_recoveries))
           ORDER BY d.key LIMIT $5)
-     ) r ORDER BY r.key LIMIT $5";
+     ) r ORDER BY r.key LIMIT $5"
+);
 
 /// List QUARANTINED, parameters as [`LIST_ALL`]: keys flagged (through
 /// `keys_quarantined`), and keys whose expired term nobody has moved yet
@@ -931,12 +985,15 @@ pub const ORDINALS: &str =
 /// Records calls as running: `$1` key, `$2` call ids, `$3` names, `$4` input
 /// digests, `$5` ordinals, `$6` fence, `$7` begun_at, `$8` turns ('' for
 /// none).
-pub const INSERT_CALLS: &str =
+pub const INSERT_CALLS: &str = concat!(
     "INSERT INTO tool_calls (key, turn, call_id, ordinal, name, input_digest, fence, state,
                              result_digest, result, begun_at_ms)
-     SELECT $1, c.turn, c.call_id, c.ordinal, c.name, c.input_digest, $6, 1, '', ''::bytea, $7
+     SELECT $1, c.turn, c.call_id, c.ordinal, c.name, c.input_digest, $6, ",
+    stored!(CallState::Running),
+    ", '', ''::bytea, $7
      FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $8::text[])
-          AS c(call_id, name, input_digest, ordinal, turn)";
+          AS c(call_id, name, input_digest, ordinal, turn)"
+);
 
 /// Settles a running call under the live term, in one statement that locks
 /// the term first: `$1` key, `$2` fence, `$3` lease_id, `$4` call id, `$5`
@@ -944,7 +1001,8 @@ pub const INSERT_CALLS: &str =
 /// one call with this id, whatever its turn; nothing is settled when the id
 /// is in several turns). Returns the call, or nothing when the term is not
 /// live or the call is not running (or is ambiguous).
-pub const SETTLE: &str = "WITH n AS (SELECT now_ms() AS ms),
+pub const SETTLE: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
      term AS (SELECT k.key FROM keys k, n
               WHERE k.key = $1 AND k.live_fence = $2 AND k.live_lease_id = $3
                 AND k.live_expires_at_ms > n.ms
@@ -952,11 +1010,14 @@ pub const SETTLE: &str = "WITH n AS (SELECT now_ms() AS ms),
      UPDATE tool_calls t SET state = $5, settled_fence = $2, result_digest = $6, result = $7,
                              settled_at_ms = n.ms
      FROM term, n
-     WHERE t.key = term.key AND t.call_id = $4 AND t.state = 1
+     WHERE t.key = term.key AND t.call_id = $4 AND t.state = ",
+    stored!(CallState::Running),
+    "
        AND (t.turn = $8
             OR ($8 = '' AND (SELECT count(*) FROM tool_calls u
                              WHERE u.key = $1 AND u.call_id = $4) = 1))
-     RETURNING t.*";
+     RETURNING t.*"
+);
 
 /// The calls of one id (in the turn `$3`, or in every turn when `$3` is
 /// ''), in registration order: `$1` key, `$2` call id.
@@ -970,8 +1031,11 @@ pub const KEY_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM keys WHERE key = $1)"
 pub const CALLS: &str = "SELECT * FROM tool_calls WHERE key = $1 ORDER BY ordinal";
 
 /// The key's running calls in registration order: `$1` key.
-pub const RUNNING_CALLS: &str =
-    "SELECT * FROM tool_calls WHERE key = $1 AND state = 1 ORDER BY ordinal";
+pub const RUNNING_CALLS: &str = concat!(
+    "SELECT * FROM tool_calls WHERE key = $1 AND state = ",
+    stored!(CallState::Running),
+    " ORDER BY ordinal"
+);
 
 /// Whether any event waits for a revision (the sequencer's cheap first look).
 pub const EVENTS_QUEUED: &str = "SELECT EXISTS (SELECT 1 FROM event_queue)";

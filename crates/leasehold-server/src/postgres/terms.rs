@@ -3,6 +3,7 @@
 
 use super::line::serve_first_in;
 use super::*;
+use leasehold_core::stored::Stored;
 
 impl Inner {
     pub(super) async fn renew(
@@ -74,7 +75,7 @@ impl Inner {
                         &key.as_str(),
                         &(fence.0 as i64),
                         &lease_id.0,
-                        &row::term_end_code(end),
+                        &end.code(),
                         &successor,
                         &handoff_ms,
                         &self.history_len(),
