@@ -1,11 +1,13 @@
 //! The seam between the gRPC services and the lease state.
 //!
 //! The services parse each request into domain values and call a
-//! [`Backend`]; they know nothing of where the state lives. Today's backend is
-//! the in-memory [`Engine`](crate::engine::Engine) over SQLite (group commit,
-//! one process). A backend whose state lives in another database (PostgreSQL,
-//! several stateless servers) implements the same trait and the services,
-//! the Session stream and the server wiring stay as they are.
+//! [`Backend`]; they know nothing of where the state lives. Two implement
+//! it: the [`Engine`](crate::engine::Engine), the lessor in memory over
+//! SQLite (group commit, one process), and
+//! [`PgBackend`](crate::postgres::PgBackend), every rule a statement on a
+//! PostgreSQL database shared by several stateless servers. This module also
+//! holds the vocabulary both speak and neither owns ([`Watching`],
+//! [`Commit`], [`cut_off`]), so neither backend imports the other.
 //!
 //! # Contract
 //! Every implementation keeps the invariants the services promise clients:
@@ -18,17 +20,42 @@
 //!   time must order the work itself (for example per stream);
 //! - dropping an `acquire` future that waits in line takes it out of line.
 
+use std::sync::Arc;
+
 use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
 use tokio::sync::watch;
 
-use crate::engine::Watching;
 use crate::metrics::Exposition;
-use leasehold_core::events::Selector;
-
-use leasehold_core::error::Result;
+use leasehold_core::error::{Error, Result};
+use leasehold_core::events::{Event, Selector};
 use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, Ttl};
 use leasehold_core::ledger::{BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall};
 use leasehold_core::lessor::{Acquire, Grant, HistoryPage, KeyView, ListFilter, ListPage};
+
+/// One commit's events, shared by every watcher.
+pub(crate) type Commit = Arc<[Event]>;
+
+/// The refusal that ends a watcher that fell more than `buffer` commits
+/// behind, naming the revision to resume from (both backends' watchers
+/// say the same).
+pub(crate) fn cut_off(buffer: usize, resume: u64) -> Error {
+    Error::ResourceExhausted {
+        limit: "watch_buffer".into(),
+        detail: format!(
+            "the watcher fell more than {buffer} commits behind; \
+             watch again from revision {resume}"
+        ),
+    }
+}
+
+/// A watcher's view: the revision it starts after, and its events (one item
+/// per commit that touched a watched key).
+pub struct Watching {
+    /// The highest revision committed when the watch began.
+    pub revision: u64,
+    pub events: BoxStream<'static, Result<Vec<Event>>>,
+}
 
 /// A reply still on its way (waiting in line, or for durability).
 pub type Pending<T> = BoxFuture<'static, Result<T>>;

@@ -15,37 +15,15 @@
 //! the revision to resume from.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use futures_util::stream::{self, BoxStream, StreamExt};
+use futures_util::stream::{self, StreamExt};
 use tokio::sync::broadcast;
 
 use leasehold_core::error::{Error, Result};
+
+use crate::backend::{Commit, Watching, cut_off};
 use leasehold_core::events::{Event, Selector};
-
-/// One commit's events, shared by every watcher.
-pub(crate) type Commit = Arc<[Event]>;
-
-/// The refusal that ends a watcher that fell more than `buffer` commits
-/// behind, naming the revision to resume from (shared with the PostgreSQL
-/// backend's watchers, so both say the same).
-pub(crate) fn cut_off(buffer: usize, resume: u64) -> Error {
-    Error::ResourceExhausted {
-        limit: "watch_buffer".into(),
-        detail: format!(
-            "the watcher fell more than {buffer} commits behind; \
-             watch again from revision {resume}"
-        ),
-    }
-}
-
-/// A watcher's view: the revision it starts after, and its events (one item
-/// per commit that touched a watched key).
-pub struct Watching {
-    /// The highest revision committed when the watch began.
-    pub revision: u64,
-    pub events: BoxStream<'static, Result<Vec<Event>>>,
-}
 
 pub(super) struct EventLog {
     inner: Mutex<LogInner>,

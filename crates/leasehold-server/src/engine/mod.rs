@@ -31,9 +31,8 @@ mod event_log;
 mod timer;
 mod writer;
 
+pub use crate::backend::Watching;
 use event_log::EventLog;
-pub use event_log::Watching;
-pub(crate) use event_log::{Commit, cut_off};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -744,7 +744,7 @@ impl Backend for PgBackend {
         })
     }
 
-    fn watch(&self, selector: Selector, start: u64) -> Pending<crate::engine::Watching> {
+    fn watch(&self, selector: Selector, start: u64) -> Pending<crate::backend::Watching> {
         let inner = self.inner.clone();
         let limit = inner.config.op_timeout;
         Box::pin(in_time(limit, inner.watch(selector, start)))
