@@ -25,6 +25,7 @@ from . import _core
 from ._core import Metadata, Standing, jittered, millis
 from ._errors import Error, LeaseLost, Unavailable, from_aio_error, from_refusal
 from ._proto import leasehold_pb2 as pb
+from ._types import WatchEvent
 
 if TYPE_CHECKING:
     from ._async import _Connection, _Node
@@ -140,7 +141,6 @@ class Mux:
             self._stream = None
 
 
-
 async def unary(
     call: Callable[..., Any], request: Any, timeout: float, name: str, metadata: Metadata
 ) -> Any:
@@ -153,7 +153,6 @@ async def unary(
         if failure.code == "DEADLINE_EXCEEDED":
             failure = Unavailable(f"{name} got no reply within {millis(timeout)} ms")
         raise failure from None
-
 
 
 class Renewer:

@@ -12,7 +12,6 @@ first (``clients``, ``inherited``).
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import itertools
 import os
 import queue
@@ -28,6 +27,7 @@ from . import _core
 from ._core import Metadata, Standing, jittered, millis
 from ._errors import Error, LeaseLost, Unavailable, from_refusal, from_rpc_error
 from ._proto import leasehold_pb2 as pb
+from ._types import WatchEvent
 
 if TYPE_CHECKING:
     from ._sync import Client, _Connection, _Node
@@ -103,7 +103,6 @@ class _Stream:
         self._reader.join(timeout)
 
 
-
 class Mux:
     """The client's shared Session stream, opened on first use and again
     after it breaks; operations in flight when it breaks fail as Unavailable."""
@@ -176,7 +175,6 @@ class Mux:
             stream.join(timeout)
 
 
-
 clients: weakref.WeakSet[Client] = weakref.WeakSet()
 #: Connections inherited across fork are kept, never closed or collected, in
 #: the child: gRPC must not touch a parent's channel there (grpc #29586).
@@ -230,7 +228,6 @@ def unary(
         if failure.code == "DEADLINE_EXCEEDED":
             failure = Unavailable(f"{name} got no reply within {millis(timeout)} ms")
         raise failure from None
-
 
 
 class Renewer:
