@@ -2,8 +2,9 @@
 # Tests the Python client against a leasehold server binary:
 #   LEASEHOLD_BIN=target/debug/leasehold clients/python/test.sh [pytest args...]
 # Installs what it needs (setup.sh: clients/python/.venv and a 3.12+ venv,
-# a no-op when current), checks the generated stubs against the
-# proto, runs ruff and mypy --strict, then pytest. Set LEASEHOLD_TEST_PG_URL
+# a no-op when current), checks the generated stubs against the proto and
+# the generated sync client (_sync.py) against _async.py, runs ruff and
+# mypy --strict, then pytest. Set LEASEHOLD_TEST_PG_URL
 # (e.g. postgresql://postgres@127.0.0.1:5432/test) to include PostgreSQL.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,6 +29,8 @@ venv312="$here/.venv-312"
 
 echo "== generated stubs are up to date with proto/"
 "$py" scripts/gen_proto.py --check
+echo "== _sync.py is up to date with _async.py"
+"$py" scripts/unasync.py --check
 echo "== ruff"
 "$venv/bin/ruff" check --quiet leasehold tests scripts
 echo "== mypy --strict"

@@ -13,7 +13,8 @@
 ``leasehold.fence.sqlite`` and ``leasehold.fence.postgres``.
 """
 
-from ._async import AsyncClient, AsyncLease, AsyncWatch
+from ._async import AsyncClient, AsyncLease
+from ._async_rt import AsyncWatch
 from ._errors import (
     Busy,
     Compacted,
@@ -29,7 +30,8 @@ from ._errors import (
     Unavailable,
     Unsupported,
 )
-from ._sync import Client, Lease, Watch
+from ._sync import Client, Lease
+from ._sync_rt import Watch
 from ._types import (
     PROTOCOL,
     BeginResult,

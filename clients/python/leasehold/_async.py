@@ -1,3 +1,4 @@
+# unasync: async-only
 """The asyncio client: ``AsyncClient`` and its ``AsyncLease`` (grpc.aio).
 
 The same protocol as the sync twin: one pipelined ``Session`` stream per
@@ -8,27 +9,46 @@ loop) pair. With several servers, one channel and stream per server, and
 calls fail over as in the sync twin (``_Connection.run``).
 """
 
+# The one source of both clients: scripts/unasync.py writes _sync.py from
+# this file (token substitutions; a line ending in "# async-only" and a
+# block between "# unasync: async-only" and "# unasync: end" are left out
+# of it, a "# | " line is the sync client's alone). What cannot be written
+# once lives in _async_rt.py and _sync_rt.py, by the same names.
+# unasync: end
+# | """The synchronous client: ``Client`` and its ``Lease``.
+# |
+# | Renewals, checks and releases of every lease a client holds travel over one
+# | pipelined ``Session`` stream, fed from a queue and read by one daemon thread
+# | that hands each response to the caller waiting for its id. Each lease has a
+# | daemon thread that renews it. The gRPC channel is created lazily, once per
+# | process: a client used after ``os.fork()`` opens a new one in the child.
+# |
+# | A client given several servers (on one PostgreSQL database) has a channel
+# | and a Session stream per server, and sends each call to the current one,
+# | moving on to the next when it answers UNAVAILABLE (``_Connection.run``).
+# | """
+
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import asyncio  # async-only
+import contextlib  # async-only
 import copy
-import itertools
 import os
-import sys
+import sys  # async-only
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence  # async-only
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
-import grpc.aio
+import grpc.aio  # async-only
 
 from . import _core, _tls
-from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered, millis
-from ._errors import Error, LeaseLost, Unavailable, from_aio_error, from_refusal
+from ._async_rt import AsyncWatch, Mux, Renewer, unary
+from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered
+from ._errors import Error, LeaseLost, Unavailable
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
 from ._tls import Pem
@@ -46,123 +66,23 @@ from ._types import (
     ToolResult,
     TranscriptRepair,
     TranscriptReport,
-    WatchEvent,
     transcript_text,
 )
 
-#: grpc.aio's end-of-stream marker (missing from the type stubs).
-_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
+# | import threading
+# | from collections.abc import Callable, Sequence
+# |
+# | from ._sync_rt import clients, inherited
 
+# unasync: async-only
 AsyncRunner = Callable[[ToolInvocation], Awaitable["bytes | str | ToolOutcome | None"]]
+# unasync: end
+# | Runner = Callable[[ToolInvocation], "bytes | str | ToolOutcome | None"]
 T = TypeVar("T")
 
 
-class _Stream:
-    """One open Session stream, its waiters and its reader task."""
-
-    def __init__(self, stub: Any, metadata: Metadata) -> None:
-        self._call: Any = stub.Session(metadata=metadata)
-        self._waiting: dict[int, asyncio.Future[pb.SessionResponse]] = {}
-        #: Requests go out through one writer task, so a caller cancelled
-        #: mid-write (a timeout, a released lease) never cancels the shared
-        #: stream under the others, and writes never overlap.
-        self._outbox: asyncio.Queue[pb.SessionRequest] = asyncio.Queue()
-        self.broken: Error | None = None
-        loop = asyncio.get_running_loop()
-        self._reader = loop.create_task(self._read())
-        self._writer = loop.create_task(self._write())
-
-    async def _write(self) -> None:
-        try:
-            while True:
-                request = await self._outbox.get()
-                await self._call.write(request)
-        except asyncio.CancelledError:
-            return
-        except Exception as err:
-            self._break(Unavailable(f"the Session stream failed: {err!r}"))
-            self._call.cancel()
-
-    async def _read(self) -> None:
-        why: Error
-        try:
-            while True:
-                response = await self._call.read()
-                if response is _EOF:
-                    why = Unavailable("the Session stream ended")
-                    break
-                waiter = self._waiting.pop(response.id, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(response)
-        except grpc.aio.AioRpcError as err:
-            why = from_aio_error(err)
-            if not isinstance(why, Unavailable):
-                why = Unavailable(f"the Session stream failed: {why}")
-        except asyncio.CancelledError:
-            why = Unavailable("the Session stream was closed")
-        except Exception as err:  # pragma: no cover - grpc internals
-            why = Unavailable(f"the Session stream failed: {err!r}")
-        self._break(why)
-
-    def _break(self, why: Error) -> None:
-        if self.broken is None:
-            self.broken = why
-        self._writer.cancel()
-        waiting, self._waiting = self._waiting, {}
-        for waiter in waiting.values():
-            if not waiter.done():
-                waiter.set_exception(why)
-
-    async def call(
-        self, name: str, request: pb.SessionRequest, timeout: float
-    ) -> pb.SessionResponse:
-        if self.broken is not None:
-            raise copy.copy(self.broken)
-        waiter: asyncio.Future[pb.SessionResponse] = asyncio.get_running_loop().create_future()
-        self._waiting[request.id] = waiter
-        self._outbox.put_nowait(request)
-        try:
-            response = await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
-            raise Unavailable(f"{name} got no reply within {millis(timeout)} ms") from None
-        finally:
-            self._waiting.pop(request.id, None)
-        if response.code != 0:
-            raise from_refusal(response.code, response.message, dict(response.details))
-        return response
-
-    def close(self) -> None:
-        self._writer.cancel()
-        self._call.cancel()
-
-
-class _Mux:
-    def __init__(self, stub: Any, metadata: Metadata) -> None:
-        self._metadata = metadata
-        self._stub = stub
-        self._stream: _Stream | None = None
-        self._ids = itertools.count(1)
-
-    async def call(
-        self, name: str, request: pb.SessionRequest, timeout: float
-    ) -> pb.SessionResponse:
-        request.id = next(self._ids)
-        if self._stream is None or self._stream.broken is not None:
-            try:
-                self._stream = _Stream(self._stub, self._metadata)
-            except grpc.aio.UsageError:
-                # The channel was closed under a caller still running.
-                raise Unavailable("the client is closed") from None
-        return await self._stream.call(name, request, timeout)
-
-    def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-
-
 class _Node:
-    """One server: its grpc.aio channel, stubs and Session stream."""
+    """One server: its channel, stubs and Session stream."""
 
     def __init__(
         self,
@@ -183,7 +103,7 @@ class _Node:
         # The generated stubs are untyped; every call through them is wrapped.
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
-        self.mux = _Mux(self.rpc, metadata)
+        self.mux = Mux(self.rpc, metadata)
 
     async def close(self) -> None:
         self.mux.close()
@@ -191,8 +111,8 @@ class _Node:
 
 
 class _Connection:
-    """The grpc.aio channels to a client's servers, for one process and one
-    event loop."""
+    """The channels to a client's servers and what hangs off them; valid only
+    in the process (and, for asyncio, the event loop) that made them."""
 
     def __init__(
         self,
@@ -203,25 +123,31 @@ class _Connection:
         self.pid = os.getpid()
         #: Sent with every call (the bearer token, when there is one).
         self.metadata = metadata
-        self.loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()  # async-only
         #: One per server, in the order given; channels connect on first use.
         self.nodes = [_Node(t, e, options, metadata) for t, e in endpoints]
         #: Which server calls go to first.
         self.rotation = _core.Rotation(len(self.nodes))
+        # unasync: async-only
         #: The leases' keep-alive tasks, cancelled and awaited by close() so
         #: no task outlives the channels it calls through.
         self.tasks: set[asyncio.Task[None]] = set()
         #: Set by close(): a keep-alive task stopped by it leaves its term
         #: to expire at its TTL (as documented) instead of suspending it.
         self.closed = False
+        # unasync: end
+        # | #: Open watches, ended before a fork() (each is a call in progress).
+        # | self.watches: weakref.WeakSet[Watch] = weakref.WeakSet()
 
     @property
     def current(self) -> _Node:
         return self.nodes[self.rotation.current]
 
     async def run(self, safe: bool, op: Callable[[_Node], Awaitable[T]]) -> T:
-        """As the sync twin's: the current server, then (on ``Unavailable``,
-        when ``safe``) the next ones, each at most once."""
+        """Runs ``op`` against the current server; on ``Unavailable`` moves on
+        to the next and, when ``safe`` (a second delivery changes nothing the
+        first did not), runs it there too, each server at most once. Any
+        other answer, a refusal included, is final."""
         failures: list[str] = []
         for index in self.rotation.order():
             node = self.nodes[index]
@@ -237,6 +163,7 @@ class _Connection:
         raise _core.none_answered(failures)
 
     def usable(self) -> bool:
+        # unasync: async-only
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -246,8 +173,11 @@ class _Connection:
     def track(self, task: asyncio.Task[None]) -> None:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        # unasync: end
+        # | return self.pid == os.getpid()
 
     async def close(self) -> None:
+        # unasync: async-only
         self.closed = True
         tasks = list(self.tasks)
         for task in tasks:
@@ -255,25 +185,13 @@ class _Connection:
         # Awaited, so their exceptions (if any) are retrieved here and never
         # reported as "Task exception was never retrieved".
         await asyncio.gather(*tasks, return_exceptions=True)
+        # unasync: end
         for node in self.nodes:
             await node.close()
 
 
-async def _unary(
-    call: Callable[..., Any], request: Any, timeout: float, name: str, metadata: Metadata
-) -> Any:
-    try:
-        return await call(request, timeout=timeout, metadata=metadata)
-    except grpc.aio.UsageError:
-        raise Unavailable(f"{name}: the client is closed") from None
-    except grpc.aio.AioRpcError as err:
-        failure = from_aio_error(err)
-        if failure.code == "DEADLINE_EXCEEDED":
-            failure = Unavailable(f"{name} got no reply within {millis(timeout)} ms")
-        raise failure from None
-
-
 class AsyncClient:
+    # unasync: async-only
     """The asyncio twin of :class:`leasehold.Client`; the same arguments
     (``https://`` targets and the ``tls_*`` options included), the same
     methods, awaited.
@@ -281,6 +199,28 @@ class AsyncClient:
     The channel is opened lazily per process and per event loop. Use it from
     the event loop's thread.
     """
+
+    # unasync: end
+    # | """A synchronous leasehold client.
+    # |
+    # | ``target`` is ``host:port`` (plaintext), ``http://host:port`` or
+    # | ``https://host:port`` (TLS, trusting the system roots unless ``tls_ca``
+    # | is given). Several servers on one PostgreSQL database may be given, as a
+    # | list or a comma-separated string: calls go to one at a time and move on
+    # | to the next when it is unavailable, resending only what is safe to send
+    # | twice (see the README's "Several servers"). ``tls_ca``, ``tls_cert``
+    # | and ``tls_key`` are PEM, each a path or the bytes: a private CA to
+    # | trust, and the client certificate and key a server run with
+    # | ``--client-ca`` requires (any of them also means TLS).
+    # | ``credentials`` instead takes ready-made ``grpc.ChannelCredentials``. A
+    # | TLS failure (no CA, a refused client certificate, plaintext against a
+    # | TLS server) surfaces as :class:`leasehold.Unavailable`.
+    # |
+    # | The channel is opened lazily and once per
+    # | process (so a client made before ``fork()`` works in the child); all
+    # | leases of a client share one Session stream for their renewals, checks
+    # | and releases. Thread-safe.
+    # | """
 
     def __init__(
         self,
@@ -311,34 +251,55 @@ class AsyncClient:
         ]
         #: Sent with every call: the bearer token for a server run with ``--auth``.
         self._metadata: Metadata = _core.bearer(token)
+        #: The default owner of this client's leases (``host:pid`` if None,
+        #: computed at each acquire so a forked child names itself).
         self.owner = owner
+        #: How long a call that is not part of a lease may take.
         self.timeout = timeout
         self._options = list(options)
+        # | self._lock = threading.Lock()
         self._conn: _Connection | None = None
+        # unasync: async-only
         #: Connections of other processes or loops, kept so they are never
         #: closed or collected from the wrong one.
         self._inherited: list[_Connection] = []
+        # unasync: end
+        # | clients.add(self)
 
     def _connection(self) -> _Connection:
         conn = self._conn
         if conn is not None and conn.usable():
             return conn
+        # unasync: async-only
         if conn is not None:
             self._inherited.append(conn)
         self._conn = _Connection(self._endpoints, self._options, self._metadata)
         return self._conn
+        # unasync: end
+        # | with self._lock:
+        # |     if self._conn is None or self._conn.pid != os.getpid():
+        # |         if self._conn is not None:
+        # |             inherited.append(self._conn)
+        # |         self._conn = _Connection(self._endpoints, self._options, self._metadata)
+        # |     return self._conn
 
     @property
     def current_target(self) -> str:
-        """As :attr:`leasehold.Client.current_target` (for this loop)."""
+        """As :attr:`leasehold.Client.current_target` (for this loop)."""  # async-only
+        # | """The server calls go to now: the first given, then the next after
+        # | each failover (in this process)."""
         conn = self._conn
         if conn is None or not conn.usable():
             return self.targets[0]
         return conn.current.target
 
     async def close(self) -> None:
-        """Closes this loop's channel; leases still held expire at their TTL."""
-        conn, self._conn = self._conn, None
+        """Closes this loop's channel; leases still held expire at their TTL."""  # async-only
+        conn, self._conn = self._conn, None  # async-only
+        # | """Closes this process's channel. Leases still held stop renewing
+        # | and expire at their TTL."""
+        # | with self._lock:
+        # |     conn, self._conn = self._conn, None
         if conn is not None and conn.usable():
             await conn.close()
 
@@ -363,8 +324,32 @@ class AsyncClient:
         max_recoveries: int = 0,
         force: bool = False,
     ) -> _Acquire:
+        # unasync: async-only
         """As :meth:`leasehold.Client.acquire`. Await it for an
         :class:`AsyncLease`, or use it directly with ``async with``."""
+        # unasync: end
+        # | """Acquires ``key`` for ``ttl`` seconds, queueing (FIFO) up to ``wait``
+        # | seconds for a held key, and starts renewing it in the background.
+        # |
+        # | Use the lease as a context manager (normal exit releases, an exception
+        # | suspends) or call ``release()``/``suspend()`` yourself.
+        # |
+        # | ``lock_delay`` (seconds, at most 60): if this term ends by expiry,
+        # | nobody may acquire the key for that long, so writes this holder sent
+        # | before it was lost drain first (a release or suspend skips it).
+        # | ``max_recoveries``: quarantine the key once that many terms in a row
+        # | end by expiry or suspension (0: the server's default). ``force``:
+        # | acquire a quarantined key anyway (admin right).
+        # |
+        # | Raises ``Busy`` (holder, fence, remaining) when the key is still held
+        # | after the wait, ``Reserved`` (a ``Busy``) when it is free but in a
+        # | lock-delay or kept for another owner's handoff, ``Quarantined`` for a
+        # | quarantined key, ``InvalidArgument`` for a malformed key/owner/ttl,
+        # | ``Unavailable`` when the server cannot be reached (after a few
+        # | attempts, all with the same request id, so a lost reply cannot leave
+        # | a second term behind), ``LeaseLost`` when a replayed grant turns out
+        # | to be over already.
+        # | """
         return _Acquire(
             lambda: self._acquire(
                 key,
@@ -418,7 +403,7 @@ class AsyncClient:
                 # server replay a grant whose reply was lost.
                 reply: pb.AcquireResponse = await conn.run(
                     True,
-                    lambda node: _unary(
+                    lambda node: unary(
                         node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
                     ),
                 )
@@ -428,13 +413,20 @@ class AsyncClient:
                     raise
                 attempt += 1
                 await asyncio.sleep(jittered(timing.retry_pause(attempt)))
+        # A fresh grant happened after our first send, so that send time is a
+        # safe basis for the local deadline; a replayed one happened at some
+        # earlier attempt: ours if we made up the id, of unknown age otherwise.
         basis = first_sent if (not reply.replayed or generated) else None
         lease = AsyncLease(conn, reply, timing, basis)
         await lease._start(basis)
         return lease
 
     async def check(self, key: str, fence: int, *, timeout: float | None = None) -> int:
-        """As :meth:`leasehold.Client.check`."""
+        """As :meth:`leasehold.Client.check`."""  # async-only
+        # | """Whether ``fence`` is the live term of ``key`` (Chubby's
+        # | CheckSequencer), for a process handed a fence rather than a lease.
+        # | Returns the fence; raises ``LeaseLost`` (with the reason) when it is
+        # | not live, ``Unavailable`` when no answer came in time."""
         request = pb.SessionRequest(check=pb.CheckRequest(key=key, fence=fence))
         wait = timeout or self.timeout
         reply = await self._connection().run(
@@ -448,18 +440,25 @@ class AsyncClient:
         wait = timeout or self.timeout
         return await conn.run(
             True,
-            lambda node: _unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
+            lambda node: unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
         )
 
     async def server_info(self) -> ServerInfo:
-        """As :meth:`leasehold.Client.server_info`."""
+        """As :meth:`leasehold.Client.server_info`."""  # async-only
+        # | """Which server this is: its release, the revision of ``leasehold.v1``
+        # | it speaks and its backend (``ServerInfo.compatible`` says whether
+        # | this client can speak to it). Raises ``Unsupported`` from a server
+        # | older than the call itself."""
         reply = await self._call("ServerInfo", pb.ServerInfoRequest())
         return ServerInfo(
             version=reply.version, protocol=int(reply.protocol), backend=reply.backend
         )
 
     async def get(self, key: str) -> KeyState:
-        """As :meth:`leasehold.Client.get`."""
+        """As :meth:`leasehold.Client.get`."""  # async-only
+        # | """The key's live term (without its lease id), last ended term,
+        # | whether it is recoverable or quarantined, and its reservation.
+        # | Raises ``NotFound`` for a key the server does not hold."""
         reply = await self._call("Get", pb.GetRequest(key=key))
         return KeyState.from_pb(
             key,
@@ -478,7 +477,9 @@ class AsyncClient:
         page_size: int = 0,
         page_token: str = "",
     ) -> KeyPage:
-        """As :meth:`leasehold.Client.list_keys`."""
+        """As :meth:`leasehold.Client.list_keys`."""  # async-only
+        # | """One page of keys in order: ``filter`` is ``"all"``, ``"live"``,
+        # | ``"recoverable"`` or ``"quarantined"``; ``page_size`` 0 means 100."""
         request = _core.list_request(prefix, filter, page_size, page_token)
         reply = await self._call("List", request)
         return KeyPage(
@@ -489,35 +490,65 @@ class AsyncClient:
     async def history(
         self, key: str, *, page_size: int = 0, before: int | None = None
     ) -> HistoryPage:
-        """As :meth:`leasehold.Client.history`."""
+        """As :meth:`leasehold.Client.history`."""  # async-only
+        # | """One page of ``key``'s ended terms, newest first: ``before`` is None
+        # | for the newest, then the previous page's ``next_before``. Raises
+        # | ``NotFound`` for a key the server does not hold."""
         request = pb.HistoryRequest(
             key=key, page_size=page_size, page_token="" if before is None else str(before)
         )
         return HistoryPage.from_pb(await self._call("History", request))
 
     async def unquarantine(self, key: str) -> KeyState:
-        """As :meth:`leasehold.Client.unquarantine`."""
+        """As :meth:`leasehold.Client.unquarantine`."""  # async-only
+        # | """Lifts ``key``'s quarantine (admin right) and returns its state."""
         reply = await self._call("Unquarantine", pb.UnquarantineRequest(key=key))
         return KeyState.from_key_state(reply.key)
 
     def watch(self, *, key: str = "", prefix: str = "", start_revision: int = 0) -> AsyncWatch:
+        # unasync: async-only
         """As :meth:`leasehold.Client.watch`: ``async for event in
         client.watch(...)``. Await it first (``w = await client.watch(...)``)
         to be sure the server has accepted the watch before going on (with
         ``start_revision=0`` only what happens after that is reported); a
         watch iterated without being awaited starts at its first step."""
+        # unasync: end
+        # | """Watches ownership changes of ``key``, or of every key under
+        # | ``prefix`` (neither: every key), from ``start_revision`` (0: only what
+        # | happens from now on). Returns once the server has accepted the watch,
+        # | so nothing that happens after this call is missed.
+        # |
+        # | Iterate the returned :class:`Watch` for :class:`WatchEvent` values;
+        # | after it ends or fails, watch again from its ``next_revision`` to
+        # | continue with nothing missed and nothing repeated. Raises
+        # | ``Compacted`` when the server no longer holds ``start_revision``,
+        # | ``Unsupported`` on a backend without watch."""
         request = _core.watch_request(key, prefix, start_revision)
-        return AsyncWatch(self._connection(), request, self.timeout)
+        return AsyncWatch(self._connection(), request, self.timeout)  # async-only
+        # | conn = self._connection()
+        # | watch = conn.run(
+        # |     True,
+        # |     lambda node: Watch(
+        # |         node.rpc.Watch(request, metadata=conn.metadata), start_revision, self.timeout
+        # |     ),
+        # | )
+        # | conn.watches.add(watch)
+        # | return watch
 
     async def check_transcript(
         self, messages: str | bytes | list[Any], *, format: str = ""
     ) -> TranscriptReport:
-        """As :meth:`leasehold.Client.check_transcript`."""
+        """As :meth:`leasehold.Client.check_transcript`."""  # async-only
+        # | """Checks that every tool call in ``messages`` (a list of message
+        # | dicts, or JSON text: an array or JSON lines) is paired the way the
+        # | provider requires. ``format`` is ``"openai-chat"``, ``"anthropic"``,
+        # | ``"openai-responses"`` or empty to detect it. Raises
+        # | ``InvalidArgument`` for unreadable input."""
         request = pb.TranscriptCheckRequest(transcript=transcript_text(messages), format=format)
         conn = self._connection()
         reply = await conn.run(
             True,
-            lambda node: _unary(
+            lambda node: unary(
                 node.transcripts.Check, request, self.timeout, "Check", conn.metadata
             ),
         )
@@ -530,7 +561,11 @@ class AsyncClient:
         format: str = "",
         placeholder_markers: Sequence[str] = (),
     ) -> TranscriptRepair:
-        """As :meth:`leasehold.Client.repair_transcript`."""
+        """As :meth:`leasehold.Client.repair_transcript`."""  # async-only
+        # | """Repairs tool-call pairing in ``messages`` (moves misplaced results,
+        # | drops duplicates and placeholders a real result made redundant,
+        # | inserts results for calls that never got one) and says what it did
+        # | and what it could not fix."""
         request = pb.TranscriptRepairRequest(
             transcript=transcript_text(messages),
             format=format,
@@ -539,13 +574,14 @@ class AsyncClient:
         conn = self._connection()
         reply = await conn.run(
             True,
-            lambda node: _unary(
+            lambda node: unary(
                 node.transcripts.Repair, request, self.timeout, "Repair", conn.metadata
             ),
         )
         return TranscriptRepair.from_pb(reply)
 
 
+# unasync: async-only
 class _Acquire:
     """What ``AsyncClient.acquire`` returns: awaitable, and an async context
     manager that releases on normal exit and suspends on an exception."""
@@ -571,19 +607,32 @@ class _Acquire:
         await self._lease.__aexit__(exc_type, exc, tb)
 
 
+# unasync: end
 class AsyncLease:
+    # unasync: async-only
     """The asyncio twin of :class:`leasehold.Lease`; ``lost`` is an
     ``asyncio.Event`` and ``scope()`` cancels its block when the lease is lost."""
+
+    # unasync: end
+    # | """A held term of a key, renewed in the background until released.
+    # |
+    # | ``fence`` goes with every write to the resource; ``gate()`` before every
+    # | model request and terminal write; ``lost`` is set as soon as the lease
+    # | cannot be trusted. See the package README for its life.
+    # | """
 
     def __init__(
         self, conn: _Connection, reply: pb.AcquireResponse, timing: Timing, basis: float | None
     ) -> None:
         self._conn = conn
-        #: Set while the lease cannot be trusted (see ``Lease.lost``).
+        #: Set while the lease cannot be trusted: the server refused it, it
+        #: was released, or the local deadline passed (cleared again if a
+        #: later renewal with the same fence succeeds; never after a refusal).
         self.lost = asyncio.Event()
         lost = self.lost
 
         def notify(valid: bool) -> None:
+            # Holds the event, not the lease, so a dropped lease can be collected.
             if valid:
                 lost.clear()
             else:
@@ -591,12 +640,14 @@ class AsyncLease:
 
         self._core = Standing(reply=reply, timing=timing, basis=basis, notify=notify)
         self._finished = False
-        self._task: asyncio.Task[None] | None = None
+        self._renewer: Renewer | None = None
 
     async def _start(self, basis: float | None) -> None:
         core, conn, timing = self._core, self._conn, self._core.timing
         first = time.monotonic() if basis is None else basis + timing.renew_every
         if first <= time.monotonic():
+            # The grant is of unknown age (replayed) or a long wait ate into
+            # it: renew now so the deadline rests on a send time we know.
             sent = time.monotonic()
             try:
                 renewed = await conn.run(
@@ -611,18 +662,9 @@ class AsyncLease:
                     raise judged from None
         if core.loss() is not None:
             self.lost.set()
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(_keep_alive(core, conn, first))
-        conn.track(task)
-        self._task = task
-
-        def abandon() -> None:
-            # The lease was collected without release: stop renewing and
-            # suspend it, from the loop (a finalizer may run on any thread).
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(task.cancel)
-
-        self._finalizer = weakref.finalize(self, abandon)
+        self._renewer = Renewer(core, conn, first)
+        # A lease dropped without release: stop renewing and suspend it.
+        self._finalizer = weakref.finalize(self, self._renewer.abandon)
 
     # -- what the grant said ---------------------------------------------
     @property
@@ -644,30 +686,38 @@ class AsyncLease:
 
     @property
     def previous(self) -> EndedTerm | None:
+        # | """How the key's previous term ended, if it had one."""
         return self._core.previous
 
     @property
     def recovered(self) -> bool:
+        # | """The previous term ended expired or suspended: work may be unfinished."""
         previous = self._core.previous
         return previous is not None and previous.end in ("suspended", "expired")
 
     @property
     def replayed(self) -> bool:
+        # | """The grant repeated an earlier one for the same request id."""
         return self._core.replayed
 
     @property
     def unsettled_tool_calls(self) -> int:
+        # | """How many of the key's tool calls were left running when this term
+        # | was granted (see ``unsettled_tool_calls_list()``)."""
         return self._core.unsettled_at_grant
 
     @property
     def deadline(self) -> float:
+        # | """The local deadline on ``time.monotonic()``'s clock."""
         return self._core.deadline
 
     @property
     def server_expires_at_ms(self) -> int:
+        # | """The expiry the server last reported, on its clock; for display."""
         return self._core.expires_at_ms
 
     def __repr__(self) -> str:
+        # The lease id is a secret capability: leave it out.
         return (
             f"AsyncLease(key={self.key!r}, fence={self.fence}, owner={self.owner!r}, "
             f"valid={self.is_valid()})"
@@ -675,12 +725,29 @@ class AsyncLease:
 
     # -- validity ----------------------------------------------------------
     def is_valid(self) -> bool:
-        return self._core.loss() is None
+        return self._core.loss() is None  # async-only
+        # | """Local check, no round trip: not refused or released, and the local
+        # | deadline has not passed (and this is the process that acquired it)."""
+        # | return self._conn.pid == os.getpid() and self._core.loss() is None
 
     def loss(self) -> LeaseLost | None:
+        # | """Why the lease is not valid now, or None while it is."""
         return self._core.loss()
 
+    # | def _same_process(self) -> None:
+    # |     if self._conn.pid != os.getpid():
+    # |         # The renewal thread stayed in the parent; the parent's channel
+    # |         # must not be used here (grpc #29586).
+    # |         raise self._core.lost_error(
+    # |             "forked", "a lease does not cross fork(): acquire in the process that uses it"
+    # |         )
+    # |
     async def verify(self) -> None:
+        # | """A ``Check`` round trip proving the fence is still the key's live
+        # | term. Raises ``LeaseLost`` when the lease is lost for good or the
+        # | server says the fence is stale (which makes it lost for good),
+        # | ``Unavailable`` when the server does not answer in time."""
+        # | self._same_process()
         if self._core.final is not None:
             raise copy.copy(self._core.final)
         request, timeout = self._core.check_request(), self._core.timing.rpc_timeout
@@ -690,11 +757,16 @@ class AsyncLease:
             raise self._core.judge(err) from None
 
     async def gate(self) -> int:
+        # | """The check before each model request and terminal write: local
+        # | check, ``verify()``, local check again. Returns the fence. Raises
+        # | ``LeaseLost`` (no round trip when already invalid) or ``Unavailable``."""
+        # | self._same_process()
         self._core.ensure_valid()
         await self.verify()
         self._core.ensure_valid()
         return self._core.fence
 
+    # unasync: async-only
     @contextlib.asynccontextmanager
     async def scope(self) -> AsyncIterator[AsyncLease]:
         """Runs the block only while the lease is held: raises ``LeaseLost``
@@ -735,31 +807,44 @@ class AsyncLease:
             "deadline", "the lease was not valid for a moment"
         )
 
+    # unasync: end
     # -- ending --------------------------------------------------------------
     async def release(self) -> EndedTerm:
-        """As :meth:`leasehold.Lease.release`."""
+        """As :meth:`leasehold.Lease.release`."""  # async-only
+        # | """Ends the term as finished (presenting fence and lease id, so it can
+        # | never end someone else's term). Raises ``LeaseLost`` when the term was
+        # | already lost or the server refuses the release as stale."""
         return await self._finish(False)
 
     async def suspend(self) -> EndedTerm:
-        """As :meth:`leasehold.Lease.suspend`."""
+        """As :meth:`leasehold.Lease.suspend`."""  # async-only
+        # | """Ends the term as unfinished: the key becomes recoverable and the
+        # | next holder sees ``recovered``. Raises as ``release()``."""
         return await self._finish(True)
 
     async def hand_off(
         self, successor: str, *, within: float = 30.0, suspend: bool = False
     ) -> EndedTerm:
-        """As :meth:`leasehold.Lease.hand_off`."""
+        """As :meth:`leasehold.Lease.hand_off`."""  # async-only
+        # | """Ends the term (as unfinished with ``suspend``) and keeps the key
+        # | for the owner ``successor`` for ``within`` seconds (at most 600):
+        # | only that owner's acquire gets it, ahead of every waiter; others get
+        # | ``Reserved``. The successor's lease shows ``previous.handed_off``.
+        # | Once ``within`` runs out, anyone may take the key. Raises as
+        # | ``release()``."""
         _core.handoff_checked(successor, within)
         return await self._finish(suspend, successor, within)
 
     async def _finish(self, suspend: bool, successor: str = "", within: float = 0.0) -> EndedTerm:
+        # | self._same_process()
         self._finished = True
         if hasattr(self, "_finalizer"):
             self._finalizer.detach()
         core = self._core
         already = core.final
         core.end(core.lost_error("ended", "the lease was released"))
-        if self._task is not None:
-            self._task.cancel()
+        if self._renewer is not None:
+            self._renewer.stop()
         if already is not None:
             raise copy.copy(already)
         # Safe to resend, here and on another server: a retried release
@@ -803,6 +888,8 @@ class AsyncLease:
         if exc_type is None:
             await self.release()
             return
+        # Unfinished work: suspend so the next holder knows to recover; never
+        # mask the block's own exception.
         try:
             await self.suspend()
         except Error:
@@ -810,13 +897,16 @@ class AsyncLease:
 
     # -- tool calls ----------------------------------------------------------
     async def _ledger(self, name: str, request: Any) -> Any:
+        # | self._same_process()
         conn, timeout = self._conn, self._core.timing.rpc_timeout
-        # As the sync twin: BeginToolCalls is never resent on another server.
+        # BeginToolCalls is not resent on another server: a registration
+        # applied twice looks like another holder of this term. Settling
+        # (the first outcome wins) and listing are.
         safe = name != "BeginToolCalls"
         try:
             return await conn.run(
                 safe,
-                lambda node: _unary(getattr(node.rpc, name), request, timeout, name, conn.metadata),
+                lambda node: unary(getattr(node.rpc, name), request, timeout, name, conn.metadata),
             )
         except Error as err:
             raise self._core.judge(err, ledger=True) from None
@@ -824,7 +914,14 @@ class AsyncLease:
     async def begin_tool_calls(
         self, calls: Sequence[ToolCallRequest], *, turn: str = "", across_turns: bool = False
     ) -> BeginResult:
-        """As :meth:`leasehold.Lease.begin_tool_calls`."""
+        """As :meth:`leasehold.Lease.begin_tool_calls`."""  # async-only
+        # | """Registers one turn's calls atomically (all new, or none recorded).
+        # |
+        # | ``turn`` names the turn (any string up to 256 bytes, e.g. the
+        # | provider's turn or message id): a duplicate is then looked for within
+        # | that turn only, so an id reused in a new turn is new. Without a turn,
+        # | an id is checked against every turn. ``across_turns`` checks every
+        # | turn even with a turn named (the calls are still recorded in it)."""
         if not calls:
             return BeginResult(calls=[], duplicate=False, duplicate_call_ids=[])
         reply = await self._ledger(
@@ -839,71 +936,30 @@ class AsyncLease:
     async def settle_tool_call(
         self, call_id: str, outcome: str, result: bytes = b"", *, turn: str = ""
     ) -> ToolCallRecord:
-        """As :meth:`leasehold.Lease.settle_tool_call`."""
+        """As :meth:`leasehold.Lease.settle_tool_call`."""  # async-only
+        # | """Records a call's outcome (``"succeeded"``, ``"failed"`` or
+        # | ``"unknown"``) under this lease's fence; the first terminal outcome
+        # | wins and the winning record is returned. ``turn`` names the call's
+        # | turn; without it the one call with this id is settled, and an id
+        # | begun in several turns raises ``InvalidArgument``. Raises
+        # | ``NotFound`` for an id the ledger does not hold (in that turn)."""
         reply = await self._ledger(
             "SettleToolCall", self._core.settle_request(call_id, outcome, result, turn)
         )
         return ToolCallRecord.from_pb(reply.call)
 
     async def unsettled_tool_calls_list(self) -> list[ToolCallRecord]:
-        """As :meth:`leasehold.Lease.unsettled_tool_calls_list`."""
+        """As :meth:`leasehold.Lease.unsettled_tool_calls_list`."""  # async-only
+        # | """The key's calls still recorded as running: a recoverer settles each
+        # | (usually as ``"unknown"``, with its ``turn``) before it continues."""
         reply = await self._ledger("ListToolCalls", self._core.unsettled_request())
         return [ToolCallRecord.from_pb(c) for c in reply.calls]
-
-    async def run_tool_calls(
-        self,
-        calls: Sequence[ToolCallRequest],
-        runner: AsyncRunner,
-        *,
-        concurrency: int | None = None,
-        turn: str = "",
-        across_turns: bool = False,
-    ) -> list[ToolResult]:
-        """As :meth:`leasehold.Lease.run_tool_calls` (``turn`` and
-        ``across_turns`` included), but the new calls run concurrently (at
-        most ``concurrency`` at a time, unlimited if None), each settled as
-        soon as it returns, and all are cancelled (their calls left recorded
-        as running) if the lease is lost meanwhile."""
-        self._core.ensure_valid()
-        unique = _core.unique_calls(calls)
-        known = await self._register(unique, turn, across_turns)
-        fresh = [c for c in unique if c.call_id not in known]
-        limit = asyncio.Semaphore(concurrency or max(1, len(fresh)))
-
-        async def one(call: ToolCallRequest) -> tuple[str, ToolCallRecord]:
-            async with limit:
-                invocation = ToolInvocation(
-                    call=call,
-                    fence=self.fence,
-                    idempotency_key=_core.idempotency_key(self.key, call.call_id, turn),
-                    turn=turn,
-                )
-                try:
-                    outcome = _core.outcome_of(await runner(invocation))
-                except LeaseLost:
-                    raise
-                except Exception as err:
-                    outcome = _core.failure_of(err)
-                record = await self.settle_tool_call(
-                    call.call_id, outcome.outcome, outcome.result, turn=turn
-                )
-                return call.call_id, record
-
-        ran: dict[str, ToolCallRecord] = {}
-        if fresh:
-            async with self.scope():
-                tasks = [asyncio.ensure_future(one(c)) for c in fresh]
-                try:
-                    for call_id, record in await asyncio.gather(*tasks):
-                        ran[call_id] = record
-                finally:
-                    for t in tasks:
-                        t.cancel()
-        return _core.assemble(calls, known, ran)
 
     async def _register(
         self, calls: list[ToolCallRequest], turn: str, across_turns: bool
     ) -> dict[str, ToolCallRecord]:
+        """Registers ``calls`` (unique ids); returns the records the ledger
+        already held. The others are now recorded as running."""
         first = await self.begin_tool_calls(calls, turn=turn, across_turns=across_turns)
         if not first.duplicate:
             return {}
@@ -915,162 +971,91 @@ class AsyncLease:
                 raise _core.concurrent_registration(again.duplicate_call_ids)
         return known
 
+    async def run_tool_calls(
+        self,
+        calls: Sequence[ToolCallRequest],
+        runner: AsyncRunner,
+        *,
+        concurrency: int | None = None,  # async-only
+        turn: str = "",
+        across_turns: bool = False,
+    ) -> list[ToolResult]:
+        # unasync: async-only
+        """As :meth:`leasehold.Lease.run_tool_calls` (``turn`` and
+        ``across_turns`` included), but the new calls run concurrently (at
+        most ``concurrency`` at a time, unlimited if None), each settled as
+        soon as it returns, and all are cancelled (their calls left recorded
+        as running) if the lease is lost meanwhile."""
+        # unasync: end
+        # | """Runs one turn's tool calls through the server's ledger.
+        # |
+        # | All calls are registered before any runs; then each new call runs
+        # | (one at a time, in order) and is settled as soon as it returns. A
+        # | call id the ledger already knows is not run again: its stored
+        # | outcome comes back with ``reused=True``. Results come back in the
+        # | provider's order.
+        # |
+        # | ``turn`` names the turn, for models that reuse call ids in every turn
+        # | (``call_0``): an id is then a duplicate only within that turn, unless
+        # | ``across_turns`` (an id declared in any turn is reused, not run).
+        # | Without a turn, an id from any earlier turn is a duplicate.
+        # |
+        # | ``runner(invocation)`` returns the result (``bytes``/``str``: succeeded;
+        # | a ``ToolOutcome`` to choose); an exception it raises settles the call
+        # | as failed with the error text (``LeaseLost`` propagates instead). If
+        # | the lease is lost, no further call starts and ``LeaseLost`` is
+        # | raised; calls not settled stay recorded as running for the recoverer.
+        # | """
+        self._core.ensure_valid()
+        unique = _core.unique_calls(calls)
+        known = await self._register(unique, turn, across_turns)
+        ran: dict[str, ToolCallRecord] = {}
+        # unasync: async-only
+        fresh = [c for c in unique if c.call_id not in known]
+        limit = asyncio.Semaphore(concurrency or max(1, len(fresh)))
 
-class AsyncWatch:
-    """A running watch (asyncio): ``async for event in watch``, revisions
-    rising, with ``next_revision`` to resume from. Await it to start it
-    eagerly; ``await watch.aclose()`` (or ``async with``) cancels it."""
+        async def one(call: ToolCallRequest) -> tuple[str, ToolCallRecord]:
+            async with limit:
+                return call.call_id, await self._run_one(call, runner, turn)
 
-    def __init__(self, conn: _Connection, request: pb.WatchRequest, timeout: float) -> None:
-        self._conn = conn
-        self._timeout = timeout
-        self._request = request
-        self._cursor = _core.WatchCursor(request.start_revision)
-        self._call: Any = None
-        self._done = False
+        if fresh:
+            async with self.scope():
+                tasks = [asyncio.ensure_future(one(c)) for c in fresh]
+                try:
+                    for call_id, record in await asyncio.gather(*tasks):
+                        ran[call_id] = record
+                finally:
+                    for t in tasks:
+                        t.cancel()
+        # unasync: end
+        # | for call in unique:
+        # |     if call.call_id in known:
+        # |         continue
+        # |     self._core.ensure_valid()
+        # |     ran[call.call_id] = self._run_one(call, runner, turn)
+        return _core.assemble(calls, known, ran)
 
-    @property
-    def next_revision(self) -> int:
-        """As :attr:`leasehold.Watch.next_revision`."""
-        return self._cursor.next_revision
-
-    async def _start(self) -> None:
-        if self._call is not None:
-            return
-        first = await self._conn.run(True, self._start_on)
-        self._cursor.first(first)
-
-    async def _start_on(self, node: _Node) -> pb.WatchResponse:
-        self._done = False
-        self._call = node.rpc.Watch(self._request, metadata=self._conn.metadata)
+    async def _run_one(
+        self, call: ToolCallRequest, runner: AsyncRunner, turn: str
+    ) -> ToolCallRecord:
+        """Runs one new call and settles it with what it returned or raised."""
+        invocation = ToolInvocation(
+            call=call,
+            fence=self.fence,
+            idempotency_key=_core.idempotency_key(self.key, call.call_id, turn),
+            turn=turn,
+        )
         try:
-            # A server that does not answer in time must not hang the caller.
-            first = await asyncio.wait_for(self._receive(), self._timeout)
-        except asyncio.TimeoutError:
-            self._done = True
-            self._call.cancel()
-            raise Unavailable(
-                f"Watch got no first reply within {millis(self._timeout)} ms"
-            ) from None
-        if first is None:
-            raise Unavailable("the Watch stream ended before it started")
-        return first
-
-    async def _receive(self) -> pb.WatchResponse | None:
-        try:
-            response = await self._call.read()
-        except grpc.aio.AioRpcError as err:
-            if self._done:
-                return None
-            self._done = True
-            raise from_aio_error(err) from None
-        except asyncio.CancelledError:
-            if self._done:  # aclose() cancelled the call under us
-                return None
+            outcome = _core.outcome_of(await runner(invocation))
+        except LeaseLost:
             raise
-        if response is _EOF:
-            self._done = True
-            return None
-        result: pb.WatchResponse = response
-        return result
-
-    def __await__(self) -> Generator[Any, None, AsyncWatch]:
-        return self._started().__await__()
-
-    async def _started(self) -> AsyncWatch:
-        await self._start()
-        return self
-
-    def __aiter__(self) -> AsyncIterator[WatchEvent]:
-        return self
-
-    async def __anext__(self) -> WatchEvent:
-        await self._start()
-        while True:
-            event = self._cursor.pop()
-            if event is not None:
-                return event
-            if self._done:
-                raise StopAsyncIteration
-            response = await self._receive()
-            if response is None:
-                raise StopAsyncIteration
-            self._cursor.take(response)
-
-    async def aclose(self) -> None:
-        """Cancels the watch; iteration then ends."""
-        self._done = True
-        if self._call is not None:
-            self._call.cancel()
-
-    async def __aenter__(self) -> AsyncWatch:
-        await self._start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        except Exception as err:
+            outcome = _core.failure_of(err)
+        return await self.settle_tool_call(call.call_id, outcome.outcome, outcome.result, turn=turn)
 
 
-async def _keep_alive(core: Standing, conn: _Connection, first: float) -> None:
-    """Renews the term until it is lost for good or released; if the task is
-    cancelled while the term is still live (the lease was collected without
-    release), suspends it once, best effort."""
-    timing = core.timing
-    next_renewal = first
-    failures = 0
-    try:
-        while core.final is None:
-            until = core.seconds_to_deadline()
-            wait = max(0.0, next_renewal - time.monotonic())
-            if until is not None:
-                wait = min(wait, until)
-            await asyncio.sleep(wait)
-            core.refresh()
-            if time.monotonic() < next_renewal:
-                continue
-            # The deadline rests on this send time, before any failover:
-            # the server that acknowledges the renewal extended the term
-            # after it. Safe to resend: a renewal applied twice extends the
-            # same term.
-            sent = time.monotonic()
-            renewal = asyncio.ensure_future(
-                conn.run(
-                    True,
-                    lambda node: node.mux.call("Renew", core.renew_request(), timing.rpc_timeout),
-                )
-            )
-            try:
-                # Wake at the deadline while the renewal is out, to flag it.
-                while not renewal.done():
-                    core.refresh()
-                    await asyncio.wait({renewal}, timeout=core.seconds_to_deadline())
-                core.refresh()
-                reply = renewal.result()
-            except Error as err:
-                judged = core.judge(err)
-                if isinstance(judged, LeaseLost) and judged.final:
-                    return
-                failures += 1
-                next_renewal = time.monotonic() + jittered(timing.retry_pause(failures))
-                continue
-            finally:
-                if renewal.done():
-                    # Retrieved even when this task is being cancelled, so a
-                    # renewal that failed as the loop ended is never reported.
-                    if not renewal.cancelled():
-                        renewal.exception()
-                else:
-                    renewal.cancel()
-            failures = 0
-            core.renewed(sent, reply.lease)
-            next_renewal = sent + timing.renew_every
-    except asyncio.CancelledError:
-        if core.final is None and not conn.closed:
-            core.end(core.lost_error("ended", "the lease was dropped without release"))
-            request = core.release_request(True)
-            # Best effort: the loop may be ending and the channel closing.
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await conn.run(
-                    True, lambda node: node.mux.call("Release", request, timing.rpc_timeout)
-                )
-        raise
+# |
+# |
+# | def _idempotency_key(key: str, call_id: str, turn: str = "") -> str:
+# |     """As the server computes it (see ``_core.idempotency_key``)."""
+# |     return _core.idempotency_key(key, call_id, turn)

@@ -1,6 +1,6 @@
 """What the sync and asyncio clients share: timing rules, a held term's
 standing, request building and the tool-call bookkeeping. Nothing here does
-I/O; the twins in ``_sync`` and ``_async`` drive it."""
+I/O; the clients in ``_async`` and ``_sync`` (generated from it) drive it."""
 
 from __future__ import annotations
 

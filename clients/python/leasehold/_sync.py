@@ -1,3 +1,4 @@
+# Generated from _async.py by scripts/unasync.py; do not edit.
 """The synchronous client: ``Client`` and its ``Lease``.
 
 Renewals, checks and releases of every lease a client holds travel over one
@@ -13,26 +14,24 @@ moving on to the next when it answers UNAVAILABLE (``_Connection.run``).
 
 from __future__ import annotations
 
-import concurrent.futures
 import copy
-import itertools
 import os
-import queue
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
 
 from . import _core, _tls
-from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered, millis
-from ._errors import Error, LeaseLost, Unavailable, from_refusal, from_rpc_error
+from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered
+from ._errors import Error, LeaseLost, Unavailable
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
+from ._sync_rt import Mux, Renewer, Watch, clients, inherited, unary
 from ._tls import Pem
 from ._types import (
     BeginResult,
@@ -48,154 +47,11 @@ from ._types import (
     ToolResult,
     TranscriptRepair,
     TranscriptReport,
-    WatchEvent,
     transcript_text,
 )
 
 Runner = Callable[[ToolInvocation], "bytes | str | ToolOutcome | None"]
 T = TypeVar("T")
-
-
-class _Stream:
-    """One open Session stream: its request queue, its waiters, its reader."""
-
-    def __init__(self, stub: Any, metadata: Metadata) -> None:
-        self._requests: queue.SimpleQueue[pb.SessionRequest | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._waiting: dict[int, concurrent.futures.Future[pb.SessionResponse]] = {}
-        self.broken: Error | None = None
-        self._call = stub.Session(self._outgoing(), metadata=metadata)
-        self._reader = threading.Thread(target=self._read, name="leasehold-session", daemon=True)
-        self._reader.start()
-
-    def _outgoing(self) -> Iterator[pb.SessionRequest]:
-        while True:
-            request = self._requests.get()
-            if request is None:
-                return
-            yield request
-
-    def _read(self) -> None:
-        why: Error
-        try:
-            for response in self._call:
-                with self._lock:
-                    waiter = self._waiting.pop(response.id, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(response)
-            why = Unavailable("the Session stream ended")
-        except grpc.RpcError as err:
-            why = from_rpc_error(err)
-            if not isinstance(why, Unavailable):
-                why = Unavailable(f"the Session stream failed: {why}")
-        except Exception as err:  # pragma: no cover - grpc internals
-            why = Unavailable(f"the Session stream failed: {err!r}")
-        self._break(why)
-
-    def _break(self, why: Error) -> None:
-        with self._lock:
-            self.broken = why
-            waiting, self._waiting = self._waiting, {}
-        self._requests.put(None)  # frees gRPC's thread reading our requests
-        for waiter in waiting.values():
-            if not waiter.done():
-                waiter.set_exception(why)
-
-    def submit(
-        self, request: pb.SessionRequest
-    ) -> concurrent.futures.Future[pb.SessionResponse] | None:
-        """Sends ``request``; None when the stream has broken."""
-        waiter: concurrent.futures.Future[pb.SessionResponse] = concurrent.futures.Future()
-        with self._lock:
-            if self.broken is not None:
-                return None
-            self._waiting[request.id] = waiter
-        self._requests.put(request)
-        return waiter
-
-    def forget(self, op_id: int) -> None:
-        with self._lock:
-            self._waiting.pop(op_id, None)
-
-    def close(self) -> None:
-        self._requests.put(None)
-        self._call.cancel()
-
-    def join(self, timeout: float) -> None:
-        """Waits (bounded) until the reader has left gRPC."""
-        self._reader.join(timeout)
-
-
-class _Mux:
-    """The client's shared Session stream, opened on first use and again
-    after it breaks; operations in flight when it breaks fail as Unavailable."""
-
-    def __init__(self, stub: Any, metadata: Metadata) -> None:
-        self._stub = stub
-        self._metadata = metadata
-        self._lock = threading.Lock()
-        self._stream: _Stream | None = None
-        self._ids = itertools.count(1)
-
-    def submit(
-        self, request: pb.SessionRequest
-    ) -> tuple[_Stream, concurrent.futures.Future[pb.SessionResponse]]:
-        request.id = next(self._ids)
-        for _ in range(2):
-            with self._lock:
-                if self._stream is None or self._stream.broken is not None:
-                    try:
-                        self._stream = _Stream(self._stub, self._metadata)
-                    except ValueError:
-                        # grpc's "Cannot invoke RPC: Channel closed!": the
-                        # client was closed while a lease's thread still ran.
-                        raise Unavailable("the client is closed") from None
-                stream = self._stream
-            waiter = stream.submit(request)
-            if waiter is not None:
-                return stream, waiter
-        raise Unavailable("the Session stream keeps breaking")
-
-    def call(self, name: str, request: pb.SessionRequest, timeout: float) -> pb.SessionResponse:
-        """Sends one operation and waits up to ``timeout`` for its answer; a
-        refusal raises the same error the unary RPC would."""
-        stream, waiter = self.submit(request)
-        return self.result(name, stream, request.id, waiter, timeout)
-
-    @staticmethod
-    def result(
-        name: str,
-        stream: _Stream,
-        op_id: int,
-        waiter: concurrent.futures.Future[pb.SessionResponse],
-        timeout: float,
-    ) -> pb.SessionResponse:
-        try:
-            response = waiter.result(timeout)
-        except concurrent.futures.TimeoutError:
-            stream.forget(op_id)
-            raise Unavailable(f"{name} got no reply within {millis(timeout)} ms") from None
-        if response.code != 0:
-            raise from_refusal(response.code, response.message, dict(response.details))
-        return response
-
-    def close(self) -> None:
-        with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
-
-    def quiesce(self, timeout: float) -> None:
-        """Ends the open stream and waits for its reader to leave gRPC, so a
-        fork() finds no thread inside a gRPC call (gRPC's fork support skips
-        its handlers otherwise, and the child can crash). Operations in
-        flight fail as Unavailable and are retried like any broken stream;
-        the next operation opens a new stream."""
-        with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
-            stream.join(timeout)
 
 
 class _Node:
@@ -218,7 +74,7 @@ class _Node:
         # The generated stubs are untyped; every call through them is wrapped.
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
-        self.mux = _Mux(self.rpc, metadata)
+        self.mux = Mux(self.rpc, metadata)
 
     def close(self) -> None:
         self.mux.close()
@@ -227,7 +83,7 @@ class _Node:
 
 class _Connection:
     """The channels to a client's servers and what hangs off them; valid only
-    in the process that made them."""
+    in the process (and, for asyncio, the event loop) that made them."""
 
     def __init__(
         self,
@@ -268,47 +124,12 @@ class _Connection:
                 failures.append(f"{node.target}: {err.message}")
         raise _core.none_answered(failures)
 
+    def usable(self) -> bool:
+        return self.pid == os.getpid()
+
     def close(self) -> None:
         for node in self.nodes:
             node.close()
-
-
-_clients: weakref.WeakSet[Client] = weakref.WeakSet()
-#: Connections inherited across fork are kept, never closed or collected, in
-#: the child: gRPC must not touch a parent's channel there (grpc #29586).
-_inherited: list[object] = []
-
-
-#: How long a fork() waits for open Session streams to close first.
-_FORK_QUIESCE_SECONDS = 1.0
-
-
-def _before_fork() -> None:
-    # gRPC Python supports fork() with open channels but no call in progress;
-    # the Session stream is always in progress while leases are held, so it
-    # is ended first (in this process) and reopened on next use.
-    for client in list(_clients):
-        client._quiesce_for_fork()
-
-
-def _after_fork_in_child() -> None:
-    for client in list(_clients):
-        client._forget_after_fork()
-
-
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
-
-
-def _unary(
-    call: Callable[..., Any], request: Any, timeout: float, name: str, metadata: Metadata
-) -> Any:
-    try:
-        return call(request, timeout=timeout, metadata=metadata)
-    except grpc.RpcError as err:
-        failure = from_rpc_error(err)
-        if failure.code == "DEADLINE_EXCEEDED":
-            failure = Unavailable(f"{name} got no reply within {millis(timeout)} ms")
-        raise failure from None
 
 
 class Client:
@@ -370,16 +191,16 @@ class Client:
         self._options = list(options)
         self._lock = threading.Lock()
         self._conn: _Connection | None = None
-        _clients.add(self)
+        clients.add(self)
 
     def _connection(self) -> _Connection:
         conn = self._conn
-        if conn is not None and conn.pid == os.getpid():
+        if conn is not None and conn.usable():
             return conn
         with self._lock:
             if self._conn is None or self._conn.pid != os.getpid():
                 if self._conn is not None:
-                    _inherited.append(self._conn)
+                    inherited.append(self._conn)
                 self._conn = _Connection(self._endpoints, self._options, self._metadata)
             return self._conn
 
@@ -388,31 +209,16 @@ class Client:
         """The server calls go to now: the first given, then the next after
         each failover (in this process)."""
         conn = self._conn
-        if conn is None or conn.pid != os.getpid():
+        if conn is None or not conn.usable():
             return self.targets[0]
         return conn.current.target
-
-    def _quiesce_for_fork(self) -> None:
-        conn = self._conn
-        if conn is not None and conn.pid == os.getpid():
-            for watch in list(conn.watches):
-                watch._end_for_fork(_FORK_QUIESCE_SECONDS)
-            for node in conn.nodes:
-                node.mux.quiesce(_FORK_QUIESCE_SECONDS)
-
-    def _forget_after_fork(self) -> None:
-        # Locks may have been held by threads that do not exist in the child.
-        self._lock = threading.Lock()
-        if self._conn is not None:
-            _inherited.append(self._conn)
-            self._conn = None
 
     def close(self) -> None:
         """Closes this process's channel. Leases still held stop renewing
         and expire at their TTL."""
         with self._lock:
             conn, self._conn = self._conn, None
-        if conn is not None and conn.pid == os.getpid():
+        if conn is not None and conn.usable():
             conn.close()
 
     def __enter__(self) -> Client:
@@ -458,6 +264,35 @@ class Client:
         a second term behind), ``LeaseLost`` when a replayed grant turns out
         to be over already.
         """
+        return self._acquire(
+            key,
+            ttl=ttl,
+            wait=wait,
+            owner=owner,
+            request_id=request_id,
+            renew_every=renew_every,
+            safety_margin=safety_margin,
+            rpc_timeout=rpc_timeout,
+            lock_delay=lock_delay,
+            max_recoveries=max_recoveries,
+            force=force,
+        )
+
+    def _acquire(
+        self,
+        key: str,
+        *,
+        ttl: float,
+        wait: float,
+        owner: str | None,
+        request_id: str | None,
+        renew_every: float | None,
+        safety_margin: float | None,
+        rpc_timeout: float | None,
+        lock_delay: float,
+        max_recoveries: int,
+        force: bool,
+    ) -> Lease:
         timing = Timing.resolve(ttl, renew_every, safety_margin, rpc_timeout)
         generated = request_id is None
         request = _core.acquire_request(
@@ -480,7 +315,7 @@ class Client:
                 # server replay a grant whose reply was lost.
                 reply: pb.AcquireResponse = conn.run(
                     True,
-                    lambda node: _unary(
+                    lambda node: unary(
                         node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
                     ),
                 )
@@ -494,7 +329,9 @@ class Client:
         # safe basis for the local deadline; a replayed one happened at some
         # earlier attempt: ours if we made up the id, of unknown age otherwise.
         basis = first_sent if (not reply.replayed or generated) else None
-        return Lease(self, reply, timing, basis)
+        lease = Lease(conn, reply, timing, basis)
+        lease._start(basis)
+        return lease
 
     def check(self, key: str, fence: int, *, timeout: float | None = None) -> int:
         """Whether ``fence`` is the live term of ``key`` (Chubby's
@@ -512,7 +349,7 @@ class Client:
         wait = timeout or self.timeout
         return conn.run(
             True,
-            lambda node: _unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
+            lambda node: unary(getattr(node.rpc, name), request, wait, name, conn.metadata),
         )
 
     def server_info(self) -> ServerInfo:
@@ -549,7 +386,8 @@ class Client:
     ) -> KeyPage:
         """One page of keys in order: ``filter`` is ``"all"``, ``"live"``,
         ``"recoverable"`` or ``"quarantined"``; ``page_size`` 0 means 100."""
-        reply = self._call("List", _core.list_request(prefix, filter, page_size, page_token))
+        request = _core.list_request(prefix, filter, page_size, page_token)
+        reply = self._call("List", request)
         return KeyPage(
             keys=[KeyState.from_key_state(k) for k in reply.keys],
             next_page_token=reply.next_page_token,
@@ -603,7 +441,7 @@ class Client:
         conn = self._connection()
         reply = conn.run(
             True,
-            lambda node: _unary(
+            lambda node: unary(
                 node.transcripts.Check, request, self.timeout, "Check", conn.metadata
             ),
         )
@@ -628,7 +466,7 @@ class Client:
         conn = self._connection()
         reply = conn.run(
             True,
-            lambda node: _unary(
+            lambda node: unary(
                 node.transcripts.Repair, request, self.timeout, "Repair", conn.metadata
             ),
         )
@@ -644,10 +482,9 @@ class Lease:
     """
 
     def __init__(
-        self, client: Client, reply: pb.AcquireResponse, timing: Timing, basis: float | None
+        self, conn: _Connection, reply: pb.AcquireResponse, timing: Timing, basis: float | None
     ) -> None:
-        self._client = client
-        self._conn = client._connection()
+        self._conn = conn
         #: Set while the lease cannot be trusted: the server refused it, it
         #: was released, or the local deadline passed (cleared again if a
         #: later renewal with the same fence succeeds; never after a refusal).
@@ -663,8 +500,10 @@ class Lease:
 
         self._core = Standing(reply=reply, timing=timing, basis=basis, notify=notify)
         self._finished = False
-        self._stop = threading.Event()
-        core, conn, stop = self._core, self._conn, self._stop
+        self._renewer: Renewer | None = None
+
+    def _start(self, basis: float | None) -> None:
+        core, conn, timing = self._core, self._conn, self._core.timing
         first = time.monotonic() if basis is None else basis + timing.renew_every
         if first <= time.monotonic():
             # The grant is of unknown age (replayed) or a long wait ate into
@@ -682,16 +521,10 @@ class Lease:
                 if isinstance(judged, LeaseLost) and judged.final:
                     raise judged from None
         if core.loss() is not None:
-            lost.set()
-        self._thread = threading.Thread(
-            target=_keep_alive,
-            args=(core, conn, stop, first),
-            name=f"leasehold-renew-{core.key}",
-            daemon=True,
-        )
-        self._thread.start()
+            self.lost.set()
+        self._renewer = Renewer(core, conn, first)
         # A lease dropped without release: stop renewing and suspend it.
-        self._finalizer = weakref.finalize(self, stop.set)
+        self._finalizer = weakref.finalize(self, self._renewer.abandon)
 
     # -- what the grant said ---------------------------------------------
     @property
@@ -817,11 +650,13 @@ class Lease:
     def _finish(self, suspend: bool, successor: str = "", within: float = 0.0) -> EndedTerm:
         self._same_process()
         self._finished = True
-        self._finalizer.detach()
+        if hasattr(self, "_finalizer"):
+            self._finalizer.detach()
         core = self._core
         already = core.final
         core.end(core.lost_error("ended", "the lease was released"))
-        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.stop()
         if already is not None:
             raise copy.copy(already)
         # Safe to resend, here and on another server: a retried release
@@ -883,7 +718,7 @@ class Lease:
         try:
             return conn.run(
                 safe,
-                lambda node: _unary(getattr(node.rpc, name), request, timeout, name, conn.metadata),
+                lambda node: unary(getattr(node.rpc, name), request, timeout, name, conn.metadata),
             )
         except Error as err:
             raise self._core.judge(err, ledger=True) from None
@@ -978,195 +813,26 @@ class Lease:
             if call.call_id in known:
                 continue
             self._core.ensure_valid()
-            invocation = ToolInvocation(
-                call=call,
-                fence=self.fence,
-                idempotency_key=_core.idempotency_key(self.key, call.call_id, turn),
-                turn=turn,
-            )
-            try:
-                outcome = _core.outcome_of(runner(invocation))
-            except LeaseLost:
-                raise
-            except Exception as err:
-                outcome = _core.failure_of(err)
-            ran[call.call_id] = self.settle_tool_call(
-                call.call_id, outcome.outcome, outcome.result, turn=turn
-            )
+            ran[call.call_id] = self._run_one(call, runner, turn)
         return _core.assemble(calls, known, ran)
 
-
-class Watch:
-    """A running watch: iterate it for :class:`WatchEvent` values, revisions
-    rising. Iteration blocks until the next event; it ends (or raises
-    ``Unavailable``, ``ResourceExhausted`` for a watcher too slow, ...) when
-    the stream does. ``close()`` (or leaving a ``with`` block) cancels it.
-    A ``fork()`` ends it in the parent (gRPC forks safely only with no call
-    in progress): iteration then raises ``Unavailable``; watch again from
-    ``next_revision``.
-    """
-
-    def __init__(self, call: Any, start_revision: int, timeout: float) -> None:
-        self._call = call
-        self._cursor = _core.WatchCursor(start_revision)
-        self._done = False
-        self._forked = False
-        # The first response says where the watch starts: read it now, so a
-        # refusal (Compacted, Unsupported, ...) is raised by watch() itself
-        # and nothing after the call can be missed. A server that does not
-        # answer in time (frozen, partitioned) must not hang the caller.
-        timer = threading.Timer(timeout, call.cancel)
-        timer.daemon = True
-        timer.start()
+    def _run_one(self, call: ToolCallRequest, runner: Runner, turn: str) -> ToolCallRecord:
+        """Runs one new call and settles it with what it returned or raised."""
+        invocation = ToolInvocation(
+            call=call,
+            fence=self.fence,
+            idempotency_key=_core.idempotency_key(self.key, call.call_id, turn),
+            turn=turn,
+        )
         try:
-            first = self._receive()
-        except Unavailable:
-            if not timer.is_alive():
-                raise Unavailable(f"Watch got no first reply within {millis(timeout)} ms") from None
+            outcome = _core.outcome_of(runner(invocation))
+        except LeaseLost:
             raise
-        finally:
-            timer.cancel()
-        if first is None:
-            raise Unavailable("the Watch stream ended before it started")
-        self._cursor.first(first)
-
-    @property
-    def next_revision(self) -> int:
-        """The ``start_revision`` that continues exactly after the last event
-        this watch yielded (or after where it started, if none)."""
-        return self._cursor.next_revision
-
-    def _receive(self) -> pb.WatchResponse | None:
-        try:
-            response: pb.WatchResponse = next(self._call)
-            return response
-        except StopIteration:
-            self._done = True
-            return None
-        except grpc.RpcError as err:
-            if self._forked:
-                self._done = True
-                raise Unavailable(
-                    "the watch was ended before fork(): watch again from next_revision"
-                ) from None
-            if self._done:  # closed by close(), perhaps from another thread
-                return None
-            self._done = True
-            raise from_rpc_error(err) from None
-
-    def __iter__(self) -> Iterator[WatchEvent]:
-        return self
-
-    def __next__(self) -> WatchEvent:
-        while True:
-            event = self._cursor.pop()
-            if event is not None:
-                return event
-            if self._done:
-                raise StopIteration
-            response = self._receive()
-            if response is None:
-                raise StopIteration
-            self._cursor.take(response)
-
-    def close(self) -> None:
-        """Cancels the watch; iteration then ends."""
-        self._done = True
-        self._call.cancel()
-
-    def _end_for_fork(self, timeout: float) -> None:
-        if self._done:
-            return
-        self._forked = True
-        self._call.cancel()
-        # gRPC may still be finishing the call on its own threads; a fork in
-        # the middle leaves the child's new channel broken ("Wrong file
-        # descriptor generation"), so wait (bounded) until it has.
-        deadline = time.monotonic() + timeout
-        while not self._call.done() and time.monotonic() < deadline:
-            time.sleep(0.005)
-
-    def __enter__(self) -> Watch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        except Exception as err:
+            outcome = _core.failure_of(err)
+        return self.settle_tool_call(call.call_id, outcome.outcome, outcome.result, turn=turn)
 
 
 def _idempotency_key(key: str, call_id: str, turn: str = "") -> str:
     """As the server computes it (see ``_core.idempotency_key``)."""
     return _core.idempotency_key(key, call_id, turn)
-
-
-class _Stopped(Exception):
-    """The lease was released or dropped while its renewal was out."""
-
-
-def _keep_alive(core: Standing, conn: _Connection, stop: threading.Event, first: float) -> None:
-    """Renews the term until it is lost for good, released, or abandoned."""
-    timing = core.timing
-    next_renewal = first
-    failures = 0
-
-    def renew_on(node: _Node) -> pb.SessionResponse:
-        request = core.renew_request()
-        stream, waiter = node.mux.submit(request)
-        attempt_sent = time.monotonic()
-        # Wake at the deadline while the renewal is out, to flag it.
-        while not waiter.done():
-            until = core.seconds_to_deadline()
-            left = timing.rpc_timeout - (time.monotonic() - attempt_sent)
-            if left <= 0:
-                break
-            concurrent.futures.wait([waiter], timeout=min(left, until or left, 0.25))
-            core.refresh()
-            if stop.is_set():
-                raise _Stopped
-        if not waiter.done():
-            stream.forget(request.id)
-            raise Unavailable(f"Renew got no reply within {millis(timing.rpc_timeout)} ms")
-        return _Mux.result("Renew", stream, request.id, waiter, 0.0)
-
-    while core.final is None:
-        until = core.seconds_to_deadline()
-        wait = max(0.0, next_renewal - time.monotonic())
-        if until is not None:
-            wait = min(wait, until)
-        if stop.wait(wait):
-            return _abandoned(core, conn)
-        core.refresh()
-        if time.monotonic() < next_renewal:
-            continue
-        # The deadline rests on this send time, before any failover: the
-        # server that acknowledges the renewal extended the term after it.
-        sent = time.monotonic()
-        try:
-            # Safe to resend on another server: a renewal applied twice
-            # extends the same term.
-            reply = conn.run(True, renew_on)
-        except _Stopped:
-            return _abandoned(core, conn)
-        except Error as err:
-            judged = core.judge(err)
-            if isinstance(judged, LeaseLost) and judged.final:
-                return None
-            failures += 1
-            next_renewal = time.monotonic() + jittered(timing.retry_pause(failures))
-            continue
-        failures = 0
-        core.renewed(sent, reply.lease)
-        next_renewal = sent + timing.renew_every
-    return None
-
-
-def _abandoned(core: Standing, conn: _Connection) -> None:
-    """The lease was released (nothing to do) or dropped without release:
-    one best-effort suspension, so the next holder recovers at once."""
-    if core.final is not None:
-        return
-    core.end(core.lost_error("ended", "the lease was dropped without release"))
-    request = core.release_request(True)
-    try:
-        conn.run(True, lambda node: node.mux.call("Release", request, core.timing.rpc_timeout))
-    except Error:
-        pass  # it expires at its TTL
