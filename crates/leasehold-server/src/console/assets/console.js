@@ -188,11 +188,11 @@ function keysPage(params, signal) {
     const lease = key.lease;
     const last = key.last_ended;
     return el("tr", { "data-key": key.key },
-      el("td", {}, keyLink(key.key)),
-      el("td", {}, badge(stateWord(key))),
-      el("td", {}, lease ? lease.owner : el("span", { class: "muted" }, "—")),
-      el("td", { class: "mono" }, lease ? String(lease.fence) : "—"),
-      el("td", {}, lease ? countdown(lease.expires_at_ms) : "—"),
+      el("td", { class: "key" }, keyLink(key.key)),
+      el("td", { class: "state" }, badge(stateWord(key))),
+      el("td", { class: "holder", "data-label": "holder" }, lease ? lease.owner : el("span", { class: "muted" }, "—")),
+      el("td", { class: "mono fence", "data-label": "fence" }, lease ? String(lease.fence) : "—"),
+      el("td", { class: "left", "data-label": "left" }, lease ? countdown(lease.expires_at_ms) : "—"),
       el("td", { class: "wide" }, last ? [badge(last.end), " ", el("span", { class: "muted mono" }, "fence " + last.fence + " · " + clock(last.ended_at_ms))] : "—"));
   }
 
@@ -262,7 +262,7 @@ function keyPage(name, signal) {
   const live = el("section", { class: "card", id: "live" });
   const history = el("ol", { class: "timeline", id: "history" });
   const calls = el("tbody");
-  const events = el("ul", { class: "events", id: "key-events" });
+  const events = el("ul", { class: "events", id: "key-events" }, el("li", { class: "muted waiting" }, "Waiting for changes to this key…"));
   const message = el("p", { class: "error", id: "key-error" });
 
   function liveCard(key) {
@@ -311,7 +311,7 @@ function keyPage(name, signal) {
 
   function historyList(entries) {
     if (!entries.length) { history.replaceChildren(el("li", { class: "muted" }, "No ended terms yet.")); return; }
-    const longest = Math.max(...entries.map((e) => e.ended_at_ms - e.acquired_at_ms), 1);
+    const longest = Math.max(...entries.map((e) => e.ended_at_ms - e.acquired_at_ms), 10000);
     history.replaceChildren(...entries.map((e) => {
       const bar = el("div", { class: "bar " + e.end });
       bar.style.width = Math.max(2, (100 * (e.ended_at_ms - e.acquired_at_ms)) / longest) + "%";
@@ -358,8 +358,14 @@ function keyPage(name, signal) {
           el("th", {}, "State"), el("th", {}, "Fence"), el("th", { class: "wide" }, "When"))), calls))),
     el("section", { class: "card" }, el("h2", {}, "History"), history));
   load();
+  // Tool-call begins and settlements are not Watch events: look again now
+  // and then while the page is open.
+  const poll = setInterval(load, 3000);
+  signal.addEventListener("abort", () => clearInterval(poll));
   watch(new URLSearchParams({ key: name }), signal, (line) => {
     if (line.type !== "event") return;
+    const waiting = events.querySelector(".waiting");
+    if (waiting) waiting.remove();
     events.prepend(el("li", {}, el("span", { class: "when" }, clock(line.at_ms)), badge(line.kind), mono("fence " + line.fence), line.owner));
     load();
   });
@@ -402,18 +408,18 @@ function activityPage(params, signal) {
     ctx.fillText(max + " / " + BUCKET_S + " s", 4, 18);
     ctx.fillText("−" + SPAN_S + " s", 4, height - 4);
     ctx.fillText("now", width - 26, height - 4);
-    for (const [kind, series] of Object.entries(counts)) {
-      ctx.strokeStyle = colors[kind];
-      ctx.lineWidth = 2;
-      ctx.beginPath();
+    const kinds = Object.keys(counts);
+    const slot = width / buckets;
+    const bar = Math.max(1, (slot - 2) / kinds.length);
+    kinds.forEach((kind, k) => {
+      ctx.fillStyle = colors[kind];
       for (let i = 0; i < buckets; i++) {
-        const n = series.get(now - buckets + 1 + i) || 0;
-        const x = (width * i) / (buckets - 1);
-        const y = 8 + (height - 24) * (1 - n / max);
-        if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+        const n = counts[kind].get(now - buckets + 1 + i) || 0;
+        if (!n) continue;
+        const h = ((height - 24) * n) / max;
+        ctx.fillRect(i * slot + 1 + k * bar, height - 16 - h, bar, h);
       }
-      ctx.stroke();
-    }
+    });
   }
 
   async function loadHealth() {
@@ -484,9 +490,9 @@ async function start() {
     return;
   }
   const who = document.getElementById("who");
-  who.replaceChildren(state.me.auth
+  who.replaceChildren(...(state.me.auth
     ? ["signed in as ", mono(state.me.principal), state.me.admin ? " (admin)" : ""]
-    : "no --auth: every viewer may do everything");
+    : ["no --auth: every viewer may do everything"]));
   document.getElementById("signout").hidden = !state.me.auth;
   route();
 }
