@@ -69,12 +69,28 @@ fn auth_file(dir: &tempfile::TempDir) -> String {
 
 impl Console {
     fn start() -> Console {
+        Self::start_with(true)
+    }
+
+    /// As [`Console::start`], without `--auth` when `auth` is false.
+    fn start_with(auth: bool) -> Console {
         let dir = tempfile::tempdir().unwrap();
-        let auth = auth_file(&dir);
+        let auth_args = if auth {
+            vec!["--auth".to_owned(), auth_file(&dir)]
+        } else {
+            Vec::new()
+        };
         let db = dir.path().join("l.db");
         let mut child = Command::new(common::binary())
-            .args(["serve", "--listen", "127.0.0.1:0", "--drain-timeout-ms", "300"])
-            .args(["--console-listen", "127.0.0.1:0", "--auth", &auth])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--drain-timeout-ms",
+                "300",
+            ])
+            .args(["--console-listen", "127.0.0.1:0"])
+            .args(&auth_args)
             .args(["--db", db.to_str().unwrap()])
             .env("RUST_LOG", "warn")
             .env_remove("LEASEHOLD_STORE")
@@ -86,7 +102,12 @@ impl Console {
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
-        let grpc = line.trim().strip_prefix("listening on ").unwrap().parse().unwrap();
+        let grpc = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap()
+            .parse()
+            .unwrap();
         line.clear();
         out.read_line(&mut line).unwrap();
         let http = line
@@ -227,15 +248,19 @@ async fn the_page_is_served_with_a_strict_content_security_policy() {
     assert_eq!(response.status(), 200);
     let headers = response.headers();
     assert_eq!(
-        headers["content-security-policy"],
-        CONTENT_SECURITY_POLICY,
+        headers["content-security-policy"], CONTENT_SECURITY_POLICY,
         "CSP"
     );
     assert!(CONTENT_SECURITY_POLICY.contains("script-src 'self'"));
     assert!(CONTENT_SECURITY_POLICY.contains("frame-ancestors 'none'"));
     assert_eq!(headers["x-content-type-options"], "nosniff");
     assert_eq!(headers["referrer-policy"], "no-referrer");
-    assert!(headers["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let html = String::from_utf8(body.to_vec()).unwrap();
     assert!(html.contains("<script src=\"/console.js\""));
@@ -244,7 +269,10 @@ async fn the_page_is_served_with_a_strict_content_security_policy() {
     let (status, _) = console.get("/api/keys", None).await;
     assert_eq!(status, 401, "the API needs a token");
     let api = console.send("GET", "/api/keys", None, None, "").await;
-    assert_eq!(api.headers()["content-security-policy"], CONTENT_SECURITY_POLICY);
+    assert_eq!(
+        api.headers()["content-security-policy"],
+        CONTENT_SECURITY_POLICY
+    );
 }
 
 /// A lease a gRPC client acquired is listed, and no lease_id appears anywhere.
@@ -253,7 +281,9 @@ async fn keys_lists_a_lease_without_its_lease_id() {
     let console = Console::start();
     let lease = acquire(&console, "a:listed", 30_000).await;
     assert!(!lease.lease_id.is_empty());
-    let (status, body) = console.get("/api/keys?prefix=a%3A&filter=live", Some(VIEWER)).await;
+    let (status, body) = console
+        .get("/api/keys?prefix=a%3A&filter=live", Some(VIEWER))
+        .await;
     assert_eq!(status, 200, "{body}");
     let keys = json(&body);
     let row = &keys["keys"][0];
@@ -284,7 +314,9 @@ async fn a_viewer_scoped_to_a_never_sees_a_b_key() {
     assert!(!body.contains("b:"), "{body}");
     let (status, body) = console.get("/api/key?key=b%3Ahidden", Some(TENANT_A)).await;
     assert_eq!(status, 403, "{body}");
-    let (status, _) = console.get("/api/watch?key=b%3Ahidden", Some(TENANT_A)).await;
+    let (status, _) = console
+        .get("/api/watch?key=b%3Ahidden", Some(TENANT_A))
+        .await;
     assert_eq!(status, 403);
 
     let mut watch = console
@@ -314,15 +346,26 @@ async fn admin_actions_need_the_admin_right() {
         .await;
     assert_eq!(status, 403, "{body}");
     let (status, body) = console
-        .post("/api/unquarantine", VIEWER, "application/json", r#"{"key":"a:held"}"#)
+        .post(
+            "/api/unquarantine",
+            VIEWER,
+            "application/json",
+            r#"{"key":"a:held"}"#,
+        )
         .await;
     assert_eq!(status, 403, "{body}");
     let (_, body) = console.get("/api/me", Some(VIEWER)).await;
     let me = json(&body);
     assert_eq!(me["principal"], "viewer");
     assert_eq!(me["admin"], false);
-    let (_, body) = console.get("/api/key?key=a%3Aheld&brief=1", Some(OPS)).await;
-    assert_eq!(json(&body)["key"]["lease"]["fence"], lease.fence, "still held");
+    let (_, body) = console
+        .get("/api/key?key=a%3Aheld&brief=1", Some(OPS))
+        .await;
+    assert_eq!(
+        json(&body)["key"]["lease"]["fence"],
+        lease.fence,
+        "still held"
+    );
 }
 
 /// An admin action in any content type but application/json is refused
@@ -362,7 +405,12 @@ async fn an_admin_force_release_ends_the_term() {
     assert_eq!(status, 409, "a fence that is not live");
     let force = format!(r#"{{"key":"a:stuck","fence":{}}}"#, lease.fence);
     let (status, body) = console
-        .post("/api/force-release", OPS, "application/json; charset=utf-8", &force)
+        .post(
+            "/api/force-release",
+            OPS,
+            "application/json; charset=utf-8",
+            &force,
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     assert!(!body.contains(&lease.lease_id));
@@ -410,8 +458,38 @@ async fn the_watch_stream_delivers_a_grant_then_a_release() {
     let lines = read_lines(body, |lines| lines.len() >= 2).await;
     let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["granted", "released"]);
-    assert!(lines.iter().all(|l| l["key"] == "a:watched" && l["fence"] == lease.fence));
-    assert!(lines.iter().all(|l| !l.to_string().contains(&lease.lease_id)));
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["key"] == "a:watched" && l["fence"] == lease.fence)
+    );
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.to_string().contains(&lease.lease_id))
+    );
+}
+
+/// Without --auth, a loopback console answers only requests for a loopback
+/// host (no DNS rebinding), and says every viewer may do everything.
+#[tokio::test]
+async fn without_auth_only_loopback_hosts_are_answered() {
+    let console = Console::start_with(false);
+    let (status, body) = console.get("/api/me", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["auth"], false);
+    let stream = tokio::net::TcpStream::connect(console.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let rebound = http::Request::builder()
+        .uri("/api/keys")
+        .header("host", "attacker.example:7421")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(rebound).await.unwrap();
+    assert_eq!(response.status(), 421);
 }
 
 /// Off loopback, the console is refused without --auth unless --insecure.
@@ -420,7 +498,13 @@ fn the_console_is_refused_off_loopback_without_auth() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("l.db");
     let output = Command::new(common::binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--console-listen", "0.0.0.0:0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--console-listen",
+            "0.0.0.0:0",
+        ])
         .args(["--db", db.to_str().unwrap()])
         .env_remove("LEASEHOLD_STORE")
         .env_remove("LEASEHOLD_DB")

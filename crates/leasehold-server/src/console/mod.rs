@@ -23,9 +23,9 @@
 //!   cross-site form can send neither that type nor an `Authorization`
 //!   header; anything else is 415), and a request whose `Origin` is not the
 //!   console's own is refused.
-//! - Without `--auth` (loopback only, or `--insecure`) the `Host` header must
-//!   name a loopback host, so a page on another site cannot reach a local
-//!   console by DNS rebinding.
+//! - Without `--auth`, on a loopback listener, the `Host` header must name
+//!   a loopback host, so a page on another site cannot reach a local console
+//!   by DNS rebinding.
 //! - Mutual TLS is not offered here: off loopback the console needs
 //!   `--auth` (bearer tokens) or `--insecure`, as `serve` decides.
 //!
@@ -110,6 +110,9 @@ pub struct Console {
     auth: Option<Arc<AuthConfig>>,
     /// The console's watch streams open now.
     watchers: Arc<AtomicUsize>,
+    /// Whether requests must name a loopback `Host` (against DNS
+    /// rebinding): without auth, on a loopback listener.
+    check_host: bool,
 }
 
 impl Console {
@@ -124,6 +127,7 @@ impl Console {
             backend,
             auth,
             watchers: Arc::default(),
+            check_host: false,
         }
     }
 }
@@ -131,6 +135,14 @@ impl Console {
 /// Serves `console` on `listener` until `stop` turns true; open
 /// connections (watch streams included) are closed then.
 pub async fn serve(listener: TcpListener, console: Console, mut stop: watch::Receiver<bool>) {
+    // Off loopback without auth (--insecure) any host name is expected.
+    let on_loopback = listener
+        .local_addr()
+        .is_ok_and(|addr| addr.ip().is_loopback());
+    let console = Console {
+        check_host: console.auth.is_none() && on_loopback,
+        ..console
+    };
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -242,7 +254,7 @@ impl Console {
         local: Option<SocketAddr>,
     ) -> Reply {
         let (parts, body) = request.into_parts();
-        if self.auth.is_none() && !loopback_host(&parts.headers) {
+        if self.check_host && !loopback_host(&parts.headers) {
             return error(
                 StatusCode::MISDIRECTED_REQUEST,
                 "bad_host",
@@ -430,7 +442,12 @@ impl Console {
             }))
             .await;
         let calls: Vec<Value> = match calls {
-            Ok(reply) => reply.into_inner().calls.iter().map(json::tool_call).collect(),
+            Ok(reply) => reply
+                .into_inner()
+                .calls
+                .iter()
+                .map(json::tool_call)
+                .collect(),
             Err(status) => return status_error(status),
         };
         ok(json!({
@@ -518,8 +535,8 @@ impl Console {
             );
         };
         if let Some(auth) = &self.auth {
-            let allowed = identify(auth, &call.grpc(()))
-                .and_then(|who| who.allow(Right::Admin, &input.key));
+            let allowed =
+                identify(auth, &call.grpc(())).and_then(|who| who.allow(Right::Admin, &input.key));
             if let Err(err) = allowed {
                 return status_error(leasehold_wire::status::to_status(err));
             }
@@ -693,7 +710,9 @@ fn now_ms() -> u64 {
 fn asset(content_type: &'static str, text: &'static str) -> Reply {
     http::Response::builder()
         .header(header::CONTENT_TYPE, content_type)
-        .body(BodyExt::boxed_unsync(Full::new(Bytes::from_static(text.as_bytes()))))
+        .body(BodyExt::boxed_unsync(Full::new(Bytes::from_static(
+            text.as_bytes(),
+        ))))
         .unwrap_or_else(|_| internal())
 }
 
