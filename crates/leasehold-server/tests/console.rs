@@ -3,6 +3,7 @@
 //! client next to a gRPC client.
 
 mod common;
+mod pg_harness;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -69,11 +70,12 @@ fn auth_file(dir: &tempfile::TempDir) -> String {
 
 impl Console {
     fn start() -> Console {
-        Self::start_with(true)
+        Self::start_with(true, &[])
     }
 
-    /// As [`Console::start`], without `--auth` when `auth` is false.
-    fn start_with(auth: bool) -> Console {
+    /// As [`Console::start`], without `--auth` when `auth` is false, on
+    /// `store` (`--store …` arguments) instead of a fresh SQLite file.
+    fn start_with(auth: bool, store: &[&str]) -> Console {
         let dir = tempfile::tempdir().unwrap();
         let auth_args = if auth {
             vec!["--auth".to_owned(), auth_file(&dir)]
@@ -81,6 +83,11 @@ impl Console {
             Vec::new()
         };
         let db = dir.path().join("l.db");
+        let db = db.to_str().unwrap();
+        let store: Vec<&str> = match store {
+            [] => vec!["--db", db],
+            given => given.to_vec(),
+        };
         let mut child = Command::new(common::binary())
             .args([
                 "serve",
@@ -91,7 +98,7 @@ impl Console {
             ])
             .args(["--console-listen", "127.0.0.1:0"])
             .args(&auth_args)
-            .args(["--db", db.to_str().unwrap()])
+            .args(&store)
             .env("RUST_LOG", "warn")
             .env_remove("LEASEHOLD_STORE")
             .env_remove("LEASEHOLD_DB")
@@ -474,7 +481,7 @@ async fn the_watch_stream_delivers_a_grant_then_a_release() {
 /// host (no DNS rebinding), and says every viewer may do everything.
 #[tokio::test]
 async fn without_auth_only_loopback_hosts_are_answered() {
-    let console = Console::start_with(false);
+    let console = Console::start_with(false, &[]);
     let (status, body) = console.get("/api/me", None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(json(&body)["auth"], false);
@@ -490,6 +497,30 @@ async fn without_auth_only_loopback_hosts_are_answered() {
         .unwrap();
     let response = sender.send_request(rebound).await.unwrap();
     assert_eq!(response.status(), 421);
+}
+
+/// On PostgreSQL the console lists, and force-releases, through the same
+/// service (skipped without LEASEHOLD_TEST_POSTGRES).
+#[tokio::test]
+async fn the_console_works_on_postgres() {
+    let schema = schema_or_skip!();
+    let console = Console::start_with(true, &["--store", &schema.url, "--pg-schema", &schema.name]);
+    let lease = acquire(&console, "a:pg", 30_000).await;
+    let (status, body) = console.get("/api/keys?prefix=a%3A", Some(VIEWER)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["keys"][0]["lease"]["fence"], lease.fence);
+    assert!(!body.contains(&lease.lease_id));
+    let (_, body) = console.get("/api/info", Some(VIEWER)).await;
+    assert_eq!(json(&body)["backend"], "postgres");
+    let force = format!(r#"{{"key":"a:pg","fence":{}}}"#, lease.fence);
+    let (status, body) = console
+        .post("/api/force-release", OPS, "application/json", &force)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = console
+        .get("/api/key?key=a%3Apg&brief=1", Some(VIEWER))
+        .await;
+    assert!(json(&body)["key"]["lease"].is_null(), "{body}");
 }
 
 /// Off loopback, the console is refused without --auth unless --insecure.
