@@ -70,6 +70,14 @@ if [[ -x packaging/pypi/test.sh && -x clients/python/.venv/bin/python ]]; then
   packaging/pypi/test.sh
 fi
 
+# The web console in Debian's headless Chromium (skipped, saying SKIP, when
+# /usr/bin/chromium is absent, unless LEASEHOLD_REQUIRE_BROWSER is set);
+# uses the TypeScript client built above. Saves docs/console/*.png.
+if [[ -x tests/console-browser/test.sh ]]; then
+  phase "tests/console-browser"
+  tests/console-browser/test.sh
+fi
+
 # The chaos short runs add a Python worker and two TypeScript workers (one
 # per transport) on the clients just installed and built.
 if [[ -x clients/python/.venv/bin/python ]]; then

@@ -109,6 +109,11 @@ enum Command {
         /// Also serve Prometheus metrics at http://ADDR/metrics (off unless given).
         #[arg(long, env = "LEASEHOLD_METRICS_LISTEN")]
         metrics_listen: Option<SocketAddr>,
+        /// Also serve the web console at http://ADDR/ (off unless given; see
+        /// docs/console.md). Off loopback it needs --auth (bearer tokens),
+        /// or --insecure.
+        #[arg(long, env = "LEASEHOLD_CONSOLE_LISTEN")]
+        console_listen: Option<SocketAddr>,
         #[command(flatten)]
         tls: ServeSecurity,
         #[command(flatten)]
@@ -472,17 +477,19 @@ async fn run(command: Command) -> ExitCode {
             writer_spin_us,
             log_format,
             metrics_listen,
+            console_listen,
             tls,
             limits,
         } => {
             init_logging(log_format);
             let drain_timeout = Duration::from_millis(drain_timeout_ms);
-            let Some((server_tls, auth)) = prepare_security(listen, &tls) else {
+            let Some((server_tls, auth)) = prepare_security(listen, console_listen, &tls) else {
                 return ExitCode::FAILURE;
             };
             let edge = Edge {
                 listen,
                 metrics_listen,
+                console_listen,
                 server_tls,
                 auth,
                 drain_timeout,
@@ -542,6 +549,7 @@ async fn run(command: Command) -> ExitCode {
 struct Edge {
     listen: SocketAddr,
     metrics_listen: Option<SocketAddr>,
+    console_listen: Option<SocketAddr>,
     server_tls: Option<Arc<leasehold_server::tls::ServerTls>>,
     auth: Option<Arc<leasehold_server::auth::AuthConfig>>,
     drain_timeout: Duration,
@@ -557,18 +565,36 @@ type Security = (
     Option<Arc<leasehold_server::auth::AuthConfig>>,
 );
 
-fn prepare_security(listen: SocketAddr, security: &ServeSecurity) -> Option<Security> {
+fn prepare_security(
+    listen: SocketAddr,
+    console_listen: Option<SocketAddr>,
+    security: &ServeSecurity,
+) -> Option<Security> {
     // Off loopback, every lease_id crosses the network and anyone who can
     // reach the port can take any key: insist on authenticated clients
     // (--auth or mutual TLS) or an explicit --insecure.
     let authenticated = security.client_ca.is_some() || security.auth.is_some();
-    if !listen.ip().is_loopback() && !authenticated && !security.insecure {
-        eprintln!(
-            "error: refusing to serve on {listen}, which is not a loopback address, without \
-             client authentication: give --auth FILE (tokens or certificate subjects) or \
-             --tls-cert/--tls-key with --client-ca (mutual TLS), or --insecure to accept any client"
-        );
+    if refuse_unauthenticated(
+        listen,
+        authenticated,
+        security.insecure,
+        "serve",
+        "--auth FILE (tokens or certificate subjects) or --tls-cert/--tls-key with \
+         --client-ca (mutual TLS)",
+    ) {
         return None;
+    }
+    // The console takes bearer tokens only: a client CA does not guard it.
+    if let Some(console) = console_listen {
+        if refuse_unauthenticated(
+            console,
+            security.auth.is_some(),
+            security.insecure,
+            "serve the console",
+            "--auth FILE (bearer tokens; the console does not take client certificates)",
+        ) {
+            return None;
+        }
     }
     let auth = match &security.auth {
         None => None,
@@ -608,6 +634,26 @@ fn prepare_security(listen: SocketAddr, security: &ServeSecurity) -> Option<Secu
         _ => None,
     };
     Some((server_tls, auth))
+}
+
+/// Whether to refuse to `what` on `addr`: it is not a loopback address, its
+/// clients are not authenticated (`how` says how they could be), and
+/// `--insecure` was not given. Says why on stderr.
+fn refuse_unauthenticated(
+    addr: SocketAddr,
+    authenticated: bool,
+    insecure: bool,
+    what: &str,
+    how: &str,
+) -> bool {
+    if addr.ip().is_loopback() || authenticated || insecure {
+        return false;
+    }
+    eprintln!(
+        "error: refusing to {what} on {addr}, which is not a loopback address, without \
+         client authentication: give {how}, or --insecure to accept any client"
+    );
+    true
 }
 
 async fn serve(db: PathBuf, sync: Sync, config: EngineConfig, edge: Edge) -> ExitCode {
@@ -655,6 +701,7 @@ async fn serve_backend(
     let Edge {
         listen,
         metrics_listen,
+        console_listen,
         server_tls,
         auth,
         drain_timeout,
@@ -684,6 +731,19 @@ async fn serve_backend(
             tracing::info!(%at, "metrics at /metrics");
         }
     }
+    let console_listener = match console_listen {
+        None => None,
+        Some(at) => match tokio::net::TcpListener::bind(at).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                eprintln!("error: cannot listen for the console on {at}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let console_addr = console_listener
+        .as_ref()
+        .and_then(|listener| listener.local_addr().ok());
     // Catch SIGINT/SIGTERM from here on: a supervisor (or test) that signals
     // as soon as it reads the line below gets a clean shutdown, not the
     // signal's default action.
@@ -691,6 +751,11 @@ async fn serve_backend(
     announce(addr);
     // One plain line on stdout, so scripts (and tests) can learn a port chosen with :0.
     println!("listening on {addr}");
+    // And the console's, on the next line, when it is served.
+    if let Some(at) = console_addr {
+        tracing::info!(%at, "console at http://{at}/");
+        println!("console on http://{at}/");
+    }
     let options = server::ServeOptions {
         drain_timeout,
         limits,
@@ -702,6 +767,7 @@ async fn serve_backend(
         metrics: metrics_listener,
         tls: server_tls,
         auth,
+        console: console_listener,
     };
     match server::serve_on(listeners, backend, shutdown, options).await {
         Ok(()) => ExitCode::SUCCESS,

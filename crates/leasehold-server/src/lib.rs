@@ -9,6 +9,7 @@
 //!   on one database.
 //! - [`grpc`]: the tonic services (leases, the Session stream, transcripts).
 //! - [`server`]: running it all on a listener, with health and reflection.
+//! - [`console`]: the web console (`serve --console-listen`).
 //! - [`coalesce`]: one `writev` for the replies of many requests.
 //! - [`request_log`]: the request id on every log line of a request.
 //!
@@ -18,6 +19,7 @@
 pub mod auth;
 pub mod backend;
 pub mod coalesce;
+pub mod console;
 pub mod engine;
 pub mod event_codec;
 pub mod grpc;

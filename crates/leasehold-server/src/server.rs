@@ -163,6 +163,8 @@ pub struct Listeners {
     /// Principals and scopes every request is checked against; `None`
     /// serves everyone.
     pub auth: Option<Arc<AuthConfig>>,
+    /// The web console (plain HTTP/1.1), if any: see [`crate::console`].
+    pub console: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -173,6 +175,7 @@ impl Listeners {
             metrics: None,
             tls: None,
             auth: None,
+            console: None,
         }
     }
 }
@@ -193,6 +196,7 @@ pub async fn serve_on(
         metrics: metrics_listener,
         tls,
         auth,
+        console: console_listener,
     } = listeners;
     let drain_timeout = options.drain_timeout;
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -223,6 +227,13 @@ pub async fn serve_on(
     if let Some(auth) = &auth {
         lease_service = lease_service.with_auth(auth.clone());
     }
+    // The console calls this very service (its auth, limits and metrics).
+    let (stop_console, console_stop) = tokio::sync::watch::channel(false);
+    let console_task = console_listener.map(|listener| {
+        let console =
+            crate::console::Console::new(lease_service.clone(), backend.clone(), auth.clone());
+        tokio::spawn(crate::console::serve(listener, console, console_stop))
+    });
     // A larger request is refused by tonic before it is decoded; the wrapper
     // makes that refusal RESOURCE_EXHAUSTED like every other limit.
     let service = crate::grpc::OversizeIsExhausted(
@@ -313,6 +324,12 @@ pub async fn serve_on(
     };
     for task in metrics_task.into_iter().chain(accept_task) {
         task.abort();
+    }
+    // Closes the console's connections (its watch streams) before the
+    // backend stops.
+    let _ = stop_console.send(true);
+    if let Some(task) = console_task {
+        let _ = task.await;
     }
     backend.shutdown().await;
     tracing::info!("stopped");
