@@ -72,7 +72,8 @@ fi
 
 # The web console in Debian's headless Chromium (skipped, saying SKIP, when
 # /usr/bin/chromium is absent, unless LEASEHOLD_REQUIRE_BROWSER is set);
-# uses the TypeScript client built above. Saves docs/console/*.png.
+# uses the TypeScript client built above. Saves its screenshots under
+# target/console-screenshots/.
 if [[ -x tests/console-browser/test.sh ]]; then
   phase "tests/console-browser"
   tests/console-browser/test.sh

@@ -3,7 +3,9 @@
 // `$LEASEHOLD_BIN serve --console-listen … --auth …`, makes leases with the
 // TypeScript client (and the leasehold CLI for terms that must not be
 // renewed), and checks what each page shows, live, without reloads.
-// Screenshots of every page at 1280x800 and 390x844 go to docs/console/.
+// Screenshots of every page at 1280x800 and 390x844 go to
+// target/console-screenshots/ (LEASEHOLD_SCREENSHOTS=docs/console to
+// refresh the committed ones: a test run leaves the work tree as it was).
 import { spawn, execFileSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from "node:fs";
@@ -18,7 +20,7 @@ const here = dirname(fileURLToPath(import.meta.url));
 const repo = resolve(here, "../..");
 const bin = process.env.LEASEHOLD_BIN;
 const tsClient = process.env.LEASEHOLD_TS_CLIENT || join(repo, "clients/typescript");
-const shots = join(repo, "docs/console");
+const shots = join(repo, process.env.LEASEHOLD_SCREENSHOTS ?? "target/console-screenshots");
 const { createClient } = await import(join(tsClient, "dist/index.js"));
 
 const TOKENS = { ops: "ops-browser-token", viewer: "viewer-browser-token", tenantA: "tenant-a-browser-token" };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The web console in a real headless browser: Debian's Chromium
 # (/usr/bin/chromium, `apt-get install chromium`) driven by playwright-core,
-# which downloads no browser. Screenshots land in docs/console/.
+# which downloads no browser. Screenshots land in target/console-screenshots/
+# (LEASEHOLD_SCREENSHOTS=docs/console refreshes the committed ones).
 #
 #   LEASEHOLD_BIN=/path/to/leasehold tests/console-browser/test.sh
 #
