@@ -314,6 +314,68 @@ fn serve_refuses_a_newer_database() {
     assert_eq!(version, 999);
 }
 
+/// A flag of the other backend is refused before anything is opened, not
+/// silently ignored.
+#[test]
+fn serve_refuses_the_other_backends_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.db");
+    let sqlite = format!("sqlite:{}", db.display());
+    for (args, flag) in [
+        (
+            vec!["--store", sqlite.as_str(), "--pg-pool-size", "4"],
+            "--pg-pool-size",
+        ),
+        (
+            vec!["--db", db.to_str().unwrap(), "--pg-schema", "s"],
+            "--pg-schema",
+        ),
+        (
+            vec![
+                "--store",
+                "postgres://postgres@127.0.0.1:1/x",
+                "--sync",
+                "normal",
+            ],
+            "--sync",
+        ),
+        (
+            vec![
+                "--store",
+                "postgres://postgres@127.0.0.1:1/x",
+                "--writer-spin-us",
+                "400",
+            ],
+            "--writer-spin-us",
+        ),
+    ] {
+        let mut child = Command::new(binary())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&args)
+            .env_remove("LEASEHOLD_DB")
+            .env_remove("LEASEHOLD_STORE")
+            .env_remove("LEASEHOLD_PG_SCHEMA")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A server that took the flag would serve on: bounded, then killed.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("error: {flag}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(!db.exists(), "{args:?} opened the database before refusing");
+    }
+}
+
 /// A database that cannot be opened is a clear error and a non-zero exit.
 #[test]
 fn serve_reports_an_unopenable_database() {
