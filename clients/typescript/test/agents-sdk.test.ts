@@ -17,7 +17,7 @@ import { type MockResponses, startMockResponses } from "./mock-responses.js";
 import { startServer, type TestServer, waitFor } from "./server.js";
 import OpenAI from "openai";
 import { currentLease, ledgered, NotOwnedError, ownedSession, run, SQLiteSession } from "../src/agents.js";
-import { BusyError, createClient, type Lease, LeaseLostError, sqliteFencedWrite, StaleFenceError } from "../src/index.js";
+import { BusyError, createClient, type Lease, type LeaseholdClient, LeaseLostError, sqliteFencedWrite, StaleFenceError } from "../src/index.js";
 
 const WORKER = fileURLToPath(new URL("./agents-sdk-worker.js", import.meta.url));
 
@@ -54,6 +54,26 @@ describe("agents sdk: one owner per session", () => {
     await server.close();
   });
 
+  /** A SQLite file of sessions and a client, for one in-process test; removed after it. */
+  async function withSessions(fn: (db: Database.Database, client: LeaseholdClient) => Promise<void>): Promise<void> {
+    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
+    const db = new Database(join(dir, "a.db"));
+    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
+    try {
+      await fn(db, client);
+    } finally {
+      client.close();
+      db.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
+
+  /** An agent on the fake Responses server (or `baseURL`) with `tools`. */
+  function agentOf(tools: sdk.Tool[], baseURL = mock.baseURL): sdk.Agent {
+    const model = new sdk.OpenAIResponsesModel(new OpenAI({ baseURL, apiKey: "t", maxRetries: 0 }), "mock");
+    return new sdk.Agent({ name: "assistant", instructions: "test", model, tools });
+  }
+
   // The SDK saves a turn as it ends: the later turn is stored first.
   forkWithoutLeasehold(() => ({ mock }), WORKER, ["meanwhile", "run shell 600"]);
 
@@ -64,74 +84,52 @@ describe("agents sdk: one owner per session", () => {
     afterFreeze: () => [["hello", "answer:hello"]],
   });
 
-  it("a streamed run holds the session until its run ends, read or not; a custom Runner runs owned too", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
-    const db = new Database(join(dir, "a.db"));
-    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
-    const other = createClient({ baseUrl: server.baseUrl, owner: "other" });
-    try {
-      const session = new SQLiteSession("s8", db);
-      const agent = new sdk.Agent({
-        name: "assistant",
-        instructions: "test",
-        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: mock.baseURL, apiKey: "t", maxRetries: 0 }), "mock"),
-        tools: [ledgered(slowShell)],
-      });
-      const runner = new sdk.Runner({ tracingDisabled: true });
-      const result = await run(client, agent, "run shell 300", { session, stream: true }, { runner });
-      // Nobody reads the stream: the run goes on, and owns the session meanwhile.
-      await assert.rejects(other.acquire("agents:s8"), BusyError);
-      await result.completed;
-      assert.equal(result.finalOutput?.toString().startsWith("answer:"), true, String(result.finalOutput));
-      const texts = (await session.getItems()).map((i) => (i as Item).role ?? (i as Item).type);
-      assert.deepEqual(texts, ["user", "function_call", "function_call_result", "assistant"]);
-      const next = await other.acquire("agents:s8");
-      assert.ok(next.fence > 0n);
-      await next.release();
-    } finally {
-      client.close();
-      other.close();
-      db.close();
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+  it("a streamed run holds the session until its run ends, read or not; a custom Runner runs owned too", () =>
+    withSessions(async (db, client) => {
+      const other = createClient({ baseUrl: server.baseUrl, owner: "other" });
+      try {
+        const session = new SQLiteSession("s8", db);
+        const runner = new sdk.Runner({ tracingDisabled: true });
+        const result = await run(client, agentOf([ledgered(slowShell)]), "run shell 300", { session, stream: true }, { runner });
+        // Nobody reads the stream: the run goes on, and owns the session meanwhile.
+        await assert.rejects(other.acquire("agents:s8"), BusyError);
+        await result.completed;
+        assert.equal(result.finalOutput?.toString().startsWith("answer:"), true, String(result.finalOutput));
+        const texts = (await session.getItems()).map((i) => (i as Item).role ?? (i as Item).type);
+        assert.deepEqual(texts, ["user", "function_call", "function_call_result", "assistant"]);
+        const next = await other.acquire("agents:s8");
+        assert.ok(next.fence > 0n);
+        await next.release();
+      } finally {
+        other.close();
+      }
+    }));
 
-  it("a streamed run that loses its lease: completed rejects with LeaseLostError and the late write is refused", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
-    const db = new Database(join(dir, "a.db"));
-    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
-    const admin = createClient({ baseUrl: server.baseUrl, owner: "admin" });
-    try {
-      const session = new SQLiteSession("s9", db);
-      const agent = new sdk.Agent({
-        name: "assistant",
-        instructions: "test",
-        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: mock.baseURL, apiKey: "t", maxRetries: 0 }), "mock"),
-        tools: [ledgered(slowShell)],
-      });
-      const result = await run(client, agent, "run shell 600", { session, stream: true });
-      const events: string[] = [];
-      const reading = (async () => {
-        for await (const e of result) events.push(e.type);
-      })().catch(() => undefined);
-      await waitFor(() => slowLease?.key === "agents:s9", 5_000, "the streamed run's tool to start");
-      // Another owner takes the session while the tool runs (the term ended under the run).
-      await slowLease?.release();
-      const taker = await admin.acquire("agents:s9");
-      await assert.rejects(result.completed, LeaseLostError);
-      assert.ok(result.error instanceof LeaseLostError, String(result.error));
-      await reading;
-      assert.ok(events.length > 0, "the stream was read while the run lasted");
-      const stored = (await session.getItems()).map((i) => (i as Item).type ?? (i as Item).role);
-      assert.ok(!stored.includes("function_call_result"), `the lost run's tool result was not stored: ${JSON.stringify(stored)}`);
-      await taker.release();
-    } finally {
-      client.close();
-      admin.close();
-      db.close();
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+  it("a streamed run that loses its lease: completed rejects with LeaseLostError and the late write is refused", () =>
+    withSessions(async (db, client) => {
+      const admin = createClient({ baseUrl: server.baseUrl, owner: "admin" });
+      try {
+        const session = new SQLiteSession("s9", db);
+        const result = await run(client, agentOf([ledgered(slowShell)]), "run shell 600", { session, stream: true });
+        const events: string[] = [];
+        const reading = (async () => {
+          for await (const e of result) events.push(e.type);
+        })().catch(() => undefined);
+        await waitFor(() => slowLease?.key === "agents:s9", 5_000, "the streamed run's tool to start");
+        // Another owner takes the session while the tool runs (the term ended under the run).
+        await slowLease?.release();
+        const taker = await admin.acquire("agents:s9");
+        await assert.rejects(result.completed, LeaseLostError);
+        assert.ok(result.error instanceof LeaseLostError, String(result.error));
+        await reading;
+        assert.ok(events.length > 0, "the stream was read while the run lasted");
+        const stored = (await session.getItems()).map((i) => (i as Item).type ?? (i as Item).role);
+        assert.ok(!stored.includes("function_call_result"), `the lost run's tool result was not stored: ${JSON.stringify(stored)}`);
+        await taker.release();
+      } finally {
+        admin.close();
+      }
+    }));
 
   it("a ledgered call id seen before on the session never runs again; the stored output is answered", async () => {
     const h = new Harness(WORKER, mock, server);
@@ -190,11 +188,8 @@ describe("agents sdk: one owner per session", () => {
     }
   });
 
-  it("a run interrupted for approval lets go; its RunState resumes under a new lease and the approved call runs once", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
-    const db = new Database(join(dir, "a.db"));
-    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
-    try {
+  it("a run interrupted for approval lets go; its RunState resumes under a new lease and the approved call runs once", () =>
+    withSessions(async (db, client) => {
       const ran: bigint[] = [];
       const approved = sdk.tool({
         name: "shell",
@@ -206,12 +201,7 @@ describe("agents sdk: one owner per session", () => {
           return `ran for ${ms} ms`;
         },
       });
-      const agent = new sdk.Agent({
-        name: "assistant",
-        instructions: "test",
-        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: mock.baseURL, apiKey: "t", maxRetries: 0 }), "mock"),
-        tools: [ledgered(approved)],
-      });
+      const agent = agentOf([ledgered(approved)]);
       const session = new SQLiteSession("s-hitl", db);
       const first = await run(client, agent, "run shell 10", { session });
       assert.equal(first.interruptions.length, 1);
@@ -224,26 +214,13 @@ describe("agents sdk: one owner per session", () => {
       const ended = await client.get("agents:s-hitl");
       assert.deepEqual(ran, [ended.lastEnded?.fence], "the approved call ran once, under the resume's lease");
       assert.ok((ended.lastEnded?.fence ?? 0n) > (asked.lastEnded?.fence ?? 0n));
-      const calls = await client.get("agents:s-hitl");
-      assert.equal(calls.lastEnded?.end, "released");
-    } finally {
-      client.close();
-      db.close();
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+      assert.equal(ended.lastEnded?.end, "released");
+    }));
 
-  it("a run whose model fails throws the model's error, not a loss, and leaves the session suspended", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
-    const db = new Database(join(dir, "a.db"));
-    const client = createClient({ baseUrl: server.baseUrl, owner: "t" });
-    try {
-      const agent = new sdk.Agent({
-        name: "assistant",
-        instructions: "test",
-        // Nothing listens on port 1: the model call fails, the lease does not.
-        model: new sdk.OpenAIResponsesModel(new OpenAI({ baseURL: "http://127.0.0.1:1/v1", apiKey: "t", maxRetries: 0 }), "mock"),
-      });
+  it("a run whose model fails throws the model's error, not a loss, and leaves the session suspended", () =>
+    withSessions(async (db, client) => {
+      // Nothing listens on port 1: the model call fails, the lease does not.
+      const agent = agentOf([], "http://127.0.0.1:1/v1");
       for (const stream of [false, true]) {
         const id = `s-fail-${stream}`;
         const session = new SQLiteSession(id, db);
@@ -256,12 +233,7 @@ describe("agents sdk: one owner per session", () => {
         });
         assert.equal((await client.get(`agents:${id}`)).lastEnded?.end, "suspended");
       }
-    } finally {
-      client.close();
-      db.close();
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+    }));
 
   it("a ledgered tool outside an owned run refuses to run", async () => {
     let ran = false;
