@@ -55,8 +55,9 @@ pub const MIGRATIONS: &[&str] = &[
 /// SQLite's default, 1,000 pages (4 MiB), made the checkpoint during a
 /// 100,000-lease mass expiry a commit of 50-400 ms that every urgent change
 /// waited behind; a quarter of that keeps the longest Acquire under 50 ms
-/// there (docs/benchmarks.md, session 9), for about 2 % more `fsync`s a
-/// commit at one client (a checkpoint every ~35 commits instead of ~140).
+/// there (docs/benchmarks-history.md, session 9), for about 2 % more
+/// `fsync`s a commit at one client (a checkpoint every ~35 commits instead
+/// of ~140).
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 256;
 
 /// How hard a commit waits for the disk.

@@ -105,7 +105,8 @@ pub struct EngineConfig {
     /// this much CPU per commit (the writer yields its core to any other
     /// runnable thread meanwhile). Off by default: on a host whose cores
     /// are all busy, or under a container's CPU quota, the spin takes CPU
-    /// from the requests it waits for (docs/benchmarks.md, session 8).
+    /// from the requests it waits for (docs/benchmarks-history.md,
+    /// session 8).
     pub writer_spin: Duration,
 }
 

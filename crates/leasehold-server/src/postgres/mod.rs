@@ -383,7 +383,7 @@ impl PgBackend {
         // batch waits long enough to grow: each statement and commit costs
         // the database more than a row in it (renewals had half the pool:
         // batches of about 4 where 64 clients renewed, and 0.7-0.8x the
-        // renewals/s of two slots; docs/benchmarks.md, session 9).
+        // renewals/s of two slots; docs/benchmarks-history.md, session 9).
         let slots = (inner.config.pool_size / 8).max(1);
         // One batching loop per kind: what queued, at most `$max` a
         // statement, run by `Inner::$run`.
