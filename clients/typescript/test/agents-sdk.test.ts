@@ -253,6 +253,8 @@ describe("agents sdk: one owner per session", () => {
   });
 });
 
+// Servers of its own: the contract uses fixed session ids, and a second
+// run of it on the servers above would find the first run's keys and calls.
 describe("agents sdk: streamed runs (stream: true) own the session the same way", () => {
   let mock: MockResponses;
   let server: TestServer;
