@@ -17,13 +17,19 @@
 // gated, and a run whose lease was lost never reports success. Tools
 // wrapped in `ledgered` go through the thread's ledger by Mastra's
 // tool-call id, so a call id never runs twice.
+//
+// Mastra's signals runtime (`sendSignal`, `sendMessage`, queued follow-ups)
+// elects a thread's runner across processes with the pubsub's lease
+// provider: `leased(pubsub, lh)` makes it leasehold's (`LeaseholdLeaseProvider`),
+// which fails closed where Mastra's own fail open.
 
 import { AsyncLocalStorage } from "node:async_hooks";
 
 import type { Agent } from "@mastra/core/agent";
+import type { LeaseProvider, PubSub } from "@mastra/core/events";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { LeaseholdError, NotOwnedError } from "./errors.js";
+import { BusyError, LeaseholdError, NotOwnedError, ReservedError } from "./errors.js";
 import type { Lease } from "./lease.js";
 import { answer, ensureHeld, failedRun, ledgerCall, lostInstead, takeover, unknownResult } from "./owning.js";
 
@@ -255,4 +261,147 @@ export function ledgered<T extends ExecutingTool>(tool: T): T {
   };
   (tool as { execute?: unknown }).execute = wrapped;
   return tool;
+}
+
+/** How Mastra's thread leases are kept: the key's prefix, what to do with an error that refused a lease. */
+export interface LeaseProviderOptions {
+  /**
+   * Prepended to Mastra's thread key to make the lease key (default
+   * `mastra-thread:`). Mastra joins resource and thread with a NUL, which a
+   * lease key may not hold: the key is `<prefix><resource>/<thread>`, each
+   * part URI-encoded (so `/` inside a part cannot make two keys one).
+   */
+  readonly prefix?: string;
+  /** How long a transfer keeps the key for its successor (default 10 s). */
+  readonly handoffMs?: number;
+  /**
+   * Called with an error that made `acquireLease` answer "not acquired"
+   * (the server unreachable, say): Mastra never sees it, as it would turn a
+   * thrown error into "acquired" in some paths.
+   */
+  readonly onError?: (err: unknown, key: string) => void;
+}
+
+/**
+ * Mastra's `LeaseProvider` (the cross-process thread lease of its signals
+ * runtime: `sendSignal`, `sendMessage`, queued follow-ups) on leasehold.
+ * Where Mastra's own providers fail open (an unreachable backend, or an
+ * error Mastra catches, counts as acquired), this one fails closed: any
+ * error answers `{ acquired: false }`. A lease is kept alive by the
+ * client's renewer while this process lives (Mastra's `renewLease` reports
+ * whether it still is), its term's fence is `lease(key)?.fence`, and
+ * `transferLease` is a handoff: the key goes from one run to the next with
+ * no moment another process can take it.
+ */
+export class LeaseholdLeaseProvider implements LeaseProvider {
+  readonly #client: LeaseholdClient;
+  readonly #prefix: string;
+  readonly #handoffMs: number;
+  readonly #onError: ((err: unknown, key: string) => void) | undefined;
+  /** This process's leases, by Mastra's key. */
+  readonly #held = new Map<string, Lease>();
+  /** Acquires on their way, by Mastra's key and owner (one request each). */
+  readonly #pending = new Map<string, Promise<{ acquired: boolean; owner?: string }>>();
+
+  constructor(client: LeaseholdClient, options: LeaseProviderOptions = {}) {
+    this.#client = client;
+    this.#prefix = options.prefix ?? "mastra-thread:";
+    this.#handoffMs = options.handoffMs ?? 10_000;
+    this.#onError = options.onError;
+  }
+
+  /** The live lease this process holds on Mastra's `key`, if any (its `fence` for a fenced write). */
+  lease(key: string): Lease | undefined {
+    const lease = this.#held.get(key);
+    if (lease !== undefined && !lease.isValid()) {
+      this.#held.delete(key);
+      return undefined;
+    }
+    return lease;
+  }
+
+  acquireLease(key: string, owner: string, ttlMs: number): Promise<{ acquired: boolean; owner?: string }> {
+    const held = this.lease(key);
+    if (held !== undefined) return Promise.resolve({ acquired: held.owner === owner, owner: held.owner });
+    const id = JSON.stringify([key, owner]);
+    let pending = this.#pending.get(id);
+    if (pending === undefined) {
+      pending = this.#acquire(key, owner, ttlMs, 0).finally(() => this.#pending.delete(id));
+      this.#pending.set(id, pending);
+    }
+    return pending;
+  }
+
+  /** The lease key of Mastra's `key` (`<resource>\0<thread>`). */
+  #keyOf(key: string): string {
+    return this.#prefix + key.split("\0").map(encodeURIComponent).join("/");
+  }
+
+  async #acquire(key: string, owner: string, ttlMs: number, waitMs: number): Promise<{ acquired: boolean; owner?: string }> {
+    try {
+      const lease = await this.#client.acquire(this.#keyOf(key), { owner, ttlMs, waitMs });
+      this.#held.set(key, lease);
+      return { acquired: true, owner };
+    } catch (err) {
+      if (err instanceof ReservedError) return { acquired: false, owner: err.successor === "" ? undefined : err.successor };
+      if (err instanceof BusyError) return { acquired: false, owner: err.holder };
+      this.#onError?.(err, key);
+      return { acquired: false };
+    }
+  }
+
+  /** The owner of the live term, by asking the server. @throws what the server call throws (Mastra reads it as "no live owner"). */
+  async getLeaseOwner(key: string): Promise<string | undefined> {
+    try {
+      return (await this.#client.get(this.#keyOf(key))).lease?.owner;
+    } catch (err) {
+      if (err instanceof LeaseholdError && err.code === "not_found") return undefined; // never held
+      throw err;
+    }
+  }
+
+  async releaseLease(key: string, owner: string): Promise<void> {
+    const lease = this.#held.get(key);
+    if (lease === undefined || lease.owner !== owner) return;
+    this.#held.delete(key);
+    await lease.release().catch(() => undefined); // a lost term has nothing left to release
+  }
+
+  /** Whether `owner` still holds `key` (the client's renewer keeps it alive; this does not extend it). */
+  renewLease(key: string, owner: string, _ttlMs: number): Promise<boolean> {
+    return Promise.resolve(this.lease(key)?.owner === owner);
+  }
+
+  /** Hands `fromOwner`'s term to `toOwner`: the key is reserved for `toOwner` between the two terms. */
+  async transferLease(key: string, fromOwner: string, toOwner: string, ttlMs: number): Promise<boolean> {
+    const lease = this.lease(key);
+    if (lease === undefined || lease.owner !== fromOwner) return false;
+    if (fromOwner === toOwner) return true;
+    this.#held.delete(key);
+    try {
+      await lease.handOff(toOwner, { withinMs: this.#handoffMs });
+    } catch (err) {
+      this.#onError?.(err, key);
+      return false;
+    }
+    return (await this.#acquire(key, toOwner, ttlMs, 0)).acquired;
+  }
+}
+
+/**
+ * The same pubsub (changed in place and returned), whose thread leases are
+ * leasehold's: Mastra's signals runtime asks a pubsub for its lease
+ * provider, and this one answers a {@link LeaseholdLeaseProvider}.
+ *
+ *   const mastra = new Mastra({ pubsub: leased(new EventEmitterPubSub(), lh), agents });  // leasehold: leased(...)
+ */
+export function leased<P extends PubSub>(
+  pubsub: P,
+  client: LeaseholdClient,
+  options: LeaseProviderOptions = {},
+): P & { getLeaseProvider(): LeaseholdLeaseProvider } {
+  const provider = new LeaseholdLeaseProvider(client, options);
+  const target = pubsub as P & { getLeaseProvider(): LeaseholdLeaseProvider };
+  target.getLeaseProvider = () => provider;
+  return target;
 }
