@@ -22,11 +22,18 @@
 // elects a thread's runner across processes with the pubsub's lease
 // provider: `leased(pubsub, lh)` makes it leasehold's (`LeaseholdLeaseProvider`),
 // which fails closed where Mastra's own fail open.
+//
+// Mastra's workflow runs (`ownWorkflows(mastra, lh)`): a run's `start`,
+// `resume`, `restart` (and their stream and async forms) hold the run's
+// lease while they execute, so boot-time recovery
+// (`restartAllActiveWorkflowRuns`) re-drives only the runs whose owner is
+// gone, each in one process, and a lost owner's snapshot writes are refused.
 
 import { AsyncLocalStorage } from "node:async_hooks";
 
 import type { Agent } from "@mastra/core/agent";
 import type { LeaseProvider, PubSub } from "@mastra/core/events";
+import type { Mastra } from "@mastra/core/mastra";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
 import { BusyError, LeaseholdError, NotOwnedError, ReservedError } from "./errors.js";
@@ -404,4 +411,164 @@ export function leased<P extends PubSub>(
   const target = pubsub as P & { getLeaseProvider(): LeaseholdLeaseProvider };
   target.getLeaseProvider = () => provider;
   return target;
+}
+
+/** How workflow runs are owned: the lease's TTL, how long a start or resume waits for a busy run, the key's prefix. */
+export interface WorkflowOwnOptions extends Pick<AcquireOptions, "ttlMs" | "waitMs"> {
+  /**
+   * Prepended to make the lease key (default `mastra-run:`): the key is
+   * `<prefix><workflow id>/<run id>`, each part URI-encoded.
+   */
+  readonly prefix?: string;
+}
+
+interface WorkflowRun {
+  readonly workflow: string;
+  readonly runId: string;
+  readonly lease: Lease;
+}
+
+const currentWorkflowRun = new AsyncLocalStorage<WorkflowRun>();
+
+/** The lease of the owned workflow run this code runs in (inside a step). */
+export function currentRunLease(): Lease {
+  const run = currentWorkflowRun.getStore();
+  if (run === undefined) throw new NotOwnedError("currentRunLease(): not inside an owned workflow run");
+  return run.lease;
+}
+
+/**
+ * The workflows domain's writes of a run (the snapshot after each step, step
+ * results, run state, the resume claim): inside the owned run of the same
+ * workflow and run id, each checks the lease and is gated.
+ */
+const WORKFLOW_WRITES = ["persistWorkflowSnapshot", "updateWorkflowResults", "updateWorkflowState", "deleteWorkflowRunById"] as const;
+
+/**
+ * What executes a run: `start`, `startAsync` and `stream` go through
+ * `_start`; `resume`, `resumeAsync`, `resumeStream` through `_resume`;
+ * `restart` through `_restart`; `timeTravel` and its stream through
+ * `_timeTravel`. Owning these four owns every public way in.
+ */
+const RUN_ENTRIES = ["_start", "_resume", "_restart", "_timeTravel"] as const;
+
+/** The part of a Mastra workflow run this reaches. */
+interface RunObject {
+  readonly workflowId: string;
+  readonly runId: string;
+  cancel(): Promise<void>;
+}
+
+/** The part of a Mastra workflow this reaches. */
+interface WorkflowObject {
+  createRun(options?: object): Promise<RunObject>;
+}
+
+/** The part of a Mastra instance this reaches. */
+interface MastraObject {
+  listWorkflows(): Record<string, unknown>;
+  addWorkflow(workflow: unknown, key?: string): void;
+  getStorage(): { getStore(domain: "workflows"): Promise<object | undefined> } | undefined;
+}
+
+const ownedRuns = new WeakSet<object>();
+const ownedWorkflows = new WeakSet<object>();
+
+function sameRun(run: WorkflowRun | undefined, args: unknown[]): run is WorkflowRun {
+  const params = args[0] as { workflowName?: unknown; runId?: unknown } | undefined;
+  return run !== undefined && params?.runId === run.runId && (params.workflowName ?? run.workflow) === run.workflow;
+}
+
+/** Gates the writes of the workflows storage domain (once per domain object). */
+async function gateWorkflowStore(mastra: MastraObject): Promise<void> {
+  const store = (await mastra.getStorage()?.getStore("workflows")) as Record<string, unknown> | undefined;
+  if (store === undefined || gatedStores.has(store)) return;
+  gatedStores.add(store);
+  for (const name of WORKFLOW_WRITES) {
+    const method = store[name];
+    if (typeof method !== "function") continue;
+    const write = method as (...args: unknown[]) => Promise<unknown>;
+    store[name] = async (...args: unknown[]): Promise<unknown> => {
+      const run = currentWorkflowRun.getStore();
+      if (sameRun(run, args)) {
+        ensureHeld(run.lease, `workflow run ${JSON.stringify(run.runId)}`);
+        await run.lease.gate();
+      }
+      return write.apply(store, args);
+    };
+  }
+}
+
+/**
+ * The same Mastra (changed in place and returned), whose workflow runs own
+ * their lease while they execute: a start or resume of a run another
+ * process is executing waits up to `waitMs`, then gets `BusyError`; a
+ * restart does not wait, so `mastra.restartAllActiveWorkflowRuns()` (the
+ * boot-time recovery, which restarts every run storage lists as running,
+ * including those a live process is executing) restarts only the runs
+ * whose owner is gone, and when several processes recover at once each run
+ * goes to one of them. Every snapshot write of an owned run is gated; a run
+ * that lost its lease is cancelled and never reports success. A run that
+ * ends (succeeded, failed, suspended for input) lets go of the key; one
+ * that throws leaves it recoverable.
+ *
+ *   const mastra = ownWorkflows(new Mastra({ workflows, storage }), lh);  // leasehold: ownWorkflows(...)
+ */
+export function ownWorkflows<M extends Mastra>(mastra: M, client: LeaseholdClient, options: WorkflowOwnOptions = {}): M {
+  const target = mastra as unknown as MastraObject;
+  const prefix = options.prefix ?? "mastra-run:";
+
+  const ownRun = (run: RunObject): RunObject => {
+    if (ownedRuns.has(run)) return run;
+    ownedRuns.add(run);
+    const entries = run as unknown as Record<string, (args: unknown) => Promise<unknown>>;
+    const key = `${prefix}${encodeURIComponent(run.workflowId)}/${encodeURIComponent(run.runId)}`;
+    for (const name of RUN_ENTRIES) {
+      const original = entries[name];
+      if (typeof original !== "function") continue;
+      entries[name] = async (args: unknown): Promise<unknown> => {
+        const present = currentWorkflowRun.getStore();
+        if (present?.runId === run.runId && present.workflow === run.workflowId) return original.call(run, args);
+        await gateWorkflowStore(target);
+        const lease = await client.acquire(key, { ttlMs: options.ttlMs, waitMs: name === "_restart" ? 0 : options.waitMs });
+        const owned: WorkflowRun = { workflow: run.workflowId, runId: run.runId, lease };
+        // A run whose lease is lost stops at its next step instead of running
+        // on unowned. Inside the run's context, so the canceled status Mastra
+        // then writes is refused like any other write of the lost run (outside
+        // it, it would land on the snapshot of whoever took the run over).
+        const cancel = (): void => void currentWorkflowRun.run(owned, () => run.cancel()).catch(() => undefined);
+        lease.signal.addEventListener("abort", cancel, { once: true });
+        return currentWorkflowRun.run(owned, async () => {
+          let result: unknown;
+          try {
+            result = await original.call(run, args);
+            ensureHeld(lease, `workflow run ${JSON.stringify(run.runId)}`); // a lost run never reports success
+          } catch (err) {
+            lease.signal.removeEventListener("abort", cancel);
+            throw await failedRun(lease, err);
+          }
+          lease.signal.removeEventListener("abort", cancel);
+          await lease.release().catch(() => undefined); // a term lost just now expires on its own
+          return result;
+        });
+      };
+    }
+    return run;
+  };
+
+  const ownWorkflow = (workflow: unknown): void => {
+    const w = workflow as WorkflowObject;
+    if (typeof w.createRun !== "function" || ownedWorkflows.has(w)) return;
+    ownedWorkflows.add(w);
+    const createRun = w.createRun.bind(w);
+    w.createRun = async (runOptions?: object): Promise<RunObject> => ownRun(await createRun(runOptions));
+  };
+
+  for (const workflow of Object.values(target.listWorkflows())) ownWorkflow(workflow);
+  const addWorkflow = target.addWorkflow.bind(target);
+  target.addWorkflow = (workflow: unknown, key?: string): void => {
+    addWorkflow(workflow, key);
+    ownWorkflow(workflow);
+  };
+  return mastra;
 }
