@@ -113,24 +113,40 @@ function ensureValid(run: Run): void {
   ensureHeld(run.lease, `thread ${JSON.stringify(run.thread)}`);
 }
 
-/** Gates the writes of `memory`'s storage domain (once per domain object). */
-async function gateMemory(memory: StoredMemory): Promise<void> {
-  const store = (await memory.storage?.getStore("memory")) as Record<string, unknown> | undefined;
+/**
+ * Gates the writes `names` of a storage domain (once per domain object):
+ * each write for which `owner` names a lease (the owned run it belongs to)
+ * first checks that lease and passes its gate.
+ */
+function gateWrites(
+  store: Record<string, unknown> | undefined,
+  names: readonly string[],
+  owner: (args: unknown[]) => { lease: Lease; what: string } | undefined,
+): void {
   if (store === undefined || gatedStores.has(store)) return;
   gatedStores.add(store);
-  for (const name of STORE_WRITES) {
+  for (const name of names) {
     const method = store[name];
     if (typeof method !== "function") continue;
     const write = method as (...args: unknown[]) => Promise<unknown>;
     store[name] = async (...args: unknown[]): Promise<unknown> => {
-      const run = current.getStore();
+      const run = owner(args);
       if (run !== undefined) {
-        ensureValid(run);
+        ensureHeld(run.lease, run.what);
         await run.lease.gate();
       }
       return write.apply(store, args);
     };
   }
+}
+
+/** Gates the writes of `memory`'s storage domain inside an owned run. */
+async function gateMemory(memory: StoredMemory): Promise<void> {
+  const store = (await memory.storage?.getStore("memory")) as Record<string, unknown> | undefined;
+  gateWrites(store, STORE_WRITES, () => {
+    const run = current.getStore();
+    return run === undefined ? undefined : { lease: run.lease, what: `thread ${JSON.stringify(run.thread)}` };
+  });
 }
 
 /** The run's options, changed to run as the lease's owner. */
@@ -479,24 +495,13 @@ function sameRun(run: WorkflowRun | undefined, args: unknown[]): run is Workflow
   return run !== undefined && params?.runId === run.runId && (params.workflowName ?? run.workflow) === run.workflow;
 }
 
-/** Gates the writes of the workflows storage domain (once per domain object). */
+/** Gates the writes of the workflows storage domain for the owned run they belong to. */
 async function gateWorkflowStore(mastra: MastraObject): Promise<void> {
   const store = (await mastra.getStorage()?.getStore("workflows")) as Record<string, unknown> | undefined;
-  if (store === undefined || gatedStores.has(store)) return;
-  gatedStores.add(store);
-  for (const name of WORKFLOW_WRITES) {
-    const method = store[name];
-    if (typeof method !== "function") continue;
-    const write = method as (...args: unknown[]) => Promise<unknown>;
-    store[name] = async (...args: unknown[]): Promise<unknown> => {
-      const run = currentWorkflowRun.getStore();
-      if (sameRun(run, args)) {
-        ensureHeld(run.lease, `workflow run ${JSON.stringify(run.runId)}`);
-        await run.lease.gate();
-      }
-      return write.apply(store, args);
-    };
-  }
+  gateWrites(store, WORKFLOW_WRITES, (args) => {
+    const run = currentWorkflowRun.getStore();
+    return sameRun(run, args) ? { lease: run.lease, what: `workflow run ${JSON.stringify(run.runId)}` } : undefined;
+  });
 }
 
 /**
