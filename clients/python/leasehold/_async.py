@@ -266,6 +266,23 @@ class AsyncClient:
         # unasync: end
         # | clients.add(self)
 
+    # | def _quiesce_for_fork(self, timeout: float) -> None:
+    # |     """Ends this process's Session streams and watches before a fork()."""
+    # |     conn = self._conn
+    # |     if conn is not None and conn.pid == os.getpid():
+    # |         for watch in list(conn.watches):
+    # |             watch._end_for_fork(timeout)
+    # |         for node in conn.nodes:
+    # |             node.mux.quiesce(timeout)
+    # |
+    # | def _forget_after_fork(self) -> None:
+    # |     """In a fork()'s child: the parent's connection is kept, never used."""
+    # |     # Locks may have been held by threads that do not exist in the child.
+    # |     self._lock = threading.Lock()
+    # |     if self._conn is not None:
+    # |         inherited.append(self._conn)
+    # |         self._conn = None
+    # |
     def _connection(self) -> _Connection:
         conn = self._conn
         if conn is not None and conn.usable():

@@ -15,8 +15,8 @@ import contextlib
 import copy
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Generator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -27,8 +27,7 @@ from ._errors import Error, LeaseLost, Unavailable, from_aio_error, from_refusal
 from ._proto import leasehold_pb2 as pb
 from ._types import WatchEvent
 
-if TYPE_CHECKING:
-    from ._async import _Connection, _Node
+T = TypeVar("T")
 
 #: grpc.aio's end-of-stream marker (missing from the type stubs).
 _EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
@@ -153,6 +152,32 @@ async def unary(
         if failure.code == "DEADLINE_EXCEEDED":
             failure = Unavailable(f"{name} got no reply within {millis(timeout)} ms")
         raise failure from None
+
+
+class _Node(Protocol):
+    """What the keep-alive and the watch use of one server (``_async._Node``,
+    named by its shape so this module imports nothing of the client's)."""
+
+    @property
+    def mux(self) -> Mux: ...
+
+    @property
+    def rpc(self) -> Any: ...
+
+
+class _Connection(Protocol):
+    """What the keep-alive and the watch use of a connection
+    (``_async._Connection``)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def metadata(self) -> Metadata: ...
+
+    def track(self, task: asyncio.Task[None]) -> None: ...
+
+    async def run(self, safe: bool, op: Callable[[_Node], Awaitable[T]]) -> T: ...
 
 
 class Renewer:

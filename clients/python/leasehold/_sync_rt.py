@@ -18,8 +18,8 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -29,8 +29,7 @@ from ._errors import Error, LeaseLost, Unavailable, from_refusal, from_rpc_error
 from ._proto import leasehold_pb2 as pb
 from ._types import WatchEvent
 
-if TYPE_CHECKING:
-    from ._sync import Client, _Connection, _Node
+T = TypeVar("T")
 
 
 class _Stream:
@@ -175,7 +174,20 @@ class Mux:
             stream.join(timeout)
 
 
-clients: weakref.WeakSet[Client] = weakref.WeakSet()
+class _Forking(Protocol):
+    """What a fork() needs of a client (``_sync.Client``, named by its shape
+    so this module imports nothing of the client's)."""
+
+    def _quiesce_for_fork(self, timeout: float) -> None:
+        """Ends this process's Session streams and watches, waiting up to
+        ``timeout`` for each."""
+
+    def _forget_after_fork(self) -> None:
+        """In the child: drops the parent's connection (kept in ``inherited``)
+        and the locks its threads may have held."""
+
+
+clients: weakref.WeakSet[_Forking] = weakref.WeakSet()
 #: Connections inherited across fork are kept, never closed or collected, in
 #: the child: gRPC must not touch a parent's channel there (grpc #29586).
 inherited: list[object] = []
@@ -190,32 +202,15 @@ def _before_fork() -> None:
     # the Session stream is always in progress while leases are held, so it
     # is ended first (in this process) and reopened on next use.
     for client in list(clients):
-        _quiesce_for_fork(client)
+        client._quiesce_for_fork(_FORK_QUIESCE_SECONDS)
 
 
 def _after_fork_in_child() -> None:
     for client in list(clients):
-        _forget_after_fork(client)
+        client._forget_after_fork()
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
-
-
-def _quiesce_for_fork(client: Client) -> None:
-    conn = client._conn
-    if conn is not None and conn.pid == os.getpid():
-        for watch in list(conn.watches):
-            watch._end_for_fork(_FORK_QUIESCE_SECONDS)
-        for node in conn.nodes:
-            node.mux.quiesce(_FORK_QUIESCE_SECONDS)
-
-
-def _forget_after_fork(client: Client) -> None:
-    # Locks may have been held by threads that do not exist in the child.
-    client._lock = threading.Lock()
-    if client._conn is not None:
-        inherited.append(client._conn)
-        client._conn = None
 
 
 def unary(
@@ -228,6 +223,28 @@ def unary(
         if failure.code == "DEADLINE_EXCEEDED":
             failure = Unavailable(f"{name} got no reply within {millis(timeout)} ms")
         raise failure from None
+
+
+class _Node(Protocol):
+    """What the keep-alive uses of one server (``_sync._Node``)."""
+
+    @property
+    def mux(self) -> Mux: ...
+
+
+class _Connection(Protocol):
+    """What the keep-alive and a fork use of a connection (``_sync._Connection``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def nodes(self) -> Sequence[_Node]: ...
+
+    @property
+    def watches(self) -> Iterable[Watch]: ...
+
+    def run(self, safe: bool, op: Callable[[_Node], T]) -> T: ...
 
 
 class Renewer:
