@@ -84,6 +84,14 @@ impl ClientError {
     }
 }
 
+/// Input the client checks before sending, refused as the server would
+/// refuse it (`Error::InvalidArgument`).
+impl From<leasehold_core::lease::Invalid> for ClientError {
+    fn from(invalid: leasehold_core::lease::Invalid) -> Self {
+        ClientError::Server(invalid.into())
+    }
+}
+
 /// The one place a gRPC status becomes a client error.
 impl From<tonic::Status> for ClientError {
     fn from(status: tonic::Status) -> Self {

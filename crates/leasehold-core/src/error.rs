@@ -8,7 +8,7 @@
 use std::fmt;
 
 use crate::clock::Millis;
-use crate::lease::{Fence, Key, Owner};
+use crate::lease::{Fence, Invalid, Key, Owner};
 
 /// Why a presented fence is not the key's live term.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,3 +174,9 @@ pub enum Error {
 
 /// Result alias for lease operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<Invalid> for Error {
+    fn from(invalid: Invalid) -> Error {
+        Error::InvalidArgument(invalid.0)
+    }
+}

@@ -9,7 +9,23 @@
 use std::fmt;
 
 use crate::clock::Millis;
-use crate::error::{Error, Result};
+
+/// Input that breaks one of the rules below, naming the rule broken. The
+/// error table turns it into `Error::InvalidArgument` (a `From`, so `?`
+/// carries it into any lessor result); it is a type of its own so that the
+/// values need nothing of the table whose refusals name them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+type Result<T> = std::result::Result<T, Invalid>;
 
 /// Longest key, in bytes.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -47,11 +63,11 @@ impl LeaseId {
     /// Parses a lease id as sent by a client.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `text` is not a UUID.
+    /// [`Invalid`] when `text` is not a UUID.
     pub fn parse(text: &str) -> Result<Self> {
         uuid::Uuid::parse_str(text)
             .map(LeaseId)
-            .map_err(|_| Error::InvalidArgument(format!("lease_id {text:?} is not a UUID")))
+            .map_err(|_| Invalid(format!("lease_id {text:?} is not a UUID")))
     }
 }
 
@@ -144,10 +160,10 @@ impl AcquireOptions {
     /// Checks the wire values; `max_recoveries = 0` means the server default.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a lock-delay over [`MAX_LOCK_DELAY_MS`].
+    /// [`Invalid`] for a lock-delay over [`MAX_LOCK_DELAY_MS`].
     pub fn parse(lock_delay_ms: u64, max_recoveries: u32, force: bool) -> Result<AcquireOptions> {
         if lock_delay_ms > MAX_LOCK_DELAY_MS {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Invalid(format!(
                 "lock_delay_ms {lock_delay_ms} is over the limit of {MAX_LOCK_DELAY_MS}"
             )));
         }
@@ -172,20 +188,20 @@ impl Handoff {
     /// is [`DEFAULT_HANDOFF_MS`].
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a bad owner or a time over
+    /// [`Invalid`] for a bad owner or a time over
     /// [`MAX_HANDOFF_MS`], or a time without a successor.
     pub fn parse_optional(successor: impl Into<String>, for_ms: u64) -> Result<Option<Handoff>> {
         let successor = successor.into();
         if successor.is_empty() {
             if for_ms != 0 {
-                return Err(Error::InvalidArgument(
+                return Err(Invalid(
                     "handoff_ms is set but no successor is named".into(),
                 ));
             }
             return Ok(None);
         }
         if for_ms > MAX_HANDOFF_MS {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Invalid(format!(
                 "handoff_ms {for_ms} is over the limit of {MAX_HANDOFF_MS}"
             )));
         }
@@ -334,7 +350,7 @@ impl Key {
     /// Checks `key`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the rule broken.
+    /// [`Invalid`] naming the rule broken.
     pub fn parse(key: impl Into<String>) -> Result<Key> {
         let key = key.into();
         check_name("key", &key, MAX_KEY_BYTES)?;
@@ -367,7 +383,7 @@ impl Owner {
     /// Checks `owner`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the rule broken.
+    /// [`Invalid`] naming the rule broken.
     pub fn parse(owner: impl Into<String>) -> Result<Owner> {
         let owner = owner.into();
         check_name("owner", &owner, MAX_OWNER_BYTES)?;
@@ -389,11 +405,11 @@ impl RequestId {
     /// Checks a request id as it travels on the wire, where empty means none.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when it is too long.
+    /// [`Invalid`] when it is too long.
     pub fn parse_optional(request_id: impl Into<String>) -> Result<Option<RequestId>> {
         let request_id = request_id.into();
         if request_id.len() > MAX_REQUEST_ID_BYTES {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Invalid(format!(
                 "request_id is {} bytes; the limit is {MAX_REQUEST_ID_BYTES}",
                 request_id.len()
             )));
@@ -414,10 +430,10 @@ impl Ttl {
     /// Checks a TTL in milliseconds.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when it is out of range.
+    /// [`Invalid`] when it is out of range.
     pub fn from_millis(ttl_ms: u64) -> Result<Ttl> {
         if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Invalid(format!(
                 "ttl_ms {ttl_ms} is outside [{MIN_TTL_MS}, {MAX_TTL_MS}]"
             )));
         }
@@ -427,7 +443,7 @@ impl Ttl {
     /// A Renew's TTL as it travels on the wire, where 0 means "keep the term's".
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when it is neither 0 nor in range.
+    /// [`Invalid`] when it is neither 0 nor in range.
     pub fn parse_optional(ttl_ms: u64) -> Result<Option<Ttl>> {
         if ttl_ms == 0 {
             Ok(None)
@@ -450,10 +466,10 @@ impl Wait {
     /// Checks a wait in milliseconds.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when it is too long.
+    /// [`Invalid`] when it is too long.
     pub fn from_millis(wait_ms: u64) -> Result<Wait> {
         if wait_ms > MAX_WAIT_MS {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Invalid(format!(
                 "wait_ms {wait_ms} is over the limit of {MAX_WAIT_MS}"
             )));
         }
@@ -510,16 +526,16 @@ eq_str!(Key, Owner, RequestId);
 /// A key or owner: non-empty, at most `limit` bytes, no control characters.
 fn check_name(what: &str, text: &str, limit: usize) -> Result<()> {
     if text.is_empty() {
-        return Err(Error::InvalidArgument(format!("{what} must not be empty")));
+        return Err(Invalid(format!("{what} must not be empty")));
     }
     if text.len() > limit {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Invalid(format!(
             "{what} is {} bytes; the limit is {limit}",
             text.len()
         )));
     }
     if text.chars().any(char::is_control) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Invalid(format!(
             "{what} must not contain control characters"
         )));
     }

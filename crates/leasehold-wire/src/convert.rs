@@ -245,7 +245,7 @@ pub fn acquire(r: pb::AcquireRequest) -> Result<Acquire> {
 /// # Errors
 /// [`Error::InvalidArgument`] for a malformed successor or time.
 pub fn handoff(successor: String, handoff_ms: u64) -> Result<Option<Handoff>> {
-    Handoff::parse_optional(successor, handoff_ms)
+    Ok(Handoff::parse_optional(successor, handoff_ms)?)
 }
 
 /// The page a History request starts at: below this fence (`None`: the
@@ -390,7 +390,7 @@ pub fn parse_page_token(token: &str) -> Result<Option<Key>> {
 
 /// A reply field that did not parse: the server (or something between) sent
 /// what no leasehold server sends.
-fn malformed(what: &str, err: &Error) -> Error {
+fn malformed(what: &str, err: &dyn std::fmt::Display) -> Error {
     Error::Storage(format!("malformed reply: {what}: {err}"))
 }
 

@@ -543,7 +543,7 @@ impl Console {
         }
         let key = match Key::parse(input.key.clone()) {
             Ok(key) => key,
-            Err(err) => return status_error(leasehold_wire::status::to_status(err)),
+            Err(err) => return status_error(leasehold_wire::status::to_status(err.into())),
         };
         let live = match self.backend.get(&key).await {
             Ok(view) => view.live,

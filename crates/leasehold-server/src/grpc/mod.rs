@@ -152,8 +152,13 @@ impl LeaseholdService {
 
     /// Parses a request field; a malformed one is refused (and counted)
     /// before the backend sees anything.
-    fn parsed<T>(&self, rpc: &'static str, value: Result<T, Error>) -> Result<T, Status> {
+    fn parsed<T, E: Into<Error>>(
+        &self,
+        rpc: &'static str,
+        value: Result<T, E>,
+    ) -> Result<T, Status> {
         value.map_err(|err| {
+            let err = err.into();
             self.metrics.record(rpc, Duration::ZERO, Some(&err));
             status::to_status(err)
         })
@@ -676,7 +681,7 @@ fn session_step(
             let step = step.named("Session.Check");
             let key = match Key::parse(r.key) {
                 Ok(key) => key,
-                Err(err) => return step.refused(err),
+                Err(err) => return step.refused(err.into()),
             };
             if let Err(err) = allowed(who, Right::Check, &key) {
                 return step.refused(err);
