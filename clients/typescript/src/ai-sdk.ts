@@ -15,14 +15,22 @@
 // released when the run finishes, suspended when it fails or is aborted.
 // A `streamText` run keeps its lease until its stream ends, however it is
 // consumed (the response, `consumeStream()` after the request is gone).
+//
+// Resumable streams (`activeStreamId`): `newStreamId()` names the run's
+// stream after its term, in the run (the result's `consumeSseStream` runs
+// as the owner); the resume route asks `liveStreamId(client, key, stored)`,
+// which answers the stored id only while the run that made it still owns
+// the chat, so a client never resumes a stream whose run died or lost the
+// chat (it would never finish).
 
 import { AsyncLocalStorage } from "node:async_hooks";
+import { randomUUID } from "node:crypto";
 
 import * as ai from "ai";
 import type { ToolSet } from "ai";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { NotOwnedError } from "./errors.js";
+import { LeaseholdError, NotOwnedError } from "./errors.js";
 import type { Lease } from "./lease.js";
 import { answer, failedRun, ledgerCall, takeover, unknownResult } from "./owning.js";
 
@@ -157,7 +165,7 @@ export async function streamText(
     const onFinish = owned.onFinish as ((event: unknown) => Promise<void>) | undefined;
     const onError = given.onError as ((event: { error: unknown }) => unknown) | undefined;
     const onAbort = given.onAbort as ((event: unknown) => unknown) | undefined;
-    return ai.streamText({
+    return asOwner(ai.streamText({
       ...owned,
       onFinish: async (event: unknown) => {
         try {
@@ -176,6 +184,58 @@ export async function streamText(
         end(true);
         if (onAbort !== undefined) await onAbort(event);
       },
-    } as StreamArgs);
+    } as StreamArgs), lease);
   });
+}
+
+/**
+ * The UI-stream methods of `result`, run as the owner: what they call back
+ * (`consumeSseStream` above all, where a resumable stream is registered and
+ * its id saved) sees the run's lease as `currentLease()`.
+ */
+function asOwner<R extends object>(result: R, lease: Lease): R {
+  const methods = result as unknown as Record<string, unknown>;
+  for (const name of ["toUIMessageStream", "toUIMessageStreamResponse", "pipeUIMessageStreamToResponse"]) {
+    const method = methods[name];
+    if (typeof method !== "function") continue;
+    const original = method as (...args: unknown[]) => unknown;
+    methods[name] = (...args: unknown[]): unknown => current.run(lease, () => original.apply(result, args));
+  }
+  return result;
+}
+
+/**
+ * A resumable stream's id for the owned run (`<fence>.<uuid>`): it names the
+ * term that streams it, so {@link liveStreamId} can tell whether that run
+ * still owns the chat. Save it as the chat's `activeStreamId` with a fenced
+ * write (`sqliteFencedWrite(db, key, currentLease().fence, ...)`).
+ * @throws NotOwnedError outside an owned run (pass the lease instead).
+ */
+export function newStreamId(lease: Lease = currentLease()): string {
+  return `${lease.fence}.${randomUUID()}`;
+}
+
+/**
+ * For the resume route: `activeStreamId` while the run that made it (with
+ * {@link newStreamId}) still owns `key`; `null` when there is none, when
+ * that run has ended or lost the chat (its process died, or stalled past its
+ * TTL: its stream will never finish, and resuming it would hang or replay
+ * an abandoned turn), or for an id that `newStreamId` did not make.
+ * @throws what `client.get` throws but "not found" (an unknown chat: `null`).
+ */
+export async function liveStreamId(
+  client: LeaseholdClient,
+  key: string,
+  activeStreamId: string | null | undefined,
+): Promise<string | null> {
+  if (activeStreamId === null || activeStreamId === undefined) return null;
+  const named = /^([0-9]+)\./.exec(activeStreamId);
+  if (named === null) return null;
+  const fence = BigInt(named[1]!);
+  try {
+    return (await client.get(key)).lease?.fence === fence ? activeStreamId : null;
+  } catch (err) {
+    if (err instanceof LeaseholdError && err.code === "not_found") return null;
+    throw err;
+  }
 }
