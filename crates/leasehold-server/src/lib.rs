@@ -17,7 +17,7 @@
 //! `leasehold-wire`.
 
 pub mod auth;
-pub mod backend;
+pub use leasehold_backend as backend;
 pub mod coalesce;
 pub mod console;
 pub mod engine;

@@ -21,9 +21,7 @@ use std::time::Instant;
 use leasehold_core::error::Error;
 use leasehold_core::lease::{Fence, Key, Term};
 
-/// How many Acquires may wait in one key's line unless configured
-/// (`--max-waiters-per-key`), on either backend.
-pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1_000;
+pub use leasehold_backend::DEFAULT_MAX_WAITERS_PER_KEY;
 
 /// The limits' settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,12 +2,15 @@
 //!
 //! The services parse each request into domain values and call a
 //! [`Backend`]; they know nothing of where the state lives. Two implement
-//! it: the [`Engine`](crate::engine::Engine), the lessor in memory over
-//! SQLite (group commit, one process), and
-//! [`PgBackend`](crate::postgres::PgBackend), every rule a statement on a
-//! PostgreSQL database shared by several stateless servers. This module also
+//! it: the SQLite engine (`leasehold_server::engine::Engine`, the lessor in
+//! memory over SQLite: group commit, one process) and the PostgreSQL
+//! backend (`leasehold_server::postgres::PgBackend`, every rule a statement
+//! on a database shared by several stateless servers). This crate also
 //! holds the vocabulary both speak and neither owns ([`Watching`],
-//! [`Commit`], [`cut_off`]), so neither backend imports the other.
+//! [`Commit`], [`cut_off`], [`DEFAULT_MAX_WAITERS_PER_KEY`]) and the
+//! metrics writer a backend writes its numbers with ([`metrics`]), so a
+//! backend depends on this crate and the core, never on the server or on
+//! another backend.
 //!
 //! # Contract
 //! Every implementation keeps the invariants the services promise clients:
@@ -27,6 +30,12 @@ use futures_util::stream::BoxStream;
 use tokio::sync::watch;
 
 use crate::metrics::Exposition;
+
+pub mod metrics;
+
+/// How many Acquires may wait in one key's line unless configured
+/// (`--max-waiters-per-key`), on either backend.
+pub const DEFAULT_MAX_WAITERS_PER_KEY: usize = 1_000;
 use leasehold_core::error::{Error, Result};
 use leasehold_core::events::{Event, Selector};
 use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, Ttl};
@@ -34,12 +43,12 @@ use leasehold_core::ledger::{BeginOutcome, CallFilter, CallSpec, Settlement, Too
 use leasehold_core::lessor::{Acquire, Grant, HistoryPage, KeyView, ListFilter, ListPage};
 
 /// One commit's events, shared by every watcher.
-pub(crate) type Commit = Arc<[Event]>;
+pub type Commit = Arc<[Event]>;
 
 /// The refusal that ends a watcher that fell more than `buffer` commits
 /// behind, naming the revision to resume from (both backends' watchers
 /// say the same).
-pub(crate) fn cut_off(buffer: usize, resume: u64) -> Error {
+pub fn cut_off(buffer: usize, resume: u64) -> Error {
     Error::ResourceExhausted {
         limit: "watch_buffer".into(),
         detail: format!(
