@@ -1,10 +1,11 @@
 //! The leasehold server: per-key leases with fencing tokens, served over gRPC
 //! from a durable store.
 //!
-//! - [`engine`]: the lessor shared by all requests, the writer thread (group
-//!   commit) and the expiry timer; the SQLite-backed [`Backend`].
-//! - [`backend`]: the seam the gRPC services talk through ([`Backend`]).
-//! - [`sqlite`]: the SQLite implementation of the core's `Store` trait.
+//! - [`backend`]: the seam the gRPC services talk through ([`Backend`]), the
+//!   crate `leasehold-backend`.
+//! - [`engine`], [`sqlite`], [`event_codec`]: the SQLite backend (the lessor
+//!   in memory, group commit, the expiry timer; the store), the crate
+//!   `leasehold-sqlite`.
 //! - [`postgres`]: the PostgreSQL [`Backend`], for several stateless servers
 //!   on one database.
 //! - [`grpc`]: the tonic services (leases, the Session stream, transcripts).
@@ -17,19 +18,18 @@
 //! `leasehold-wire`.
 
 pub mod auth;
-pub use leasehold_backend as backend;
 pub mod coalesce;
 pub mod console;
-pub mod engine;
-pub mod event_codec;
 pub mod grpc;
 pub mod limits;
 pub mod metrics;
 pub mod postgres;
 pub mod request_log;
 pub mod server;
-pub mod sqlite;
 pub mod tls;
+
+pub use leasehold_backend as backend;
+pub use leasehold_sqlite::{engine, event_codec, sqlite};
 
 pub use backend::Backend;
 pub use engine::{Engine, EngineConfig};

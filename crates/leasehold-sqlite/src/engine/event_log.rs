@@ -22,7 +22,7 @@ use tokio::sync::broadcast;
 
 use leasehold_core::error::{Error, Result};
 
-use crate::backend::{Commit, Watching, cut_off};
+use leasehold_backend::{Commit, Watching, cut_off};
 use leasehold_core::events::{Event, Selector};
 
 pub(super) struct EventLog {

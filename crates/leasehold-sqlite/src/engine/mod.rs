@@ -31,8 +31,8 @@ mod event_log;
 mod timer;
 mod writer;
 
-pub use crate::backend::Watching;
 use event_log::EventLog;
+pub use leasehold_backend::Watching;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,9 +55,9 @@ use leasehold_core::lessor::{
 };
 use leasehold_core::store::{Store, StoreError};
 
-use crate::backend::{Backend, Pending};
-use crate::metrics::{BATCH_BUCKETS, Exposition, Histogram, LATENCY_BUCKETS};
 use futures_util::future::BoxFuture;
+use leasehold_backend::metrics::{BATCH_BUCKETS, Exposition, Histogram, LATENCY_BUCKETS};
+use leasehold_backend::{Backend, Pending};
 
 /// At most this many lazily changed keys (expiries, renewals) go into one
 /// commit, so a mass expiry is written in chunks that urgent changes ride
@@ -119,7 +119,7 @@ impl Default for EngineConfig {
             lazy_flush: Duration::from_secs(1),
             list_scan_budget: 10_000,
             retention_ms: DEFAULT_RETENTION_MS,
-            max_waiters_per_key: crate::limits::DEFAULT_MAX_WAITERS_PER_KEY,
+            max_waiters_per_key: leasehold_backend::DEFAULT_MAX_WAITERS_PER_KEY,
             history_len: DEFAULT_HISTORY_LEN,
             default_max_recoveries: None,
             event_log_len: DEFAULT_EVENT_LOG_LEN,
