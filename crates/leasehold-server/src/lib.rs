@@ -7,7 +7,7 @@
 //!   in memory, group commit, the expiry timer; the store), the crate
 //!   `leasehold-sqlite`.
 //! - [`postgres`]: the PostgreSQL [`Backend`], for several stateless servers
-//!   on one database.
+//!   on one database, the crate `leasehold-postgres`.
 //! - [`grpc`]: the tonic services (leases, the Session stream, transcripts).
 //! - [`server`]: running it all on a listener, with health and reflection.
 //! - [`console`]: the web console (`serve --console-listen`).
@@ -23,12 +23,12 @@ pub mod console;
 pub mod grpc;
 pub mod limits;
 pub mod metrics;
-pub mod postgres;
 pub mod request_log;
 pub mod server;
 pub mod tls;
 
 pub use leasehold_backend as backend;
+pub use leasehold_postgres as postgres;
 pub use leasehold_sqlite::{engine, event_codec, sqlite};
 
 pub use backend::Backend;

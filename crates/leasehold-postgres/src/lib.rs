@@ -114,7 +114,7 @@ use leasehold_core::lessor::{
 };
 use leasehold_core::store::StoreError;
 
-use crate::backend::{Backend, Pending};
+use leasehold_backend::{Backend, Pending};
 use order::{Access, Turns};
 use row::{KeyNow, KeyRow, millis};
 
@@ -198,7 +198,7 @@ impl PgConfig {
             sweep_interval: Duration::from_millis(500),
             poll: Duration::from_millis(500),
             waiter_lease: Duration::from_secs(3),
-            max_waiters_per_key: crate::limits::DEFAULT_MAX_WAITERS_PER_KEY,
+            max_waiters_per_key: leasehold_backend::DEFAULT_MAX_WAITERS_PER_KEY,
             connect_timeout: Duration::from_secs(3),
             op_timeout: Duration::from_secs(10),
             history_len: DEFAULT_HISTORY_LEN,
@@ -744,7 +744,7 @@ impl Backend for PgBackend {
         })
     }
 
-    fn watch(&self, selector: Selector, start: u64) -> Pending<crate::backend::Watching> {
+    fn watch(&self, selector: Selector, start: u64) -> Pending<leasehold_backend::Watching> {
         let inner = self.inner.clone();
         let limit = inner.config.op_timeout;
         Box::pin(in_time(limit, inner.watch(selector, start)))
@@ -832,7 +832,7 @@ impl Backend for PgBackend {
         self.inner.reachable.subscribe()
     }
 
-    fn write_metrics(&self, out: &mut crate::metrics::Exposition) {
+    fn write_metrics(&self, out: &mut leasehold_backend::metrics::Exposition) {
         use std::sync::atomic::Ordering::Relaxed;
         out.gauge(
             "leasehold_pg_database_up",

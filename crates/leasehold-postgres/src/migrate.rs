@@ -15,14 +15,14 @@ use super::sql;
 
 /// The migrations, in order: entry `i` takes the schema to version `i + 1`.
 pub const MIGRATIONS: &[&str] = &[
-    include_str!("../../../../migrations/postgres/0001_leases.sql"),
-    include_str!("../../../../migrations/postgres/0002_tool_calls.sql"),
-    include_str!("../../../../migrations/postgres/0003_lifecycle.sql"),
-    include_str!("../../../../migrations/postgres/0004_tool_call_turns.sql"),
-    include_str!("../../../../migrations/postgres/0005_events.sql"),
-    include_str!("../../../../migrations/postgres/0006_event_batches.sql"),
-    include_str!("../../../../migrations/postgres/0007_event_log_batches.sql"),
-    include_str!("../../../../migrations/postgres/0008_history_ring.sql"),
+    include_str!("../../../migrations/postgres/0001_leases.sql"),
+    include_str!("../../../migrations/postgres/0002_tool_calls.sql"),
+    include_str!("../../../migrations/postgres/0003_lifecycle.sql"),
+    include_str!("../../../migrations/postgres/0004_tool_call_turns.sql"),
+    include_str!("../../../migrations/postgres/0005_events.sql"),
+    include_str!("../../../migrations/postgres/0006_event_batches.sql"),
+    include_str!("../../../migrations/postgres/0007_event_log_batches.sql"),
+    include_str!("../../../migrations/postgres/0008_history_ring.sql"),
 ];
 
 /// Creates `schema` if needed and brings it to the newest version.

@@ -66,7 +66,7 @@ use tokio::sync::broadcast;
 use leasehold_core::events::{Event, Selector};
 
 use super::*;
-use crate::backend::{Commit, Watching, cut_off};
+use leasehold_backend::{Commit, Watching, cut_off};
 
 /// Events read from the log by one statement (and so at most one feed item).
 const PAGE: usize = 256;
