@@ -31,6 +31,8 @@ use tokio::sync::watch;
 
 use crate::metrics::Exposition;
 
+#[cfg(feature = "contract")]
+pub mod contract;
 pub mod metrics;
 
 /// How many Acquires may wait in one key's line unless configured
@@ -127,7 +129,8 @@ pub trait Backend: Send + Sync + 'static {
         specs: Vec<CallSpec>,
     ) -> Pending<BeginOutcome>;
 
-    /// Records a tool call's terminal outcome; the first one wins.
+    /// Records a tool call's terminal outcome; the first one wins. Returns
+    /// the winning record and whether an earlier settlement had won.
     fn settle_tool_call(
         &self,
         key: &Key,
