@@ -2,9 +2,9 @@
 //!
 //! The services parse each request into domain values and call a
 //! [`Backend`]; they know nothing of where the state lives. Two implement
-//! it: the SQLite engine (`leasehold_server::engine::Engine`, the lessor in
+//! it: the SQLite engine (`leasehold_sqlite::Engine`, the lessor in
 //! memory over SQLite: group commit, one process) and the PostgreSQL
-//! backend (`leasehold_server::postgres::PgBackend`, every rule a statement
+//! backend (`leasehold_postgres::PgBackend`, every rule a statement
 //! on a database shared by several stateless servers). This crate also
 //! holds the vocabulary both speak and neither owns ([`Watching`],
 //! [`Commit`], [`cut_off`], [`DEFAULT_MAX_WAITERS_PER_KEY`]) and the

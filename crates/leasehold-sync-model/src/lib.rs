@@ -1,5 +1,5 @@
 //! loom models of the hand-written synchronisation inside the engine
-//! (`leasehold-server/src/engine`), checked over thread interleavings by
+//! (`leasehold-sqlite/src/engine`), checked over thread interleavings by
 //! `cargo test -p leasehold-sync-model` (issue #17, part 3).
 //!
 //! The engine mixes a std `Mutex` and `Condvar` with tokio's `watch` and
