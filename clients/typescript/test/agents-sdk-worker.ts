@@ -19,7 +19,7 @@ import OpenAI from "openai";
 import { z } from "zod";
 import { createClient, type LeaseholdClient } from "../src/index.js";
 import { currentLease, ledgered, run, SQLiteSession } from "../src/agents.js";
-import { failure, type Message, type RunBody, serveWorker } from "./worker-http.js";
+import { failure, type Message, type RunBody, serveWorker, walMode } from "./worker-http.js";
 
 sdk.setTracingDisabled(true);
 
@@ -30,7 +30,7 @@ const waitMs = Number(process.env.AGENT_WAIT_MS ?? "0");
 const effects = process.env.AGENT_EFFECTS ?? "/dev/null";
 const streamed = process.env.AGENT_STREAM === "1";
 const db = new Database(process.env.AGENT_DB ?? "agents.db", { timeout: 10_000 });
-db.pragma("journal_mode = WAL");
+walMode(db);
 const client: LeaseholdClient | undefined = owned
   ? createClient({ baseUrl: process.env.LEASEHOLD_URL ?? "", owner: name })
   : undefined;

@@ -230,25 +230,33 @@ describe("ai-sdk: resumable streams (activeStreamId) follow the chat's owner", (
       stdio: ["ignore", "pipe", "inherit"],
     });
     const exited = new Promise<void>((resolve) => worker.once("exit", () => resolve()));
-    const printed = await new Promise<string>((resolve, reject) => {
-      createInterface({ input: worker.stdout! }).once("line", resolve);
-      worker.once("exit", () => reject(new Error("the worker exited before streaming")));
-    });
-    const deadId = (JSON.parse(printed) as { streaming: string }).streaming;
-    assert.equal(stored("c4"), deadId);
-    assert.equal(await liveStreamId(b, "chat:c4", deadId), deadId, "live while its term is");
-    worker.kill("SIGKILL");
-    await exited;
-    // What a resume route would hand a reconnecting client: the store still names the dead stream ...
-    assert.equal(stored("c4"), deadId);
-    // ... and leasehold says it is not live once the term lapses (TTL 1 s).
-    let live: string | null = deadId;
-    for (let i = 0; i < 60 && live !== null; i++) {
-      await new Promise((r) => setTimeout(r, 100));
-      live = await liveStreamId(b, "chat:c4", stored("c4"));
+    try {
+      const printed = await within(
+        new Promise<string>((resolve, reject) => {
+          createInterface({ input: worker.stdout! }).once("line", resolve);
+          worker.once("exit", () => reject(new Error("the worker exited before streaming")));
+        }),
+        15_000,
+        "stream from the worker",
+      );
+      const deadId = (JSON.parse(printed) as { streaming: string }).streaming;
+      assert.equal(stored("c4"), deadId);
+      assert.equal(await liveStreamId(b, "chat:c4", deadId), deadId, "live while its term is");
+      worker.kill("SIGKILL");
+      await exited;
+      // What a resume route would hand a reconnecting client: the store still names the dead stream ...
+      assert.equal(stored("c4"), deadId);
+      // ... and leasehold says it is not live once the term lapses (TTL 1 s).
+      let live: string | null = deadId;
+      for (let i = 0; i < 60 && live !== null; i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        live = await liveStreamId(b, "chat:c4", stored("c4"));
+      }
+      assert.equal(live, null);
+      assert.equal((await b.get("chat:c4")).recoverable, true, "the chat is listed for a recoverer");
+    } finally {
+      worker.kill("SIGKILL"); // a failed assertion must not leave it running (its tool never returns)
     }
-    assert.equal(live, null);
-    assert.equal((await b.get("chat:c4")).recoverable, true, "the chat is listed for a recoverer");
   });
 
   it("liveStreamId: no id, an id it did not make and an unknown chat are not live", async () => {

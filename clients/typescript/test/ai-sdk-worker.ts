@@ -19,7 +19,7 @@ import Database from "better-sqlite3";
 import { z } from "zod";
 import { createClient, SQLITE_CREATE_TABLE, sqliteFencedWrite } from "../src/index.js";
 import { currentLease, generateText } from "../src/ai-sdk.js";
-import { failure, type Message, type RunBody, serveWorker } from "./worker-http.js";
+import { failure, type Message, type RunBody, serveWorker, walMode } from "./worker-http.js";
 
 const name = process.env.AGENT_NAME ?? `agent-${process.pid}`;
 const owned = process.env.AGENT_OWNED === "1";
@@ -28,7 +28,7 @@ const waitMs = Number(process.env.AGENT_WAIT_MS ?? "0");
 const effects = process.env.AGENT_EFFECTS ?? "/dev/null";
 
 const db = new Database(process.env.AGENT_DB ?? "chats.db", { timeout: 10_000 });
-db.pragma("journal_mode = WAL");
+walMode(db);
 db.exec("CREATE TABLE IF NOT EXISTS chat_messages (id INTEGER PRIMARY KEY AUTOINCREMENT, chat TEXT NOT NULL, message TEXT NOT NULL)");
 db.exec(SQLITE_CREATE_TABLE);
 const openai = createOpenAI({ baseURL: process.env.MODEL_URL ?? "http://127.0.0.1:1/v1", apiKey: "test" });

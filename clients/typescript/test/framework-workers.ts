@@ -43,6 +43,8 @@ export class Harness {
   readonly db = join(this.dir, "agents.db");
   readonly effects = join(this.dir, "effects.log");
   readonly workers: AgentProcess[] = [];
+  /** Workers still starting: close() waits for them, so none outlives the test (its pipes would keep node --test waiting). */
+  readonly #starting = new Set<Promise<AgentProcess>>();
   /** `worker`: the worker script; `server`: the leasehold server (the workers own their sessions) or none. */
   constructor(
     readonly script: string,
@@ -53,7 +55,7 @@ export class Harness {
     writeFileSync(this.effects, "");
   }
   async worker(name: string, env: Record<string, string> = {}): Promise<AgentProcess> {
-    const w = await startAgent(this.script, {
+    const starting = startAgent(this.script, {
       AGENT_NAME: name,
       AGENT_DB: this.db,
       AGENT_EFFECTS: this.effects,
@@ -62,8 +64,14 @@ export class Harness {
       ...this.env,
       ...env,
     });
-    this.workers.push(w);
-    return w;
+    this.#starting.add(starting);
+    try {
+      const w = await starting;
+      this.workers.push(w);
+      return w;
+    } finally {
+      this.#starting.delete(starting);
+    }
   }
   /** The call id of `worker`'s first tool start, once its tool is running. */
   async started(worker: string): Promise<string> {
@@ -100,6 +108,8 @@ export class Harness {
     return (await this.workers[0]!.get(`/items?id=${id}`)) as T[];
   }
   async close(): Promise<void> {
+    // A worker that failed to start took the test down while others were still starting.
+    await Promise.allSettled([...this.#starting]);
     await Promise.all(this.workers.map((w) => w.stop()));
     rmSync(this.dir, { recursive: true, force: true });
   }

@@ -45,3 +45,26 @@ export function serveWorker(run: (body: RunBody) => Promise<unknown>, items: (id
     console.log(`listening on 127.0.0.1:${(server.address() as AddressInfo).port}`);
   });
 }
+
+/** The part of a better-sqlite3 database `walMode` uses. */
+interface Pragmas {
+  pragma(source: string, options?: { simple: boolean }): unknown;
+}
+
+/**
+ * Puts the shared database file in WAL mode. Two workers starting at once
+ * on a fresh file race for the switch, and SQLite answers the loser
+ * SQLITE_BUSY without calling its busy handler: it retries (bounded), and
+ * a file already in WAL mode (the mode persists) needs no switch.
+ */
+export function walMode(db: Pragmas): void {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      if (db.pragma("journal_mode", { simple: true }) !== "wal") db.pragma("journal_mode = WAL");
+      return;
+    } catch (err) {
+      if ((err as { code?: string }).code !== "SQLITE_BUSY" || attempt >= 50) throw err;
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20);
+    }
+  }
+}
