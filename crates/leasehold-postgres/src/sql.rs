@@ -59,13 +59,24 @@ macro_rules! ring_advance {
 }
 
 /// The quarantine rule, `leasehold_core::lease::earns_quarantine`, for
-/// row `k`'s live term ending failed (suspended or expired): that failure,
-/// counted, reaches the term's recovery limit (NULL or 0: none). The grant
-/// stores the limit in force (the term's or the server's default) as
-/// `live_max_recoveries`.
+/// row `k`'s (or the row alias given) live term ending failed (suspended
+/// or expired): that failure, counted, reaches the term's recovery limit
+/// (NULL or 0: none). The grant stores the limit in force (the term's or
+/// the server's default) as `live_max_recoveries`.
 macro_rules! earns_quarantine {
     () => {
-        "(COALESCE(k.live_max_recoveries, 0) > 0 AND k.failures + 1 >= k.live_max_recoveries)"
+        earns_quarantine!(k)
+    };
+    ($row:ident) => {
+        concat!(
+            "(COALESCE(",
+            stringify!($row),
+            ".live_max_recoveries, 0) > 0 AND ",
+            stringify!($row),
+            ".failures + 1 >= ",
+            stringify!($row),
+            ".live_max_recoveries)"
+        )
     };
 }
 
@@ -930,8 +941,9 @@ pub const LIST_RECOVERABLE: &str = concat!(
                   WHERE k.live_fence IS NOT NULL AND k.live_expires_at_ms <= (SELECT ms FROM n)
                   ORDER BY k.live_expires_at_ms LIMIT 1000) d
           WHERE d.key >= $2 AND d.key < $3 AND d.key LIKE $1 AND d.key > $4
-            AND NOT (d.quarantined OR (COALESCE(d.live_max_recoveries, 0) > 0
-                                       AND d.failures + 1 >= d.live_max_recoveries))
+            AND NOT (d.quarantined OR ",
+    earns_quarantine!(d),
+    ")
           ORDER BY d.key LIMIT $5)
      ) r ORDER BY r.key LIMIT $5"
 );
@@ -940,7 +952,8 @@ pub const LIST_RECOVERABLE: &str = concat!(
 /// `keys_quarantined`), and keys whose expired term nobody has moved yet
 /// whose expiry quarantines them (through `keys_deadline`, as in
 /// [`LIST_RECOVERABLE`]).
-pub const LIST_QUARANTINED: &str = "WITH n AS (SELECT now_ms() AS ms)
+pub const LIST_QUARANTINED: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms)
      SELECT * FROM (
          (SELECT n.ms AS now, k.* FROM keys k, n
           WHERE k.quarantined
@@ -953,9 +966,12 @@ pub const LIST_QUARANTINED: &str = "WITH n AS (SELECT now_ms() AS ms)
                   ORDER BY k.live_expires_at_ms LIMIT 1000) d
           WHERE d.key >= $2 AND d.key < $3 AND d.key LIKE $1 AND d.key > $4
             AND NOT d.quarantined
-            AND COALESCE(d.live_max_recoveries, 0) > 0 AND d.failures + 1 >= d.live_max_recoveries
+            AND ",
+    earns_quarantine!(d),
+    "
           ORDER BY d.key LIMIT $5)
-     ) r ORDER BY r.key LIMIT $5";
+     ) r ORDER BY r.key LIMIT $5"
+);
 
 /// Locks the live term for the rest of the transaction, so no release or
 /// grant can commit between this check and the ledger write, and so begins
@@ -1163,3 +1179,21 @@ pub fn record_version(schema: &str) -> String {
 /// name naming the schema.
 pub const MIGRATION_LOCK: &str = "SELECT pg_advisory_lock(hashtextextended($1, 0))";
 pub const MIGRATION_UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_quarantine_rule_renders_for_any_row_alias() {
+        assert_eq!(
+            earns_quarantine!(),
+            "(COALESCE(k.live_max_recoveries, 0) > 0 AND k.failures + 1 >= k.live_max_recoveries)"
+        );
+        assert_eq!(
+            earns_quarantine!(d),
+            "(COALESCE(d.live_max_recoveries, 0) > 0 AND d.failures + 1 >= d.live_max_recoveries)"
+        );
+        // Every list of what is quarantined applies the one rule.
+        assert!(super::LIST_QUARANTINED.contains(earns_quarantine!(d)));
+        assert!(super::LIST_RECOVERABLE.contains(earns_quarantine!(d)));
+    }
+}
