@@ -78,6 +78,7 @@ macro_rules! contract_tests {
             an_expired_term_is_refused_and_its_key_granted_again,
             a_wrong_lease_id_is_permission_denied,
             a_suspended_term_leaves_the_key_recoverable,
+            an_expiry_at_the_recovery_limit_quarantines_its_key,
             a_waiter_gets_the_key_once_it_is_released,
             a_full_line_refuses_one_more_waiter,
             an_unknown_key_is_not_found,
@@ -343,6 +344,66 @@ pub async fn a_full_line_refuses_one_more_waiter(subject: &dyn Subject) {
         .expect("task")
         .expect("granted");
     assert_eq!(got.term.owner, owner("b"));
+}
+
+/// A term that expires as its key's last allowed failure (a recovery
+/// limit of 1) quarantines the key, whether or not anything has moved the term yet:
+/// Get shows it quarantined, not recoverable, in its lock-delay; List gives
+/// it to Quarantined and not to Recoverable. Not even a forced Acquire
+/// enters the lock-delay (the dead holder's writes drain first); after it,
+/// a plain Acquire is refused QUARANTINED and a forced one is granted.
+pub async fn an_expiry_at_the_recovery_limit_quarantines_its_key(subject: &dyn Subject) {
+    let b = subject.backend();
+    let k = key("contract/quarantine");
+    let mut first = request("contract/quarantine", "a", 200, 0);
+    first.options.max_recoveries = Some(1);
+    first.options.lock_delay_ms = 1_000;
+    let g = b.acquire(first).await.expect("grant");
+    subject.pass(400).await;
+    let view = b.get(&k).await.expect("get");
+    assert!(view.live.is_none(), "{view:?}");
+    assert!(view.quarantined && !view.recoverable, "{view:?}");
+    assert_eq!(
+        view.reservation,
+        Some(leasehold_core::lease::Reservation::LockDelay {
+            after: g.term.fence,
+            until: g.term.expires_at + 1_000,
+        }),
+        "the expiry starts the term's lock-delay"
+    );
+    let listed = |filter| async move {
+        b.list("contract/quarantine", filter, None, 10)
+            .await
+            .expect("list")
+            .keys
+            .len()
+    };
+    assert_eq!(listed(ListFilter::Quarantined).await, 1);
+    assert_eq!(listed(ListFilter::Recoverable).await, 0);
+    let forced = || Acquire {
+        options: AcquireOptions {
+            force: true,
+            ..AcquireOptions::default()
+        },
+        ..request("contract/quarantine", "admin", 10_000, 0)
+    };
+    match b.acquire(forced()).await {
+        Err(Error::Reserved { .. }) => {}
+        other => panic!("a lock-delay holds even a forced Acquire, got {other:?}"),
+    }
+    subject.pass(1_000).await;
+    match b
+        .acquire(request("contract/quarantine", "b", 10_000, 0))
+        .await
+    {
+        Err(Error::Quarantined { failures, .. }) => assert_eq!(failures, 1),
+        other => panic!("a quarantined key refuses a plain Acquire, got {other:?}"),
+    }
+    let taken = b
+        .acquire(forced())
+        .await
+        .expect("a forced Acquire is granted");
+    assert!(taken.term.fence > g.term.fence);
 }
 
 /// Get of a key never acquired is NOT_FOUND naming it.

@@ -119,6 +119,83 @@ pub fn earns_quarantine(failures: u32, limit: Option<u32>) -> bool {
     limit.is_some_and(|k| k > 0 && failures >= k)
 }
 
+/// Where a key stands on failed terms: how many in a row ended failed
+/// (suspended or expired), and whether that quarantined it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Failures {
+    pub count: u32,
+    pub quarantined: bool,
+}
+
+/// What ending a term does to its key (see [`Term::ending`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    /// The record the key keeps of the term.
+    pub ended: EndedTerm,
+    /// The key's failures after this end.
+    pub failures: Failures,
+    /// The lock-delay this end starts, if it starts one.
+    pub lock_delay: Option<Reservation>,
+}
+
+impl Term {
+    /// What ending this term with `end` at `at` does to a key that stood at
+    /// `before`: the one rule of a term's end. The lessor applies it as it
+    /// ends a term; PostgreSQL, whose statements record an end themselves,
+    /// reads a term past its deadline that no statement has moved yet
+    /// through it, so a reader of either backend sees what the end will
+    /// write. A release clears the failures (and a quarantine, which only a
+    /// forced term can end); a suspension or expiry counts one more and may
+    /// earn quarantine; an expiry starts the term's lock-delay.
+    /// `default_max_recoveries` is the limit for a term whose Acquire named
+    /// none (PostgreSQL fixes it into the term at its grant: `None` there).
+    pub fn ending(
+        &self,
+        end: TermEnd,
+        at: Millis,
+        before: Failures,
+        default_max_recoveries: Option<u32>,
+    ) -> Ending {
+        let failures = if end == TermEnd::Released {
+            Failures::default()
+        } else {
+            let count = before.count.saturating_add(1);
+            let limit = self.lifecycle.max_recoveries.or(default_max_recoveries);
+            Failures {
+                count,
+                quarantined: before.quarantined || earns_quarantine(count, limit),
+            }
+        };
+        let lock_delay = (end == TermEnd::Expired && self.lifecycle.lock_delay_ms > 0).then(|| {
+            Reservation::LockDelay {
+                after: self.fence,
+                until: at.saturating_add(self.lifecycle.lock_delay_ms),
+            }
+        });
+        Ending {
+            ended: EndedTerm {
+                fence: self.fence,
+                owner: self.owner.clone(),
+                lease_id: self.lease_id,
+                end,
+                ended_at: at,
+            },
+            failures,
+            lock_delay,
+        }
+    }
+
+    /// [`Term::ending`] by expiry, at the term's deadline.
+    pub fn expiry(&self, before: Failures, default_max_recoveries: Option<u32>) -> Ending {
+        self.ending(
+            TermEnd::Expired,
+            self.expires_at,
+            before,
+            default_max_recoveries,
+        )
+    }
+}
+
 /// The parts of a term that only matter when it ends (lock-delay, recovery
 /// limit) or that say how it began (handed off). Kept together so a term
 /// that uses none of them is written `Lifecycle::default()`.

@@ -10,8 +10,8 @@ use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Result, StaleReason};
 use leasehold_core::events::{Event, EventKind};
 use leasehold_core::lease::{
-    EndedTerm, Fence, HistoryEntry, Key, LeaseId, Lifecycle, Owner, RequestId, Reservation, Term,
-    TermEnd, Ttl, earns_quarantine,
+    EndedTerm, Failures, Fence, HistoryEntry, Key, LeaseId, Lifecycle, Owner, RequestId,
+    Reservation, Term, TermEnd, Ttl,
 };
 use leasehold_core::ledger::{CallState, ToolCall};
 use leasehold_core::stored::{ReservationKind, Stored};
@@ -136,33 +136,24 @@ impl KeyRow {
         self.live.as_ref().is_some_and(|t| !t.is_live_at(now))
     }
 
-    /// The key at `now`: a term past its deadline shows as ended, expired,
-    /// with what its end does (the failure counted, the quarantine it
-    /// earns, its lock-delay), exactly as the statement that records it
-    /// will write it (`sql::expire_live`).
+    /// The key at `now`: a term past its deadline shows as its end will
+    /// write it (`Term::expiry`, the lessor's own rule: ended, the failure
+    /// counted, the quarantine it earns, its lock-delay), as the statement
+    /// that records it writes it (`sql::expire_live`). The recovery limit is
+    /// the term's own: the default was fixed into it at its grant.
     pub fn at(self, now: Millis) -> KeyNow {
         match self.live {
             Some(term) if !term.is_live_at(now) => {
-                let failures = self.failures.saturating_add(1);
-
-                let lock_delay = term.lifecycle.lock_delay_ms;
+                let before = Failures {
+                    count: self.failures,
+                    quarantined: self.quarantined,
+                };
+                let ending = term.expiry(before, None);
                 KeyNow {
-                    reservation: (lock_delay > 0)
-                        .then(|| Reservation::LockDelay {
-                            after: term.fence,
-                            until: term.expires_at + lock_delay,
-                        })
-                        .filter(|r| now < r.until()),
-                    quarantined: self.quarantined
-                        || earns_quarantine(failures, term.lifecycle.max_recoveries),
-                    failures,
-                    last_ended: Some(EndedTerm {
-                        fence: term.fence,
-                        owner: term.owner,
-                        lease_id: term.lease_id,
-                        end: TermEnd::Expired,
-                        ended_at: term.expires_at,
-                    }),
+                    reservation: ending.lock_delay.filter(|r| now < r.until()),
+                    quarantined: ending.failures.quarantined,
+                    failures: ending.failures.count,
+                    last_ended: Some(ending.ended),
                     live: None,
                 }
             }
@@ -321,4 +312,56 @@ pub fn millis(value: i64) -> Millis {
 /// A column that does not decode is a fault of the store, not the client.
 fn storage(e: tokio_postgres::Error) -> Error {
     Error::Storage(format!("reading a row: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lapsing(max_recoveries: Option<u32>, lock_delay_ms: u64) -> KeyRow {
+        KeyRow {
+            live: Some(Term {
+                fence: Fence(7),
+                owner: Owner::parse("w").unwrap(),
+                lease_id: LeaseId::random(),
+                request_id: None,
+                ttl: Ttl::from_millis(1_000).unwrap(),
+                acquired_at: 0,
+                expires_at: 1_000,
+                lifecycle: Lifecycle {
+                    lock_delay_ms,
+                    max_recoveries,
+                    handed_off: false,
+                },
+            }),
+            failures: 1,
+            ..KeyRow::default()
+        }
+    }
+
+    #[test]
+    fn a_row_past_its_deadline_reads_as_its_expiry_will_write_it() {
+        let now = lapsing(Some(2), 500).at(1_100);
+        assert!(now.live.is_none());
+        assert_eq!(now.failures, 2, "the expiry is counted");
+        assert!(now.quarantined, "the second failure in a row at limit 2");
+        assert!(!now.recoverable());
+        assert_eq!(
+            now.reservation,
+            Some(Reservation::LockDelay {
+                after: Fence(7),
+                until: 1_500
+            })
+        );
+        let ended = now.last_ended.expect("ended");
+        assert_eq!((ended.end, ended.ended_at), (TermEnd::Expired, 1_000));
+        // Below its limit the key is for recoverers, once the delay is over.
+        let later = lapsing(Some(3), 500).at(1_600);
+        assert!(!later.quarantined && later.recoverable());
+        assert_eq!(later.reservation, None);
+        // Before the deadline nothing has ended.
+        let live = lapsing(Some(1), 0).at(999);
+        assert!(live.live.is_some() && !live.quarantined);
+        assert_eq!(live.failures, 1);
+    }
 }

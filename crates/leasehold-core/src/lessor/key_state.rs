@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::clock::Millis;
 use crate::error::{Error, Result, StaleReason};
-use crate::lease::{EndedTerm, Fence, HistoryEntry, Key, LeaseId, Reservation, Term, TermEnd};
+use crate::lease::{
+    EndedTerm, Failures, Fence, HistoryEntry, Key, LeaseId, Reservation, Term, TermEnd,
+};
 use crate::ledger::Ledger;
 
 use super::KeyView;
@@ -80,36 +82,56 @@ impl<W> KeyState<W> {
         stale_reason(self.live.as_ref(), self.last_ended.as_ref(), fence)
     }
 
-    /// The reader's view at `now`: an expired but not yet ended term shows as
-    /// ended, so readers never see a dead term as live.
-    pub fn view(&self, key: &Key, now: Millis) -> KeyView {
-        let (live, last_ended) = match &self.live {
-            Some(term) if !term.is_live_at(now) => (None, Some(expired(term))),
-            live => (live.clone(), self.last_ended.clone()),
-        };
-        let recoverable = live.is_none()
-            && !self.quarantined
-            && last_ended.as_ref().is_some_and(|e| e.end.is_recoverable());
-        // A term that expired unseen may have started a lock-delay.
-        let reservation = match (&self.live, &live) {
-            (Some(term), None) if term.lifecycle.lock_delay_ms > 0 => {
-                Some(Reservation::LockDelay {
-                    after: term.fence,
-                    until: term.expires_at + term.lifecycle.lock_delay_ms,
-                })
-            }
-            _ => self.reservation.clone(),
+    /// Where the key stands on failed terms, as stored.
+    pub fn standing(&self) -> Failures {
+        Failures {
+            count: self.failures,
+            quarantined: self.quarantined,
         }
-        .filter(|r| live.is_none() && now < r.until());
+    }
+
+    /// The reader's view at `now`: a term past its deadline that nothing has
+    /// ended yet shows as its end will write it (`Term::expiry`: ended,
+    /// the failure counted, the quarantine it earns, its lock-delay), so
+    /// readers never see a dead term as live, nor a key recoverable that its
+    /// expiry quarantines.
+    pub fn view(&self, key: &Key, now: Millis, default_max_recoveries: Option<u32>) -> KeyView {
+        let (live, last_ended, quarantined, reservation) = match &self.live {
+            Some(term) if !term.is_live_at(now) => {
+                let ending = term.expiry(self.standing(), default_max_recoveries);
+                (
+                    None,
+                    Some(ending.ended),
+                    ending.failures.quarantined,
+                    ending.lock_delay,
+                )
+            }
+            live => (
+                live.clone(),
+                self.last_ended.clone(),
+                self.quarantined,
+                self.reservation.clone(),
+            ),
+        };
+        let reservation = reservation.filter(|r| live.is_none() && now < r.until());
+        let recoverable = live.is_none()
+            && !quarantined
+            && last_ended.as_ref().is_some_and(|e| e.end.is_recoverable());
         KeyView {
             key: key.clone(),
             live,
             last_ended,
             recoverable,
-            quarantined: self.quarantined,
+            quarantined,
             reservation,
             visible_seq: self.visible_seq,
         }
+    }
+
+    /// Whether the key holds a term past its deadline at `now` that nothing
+    /// has ended yet.
+    pub fn lapsed_at(&self, now: Millis) -> bool {
+        self.live.as_ref().is_some_and(|t| !t.is_live_at(now))
     }
 }
 
@@ -143,17 +165,6 @@ pub fn stale_reason(
     match latest {
         Some(latest) if fence < latest => StaleReason::Superseded { by: latest },
         _ => StaleReason::Unknown,
-    }
-}
-
-/// The ended record of a term whose TTL ran out.
-pub(super) fn expired(term: &Term) -> EndedTerm {
-    EndedTerm {
-        fence: term.fence,
-        owner: term.owner.clone(),
-        lease_id: term.lease_id,
-        end: TermEnd::Expired,
-        ended_at: term.expires_at,
     }
 }
 

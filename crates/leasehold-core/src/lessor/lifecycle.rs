@@ -23,7 +23,7 @@
 
 use crate::clock::Millis;
 use crate::error::{Error, Held, Result};
-use crate::lease::{Fence, HistoryEntry, Key, Reservation, Term, TermEnd, earns_quarantine};
+use crate::lease::{Ending, Fence, HistoryEntry, Key, Reservation, Term, TermEnd};
 use crate::store::KeyRecord;
 
 use super::key_state::KeyState;
@@ -53,24 +53,15 @@ pub struct HistoryPage {
 }
 
 impl<W> KeyState<W> {
-    /// Records that `term` ended (`end`, at `at`): its history entry, and the
-    /// count of failed terms in a row that quarantines the key at the term's
-    /// recovery limit (or `default_max_recoveries`). A clean release resets
-    /// the count and lifts a quarantine: the session finished its work.
-    pub(super) fn record_end(
-        &mut self,
-        term: &Term,
-        end: TermEnd,
-        at: Millis,
-        default_max_recoveries: Option<u32>,
-        history_len: usize,
-    ) {
+    /// Records `ending`, the end of `term` (`Term::ending`): its history
+    /// entry, and the failures and quarantine it leaves the key with.
+    pub(super) fn record_end(&mut self, term: &Term, ending: &Ending, history_len: usize) {
         self.history.push_back(HistoryEntry {
             fence: term.fence,
             owner: term.owner.clone(),
             acquired_at: term.acquired_at,
-            ended_at: at,
-            end,
+            ended_at: ending.ended.ended_at,
+            end: ending.ended.end,
             unsettled_tool_calls: u32::try_from(self.unsettled_tool_calls()).unwrap_or(u32::MAX),
             handed_off: term.lifecycle.handed_off,
         });
@@ -81,16 +72,9 @@ impl<W> KeyState<W> {
             }
         }
         self.history_unsaved = self.history_unsaved.min(self.history.len());
-        if end == TermEnd::Released {
-            self.failures = 0;
-            self.quarantined = false;
-            return;
-        }
-        self.failures = self.failures.saturating_add(1);
-        let limit = term.lifecycle.max_recoveries.or(default_max_recoveries);
-        if earns_quarantine(self.failures, limit) {
-            self.quarantined = true;
-        }
+        self.failures = ending.failures.count;
+        self.quarantined = ending.failures.quarantined;
+        self.last_ended = Some(ending.ended.clone());
     }
 
     /// The refusal of an Acquire while the key is quarantined.

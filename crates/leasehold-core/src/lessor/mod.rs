@@ -522,7 +522,7 @@ impl<W: WaiterHandle> Lessor<W> {
         self.catch_up(key, now);
         self.keys
             .get(key)
-            .map(|state| state.view(key, now))
+            .map(|state| state.view(key, now, self.default_max_recoveries))
             .ok_or_else(|| Error::NotFound(key.clone()))
     }
 
@@ -584,11 +584,12 @@ impl<W: WaiterHandle> Lessor<W> {
             scanned += 1;
             last = Some(key.clone());
             page.visible_seq = page.visible_seq.max(state.visible_seq);
-            // Quarantine needs no view: most keys are skipped without one.
-            if filter == ListFilter::Quarantined && !state.quarantined {
+            // Quarantine needs no view: most keys are skipped without one
+            // (a lapsed term may still earn it: its view decides).
+            if filter == ListFilter::Quarantined && !state.quarantined && !state.lapsed_at(now) {
                 continue;
             }
-            let view = state.view(key, now);
+            let view = state.view(key, now, self.default_max_recoveries);
             let wanted = match filter {
                 ListFilter::Live => view.live.is_some(),
                 ListFilter::Recoverable => view.recoverable,
@@ -640,8 +641,10 @@ impl<W: WaiterHandle> Lessor<W> {
                 visited += 1;
                 self.keys.get(*key).is_some_and(|state| {
                     page.visible_seq = page.visible_seq.max(state.visible_seq);
-                    state.live.as_ref().is_some_and(|t| !t.is_live_at(now))
-                        && state.view(key, now).recoverable
+                    state.lapsed_at(now)
+                        && state
+                            .view(key, now, self.default_max_recoveries)
+                            .recoverable
                 })
             })
             .collect();
@@ -667,7 +670,8 @@ impl<W: WaiterHandle> Lessor<W> {
             };
             visited += 1;
             page.visible_seq = page.visible_seq.max(state.visible_seq);
-            page.keys.push(state.view(key, now));
+            page.keys
+                .push(state.view(key, now, self.default_max_recoveries));
         }
         if page.keys.len() == limit {
             if let Some(last) = page.keys.last().map(|view| &view.key) {
@@ -943,19 +947,11 @@ impl<W: WaiterHandle> Lessor<W> {
     fn end_term(&mut self, key: &Key, end: TermEnd, at: Millis) -> Option<EndedTerm> {
         let state = self.keys.get_mut(key)?;
         let term = state.live.take()?;
-        let ended = EndedTerm {
-            fence: term.fence,
-            owner: term.owner.clone(),
-            lease_id: term.lease_id,
-            end,
-            ended_at: at,
-        };
-        state.last_ended = Some(ended.clone());
+        let ending = term.ending(end, at, state.standing(), self.default_max_recoveries);
+        let ended = ending.ended.clone();
         self.stats.live_terms -= 1;
-        let default_max_recoveries = self.default_max_recoveries;
-        let history_len = self.history_len;
         let was_quarantined = state.quarantined;
-        state.record_end(&term, end, at, default_max_recoveries, history_len);
+        state.record_end(&term, &ending, self.history_len);
         match (was_quarantined, state.quarantined) {
             (false, true) => {
                 self.stats.quarantined += 1;
@@ -964,14 +960,8 @@ impl<W: WaiterHandle> Lessor<W> {
             (true, false) => self.stats.quarantined -= 1,
             _ => {}
         }
-        if end == TermEnd::Expired && term.lifecycle.lock_delay_ms > 0 {
-            self.reserve(
-                key,
-                Reservation::LockDelay {
-                    after: term.fence,
-                    until: at.saturating_add(term.lifecycle.lock_delay_ms),
-                },
-            );
+        if let Some(lock_delay) = ending.lock_delay {
+            self.reserve(key, lock_delay);
         }
         let state = self.keys.get_mut(key)?;
         match end {

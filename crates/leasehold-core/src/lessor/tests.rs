@@ -746,6 +746,45 @@ fn limited(key: &str, owner: &str, max_recoveries: u32) -> Acquire {
     )
 }
 
+/// A term past its deadline that nothing has ended yet (no timer tick, no
+/// operation on its key) reads as its end will write it: a reader of the
+/// table sees the failure it counts, the quarantine it earns and the
+/// lock-delay it starts, as PostgreSQL's readers derive them from a row the
+/// sweeper has not moved (the same rule, `Term::ending`).
+#[test]
+fn a_lapsed_term_reads_as_its_end_will_write_it() {
+    let mut lessor: Lessor<Tag> = Lessor::new();
+    let options = AcquireOptions {
+        max_recoveries: Some(1),
+        lock_delay_ms: 500,
+        ..Default::default()
+    };
+    let g = granted(lessor.acquire(with_options("k", "w", options), 0, None));
+    let now = g.term.expires_at + 10;
+    // No expire_due: the table still holds the term as live.
+    let recoverable = lessor.list("", ListFilter::Recoverable, None, 10, 100, now);
+    assert!(
+        recoverable.keys.is_empty(),
+        "an expiry that earns quarantine is not for recoverers: {:?}",
+        recoverable.keys
+    );
+    let quarantined = lessor.list("", ListFilter::Quarantined, None, 10, 100, now);
+    assert_eq!(quarantined.keys.len(), 1, "listed as quarantined");
+    let view = &quarantined.keys[0];
+    assert!(view.live.is_none());
+    assert_eq!(
+        view.reservation,
+        Some(Reservation::LockDelay {
+            after: g.term.fence,
+            until: g.term.expires_at + 500
+        })
+    );
+    // And the key, once brought up to date, says the same.
+    let got = lessor.get(&k("k"), now).unwrap();
+    assert!(got.quarantined && !got.recoverable);
+    assert_eq!(got.reservation, view.reservation);
+}
+
 #[test]
 fn a_key_is_quarantined_after_k_failed_terms_in_a_row() {
     let mut lessor: Lessor<Tag> = Lessor::new();
