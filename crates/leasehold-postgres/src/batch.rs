@@ -12,7 +12,7 @@
 //!
 //! As for renewals (`renewals`), the window is zero: a request queues, and
 //! the next batch takes everything queued while the batches in flight ran
-//! (up to [`PgConfig::write_batch`]). One client alone waits for nobody.
+//! (up to [`PgConfig::write_batch`](crate::PgConfig::write_batch)). One client alone waits for nobody.
 //! At most an eighth of the pool runs grant batches at once, and another
 //! eighth release batches, so the single-request paths always find
 //! connections and batches grow while the database is busy.
@@ -27,20 +27,98 @@
 //! release is committed before its reply: the reply is sent once the
 //! batch's autocommit statement returned.
 
-use leasehold_core::stored::Stored;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::*;
+use leasehold_core::error::{Error, Result};
+use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, TermEnd};
+use leasehold_core::lessor::{Acquire, Grant};
+use leasehold_core::stored::Stored;
 
-/// Where requests queue for a batcher.
-pub(super) type Queue<J> = mpsc::UnboundedSender<J>;
+use crate::db::{Client, Db, db_error, in_time};
+use crate::key_row::KeyRow;
+use crate::sql;
+
+/// One kind of request (`J`: renewals, grants, releases) queued to share
+/// statements: the queue, and what its statements carried. The loop that
+/// takes the queue is [`run_batches`]; what one statement does is the
+/// kind's own `run`.
+pub(crate) struct Batcher<J> {
+    /// `None` when batching this kind is off.
+    queue: Option<mpsc::UnboundedSender<J>>,
+    /// Statements that carried batches, and the requests they carried.
+    batches: AtomicU64,
+    carried: AtomicU64,
+}
+
+impl<J> Batcher<J> {
+    /// A batcher, and the far end of its queue for [`run_batches`] (`None`
+    /// and batching off for a batch size of 1 or less: each request alone).
+    pub(crate) fn new(max: usize) -> (Batcher<J>, Option<mpsc::UnboundedReceiver<J>>) {
+        let (queue, queued) = if max > 1 {
+            let (queue, queued) = mpsc::unbounded_channel();
+            (Some(queue), Some(queued))
+        } else {
+            (None, None)
+        };
+        let batcher = Batcher {
+            queue,
+            batches: AtomicU64::new(0),
+            carried: AtomicU64::new(0),
+        };
+        (batcher, queued)
+    }
+
+    /// Queues `job`, or gives it back when batching is off or its loop is
+    /// gone.
+    fn send(&self, job: J) -> std::result::Result<(), J> {
+        match &self.queue {
+            Some(queue) => queue.send(job).map_err(|mpsc::error::SendError(job)| job),
+            None => Err(job),
+        }
+    }
+
+    /// Queues `job` and waits for its answer.
+    pub(crate) async fn ask<T>(
+        &self,
+        job: J,
+        replied: oneshot::Receiver<Result<Option<T>>>,
+    ) -> Result<Batched<T>> {
+        if self.send(job).is_err() {
+            return Ok(Batched::Unsent);
+        }
+        match replied.await {
+            Ok(Ok(Some(done))) => Ok(Batched::Applied(done)),
+            Ok(Ok(None)) => Ok(Batched::Refused),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Ok(Batched::Unsent),
+        }
+    }
+
+    /// Counts a statement that ran with `carried` requests.
+    pub(crate) fn count(&self, carried: usize) {
+        self.batches.fetch_add(1, Relaxed);
+        self.carried.fetch_add(carried as u64, Relaxed);
+    }
+
+    /// Statements run, and the requests they carried (metrics).
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.batches.load(Relaxed), self.carried.load(Relaxed))
+    }
+}
+
+/// Grant attempts of free keys, batched.
+pub(crate) type Grants = Batcher<GrantJob>;
+
+/// Releases of keys nobody waits for, batched.
+pub(crate) type Releases = Batcher<ReleaseJob>;
 
 /// What became of a request sent through a batch.
-pub(super) enum Batched<T> {
+pub(crate) enum Batched<T> {
     /// Its statement applied it.
     Applied(T),
     /// Its statement ran and did not apply it (the single path explains why).
@@ -49,25 +127,10 @@ pub(super) enum Batched<T> {
     Unsent,
 }
 
-/// Statements that carried batches, and the requests they carried
-/// (metrics).
-#[derive(Default)]
-pub(super) struct Counts {
-    pub(super) batches: AtomicU64,
-    pub(super) carried: AtomicU64,
-}
-
-impl Counts {
-    fn add(&self, carried: usize) {
-        self.batches.fetch_add(1, Relaxed);
-        self.carried.fetch_add(carried as u64, Relaxed);
-    }
-}
-
 /// Takes queued jobs in batches of at most `max` until the queue closes,
 /// with at most `slots` batches running at once: while they run, the next
 /// batch grows.
-pub(super) async fn run_batches<J, F, Fut>(
+pub(crate) async fn run_batches<J, F, Fut>(
     mut queue: mpsc::UnboundedReceiver<J>,
     max: usize,
     slots: usize,
@@ -98,7 +161,7 @@ pub(super) async fn run_batches<J, F, Fut>(
 }
 
 /// One Acquire's grant attempt, waiting for a batch.
-pub(super) struct GrantJob {
+pub(crate) struct GrantJob {
     request: Acquire,
     max_recoveries: Option<i32>,
     /// The grant, `None` when the batch did not apply it, or the batch's
@@ -107,7 +170,7 @@ pub(super) struct GrantJob {
 }
 
 /// One Release, waiting for a batch.
-pub(super) struct ReleaseJob {
+pub(crate) struct ReleaseJob {
     key: Key,
     fence: Fence,
     lease_id: LeaseId,
@@ -118,26 +181,9 @@ pub(super) struct ReleaseJob {
     reply: oneshot::Sender<Result<Option<EndedTerm>>>,
 }
 
-/// Sends `job` to `queue` and waits for its answer.
-async fn through<J, T>(
-    queue: &Queue<J>,
-    job: J,
-    replied: oneshot::Receiver<Result<Option<T>>>,
-) -> Result<Batched<T>> {
-    if queue.send(job).is_err() {
-        return Ok(Batched::Unsent);
-    }
-    match replied.await {
-        Ok(Ok(Some(done))) => Ok(Batched::Applied(done)),
-        Ok(Ok(None)) => Ok(Batched::Refused),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Ok(Batched::Unsent),
-    }
-}
-
 /// Drops the jobs whose key an earlier job of the batch has (they are
 /// answered `None` and go alone), and indexes the rest by key.
-pub(super) fn distinct<J>(
+pub(crate) fn distinct<J>(
     batch: Vec<J>,
     key: impl Fn(&J) -> &Key,
     unapplied: impl Fn(J),
@@ -160,7 +206,7 @@ pub(super) fn distinct<J>(
 /// whose key came back gets `outcome` of its row, the others `None` (the
 /// statement did not apply them; they go on alone); when the statement
 /// failed, every job gets its error. Returns whether the statement ran.
-pub(super) fn answer<J, T>(
+pub(crate) fn answer<J, T>(
     jobs: Vec<J>,
     index: &HashMap<String, usize>,
     applied: Result<Vec<tokio_postgres::Row>>,
@@ -189,68 +235,25 @@ pub(super) fn answer<J, T>(
     true
 }
 
-impl Inner {
+impl Grants {
     /// Tries to grant `request` through a batch (the common case: a free
-    /// key and nobody in line).
-    pub(super) async fn grant_batched(&self, request: &Acquire) -> Result<Batched<Grant>> {
-        let Some(queue) = &self.grants else {
-            return Ok(Batched::Unsent);
-        };
+    /// key and nobody in line), with the recovery limit `max_recoveries`.
+    pub(crate) async fn grant(
+        &self,
+        request: &Acquire,
+        max_recoveries: Option<i32>,
+    ) -> Result<Batched<Grant>> {
         let (reply, replied) = oneshot::channel();
         let job = GrantJob {
             request: request.clone(),
-            max_recoveries: self.max_recoveries(request),
+            max_recoveries,
             reply,
         };
-        through(queue, job, replied).await
-    }
-
-    /// Runs [`sql::GRANT`] for `requests` (distinct keys) with
-    /// `max_recoveries` each, on `client`: the grants made, by key.
-    pub(super) async fn grant_rows(
-        &self,
-        client: &Client,
-        requests: &[(&Acquire, Option<i32>)],
-    ) -> Result<Vec<tokio_postgres::Row>> {
-        let keys: Vec<&str> = requests.iter().map(|(r, _)| r.key.as_str()).collect();
-        let owners: Vec<&str> = requests.iter().map(|(r, _)| r.owner.as_str()).collect();
-        let lease_ids: Vec<uuid::Uuid> = requests.iter().map(|_| LeaseId::random().0).collect();
-        let request_ids: Vec<Option<&str>> = requests
-            .iter()
-            .map(|(r, _)| r.request_id.as_ref().map(|id| id.as_str()))
-            .collect();
-        let ttls: Vec<i64> = requests
-            .iter()
-            .map(|(r, _)| r.ttl.as_millis() as i64)
-            .collect();
-        let lock_delays: Vec<i64> = requests
-            .iter()
-            .map(|(r, _)| r.options.lock_delay_ms.min(i64::MAX as u64) as i64)
-            .collect();
-        let max_recoveries: Vec<Option<i32>> = requests.iter().map(|(_, m)| *m).collect();
-        let forces: Vec<bool> = requests.iter().map(|(r, _)| r.options.force).collect();
-        let stmt = client.prepare_cached(sql::GRANT).await.map_err(db_error)?;
-        client
-            .query(
-                &stmt,
-                &[
-                    &keys,
-                    &owners,
-                    &lease_ids,
-                    &request_ids,
-                    &ttls,
-                    &lock_delays,
-                    &max_recoveries,
-                    &forces,
-                    &self.history_len(),
-                ],
-            )
-            .await
-            .map_err(db_error)
+        self.ask(job, replied).await
     }
 
     /// Applies a batch of grant attempts in one statement and answers each.
-    pub(super) async fn run_grant_batch(&self, batch: Vec<GrantJob>) {
+    pub(crate) async fn run(&self, db: &Db, batch: Vec<GrantJob>) {
         let (jobs, index) = distinct(
             batch,
             |j| &j.request.key,
@@ -262,9 +265,9 @@ impl Inner {
             .iter()
             .map(|j| (&j.request, j.max_recoveries))
             .collect();
-        let applied = in_time(self.config.op_timeout, async {
-            let client = self.client().await?;
-            self.grant_rows(&client, &requests).await
+        let applied = in_time(db.config.op_timeout, async {
+            let client = db.client().await?;
+            grant_rows(db, &client, &requests).await
         })
         .await;
         drop(requests);
@@ -279,15 +282,63 @@ impl Inner {
             },
         );
         if ran {
-            self.grant_counts.add(batched);
+            self.count(batched);
         }
     }
+}
 
+/// Runs [`sql::GRANT`] for `requests` (distinct keys) with
+/// `max_recoveries` each, on `client`: the grants made, by key. The batch
+/// and the single Acquire (`acquire`) share it.
+pub(crate) async fn grant_rows(
+    db: &Db,
+    client: &Client,
+    requests: &[(&Acquire, Option<i32>)],
+) -> Result<Vec<tokio_postgres::Row>> {
+    let keys: Vec<&str> = requests.iter().map(|(r, _)| r.key.as_str()).collect();
+    let owners: Vec<&str> = requests.iter().map(|(r, _)| r.owner.as_str()).collect();
+    let lease_ids: Vec<uuid::Uuid> = requests.iter().map(|_| LeaseId::random().0).collect();
+    let request_ids: Vec<Option<&str>> = requests
+        .iter()
+        .map(|(r, _)| r.request_id.as_ref().map(|id| id.as_str()))
+        .collect();
+    let ttls: Vec<i64> = requests
+        .iter()
+        .map(|(r, _)| r.ttl.as_millis() as i64)
+        .collect();
+    let lock_delays: Vec<i64> = requests
+        .iter()
+        .map(|(r, _)| r.options.lock_delay_ms.min(i64::MAX as u64) as i64)
+        .collect();
+    let max_recoveries: Vec<Option<i32>> = requests.iter().map(|(_, m)| *m).collect();
+    let forces: Vec<bool> = requests.iter().map(|(r, _)| r.options.force).collect();
+    let stmt = client.prepare_cached(sql::GRANT).await.map_err(db_error)?;
+    client
+        .query(
+            &stmt,
+            &[
+                &keys,
+                &owners,
+                &lease_ids,
+                &request_ids,
+                &ttls,
+                &lock_delays,
+                &max_recoveries,
+                &forces,
+                &db.history_len(),
+            ],
+        )
+        .await
+        .map_err(db_error)
+}
+
+impl Releases {
     /// Releases through a batch, or alone in one statement when batching is
     /// off: `None` when the key has someone in line or the term is not the
     /// live one (the transaction path then serves the line or explains).
-    pub(super) async fn release_batched(
+    pub(crate) async fn release(
         &self,
+        db: &Db,
         key: &Key,
         fence: Fence,
         lease_id: LeaseId,
@@ -303,22 +354,18 @@ impl Inner {
             handoff: handoff.cloned(),
             reply,
         };
-        let job = match &self.releases {
-            Some(queue) => match queue.send(job) {
-                // A batch dropped unanswered (the server is stopping) counts
-                // as not applied: the transaction path's release is
-                // conditional too, and finds a release that did commit.
-                Ok(()) => return replied.await.unwrap_or(Ok(None)),
-                Err(mpsc::error::SendError(job)) => job,
-            },
-            None => job,
-        };
-        self.run_release_batch(vec![job]).await;
+        match self.send(job) {
+            // A batch dropped unanswered (the server is stopping) counts as
+            // not applied: the transaction path's release is conditional
+            // too, and finds a release that did commit.
+            Ok(()) => return replied.await.unwrap_or(Ok(None)),
+            Err(job) => self.run(db, vec![job]).await,
+        }
         replied.await.unwrap_or(Ok(None))
     }
 
     /// Applies a batch of releases in one statement and answers each.
-    pub(super) async fn run_release_batch(&self, batch: Vec<ReleaseJob>) {
+    pub(crate) async fn run(&self, db: &Db, batch: Vec<ReleaseJob>) {
         let (jobs, index) = distinct(
             batch,
             |j| &j.key,
@@ -342,8 +389,8 @@ impl Inner {
                     .map_or(0, |h| h.for_ms.min(i64::MAX as u64) as i64)
             })
             .collect();
-        let applied = in_time(self.config.op_timeout, async {
-            let client = self.client().await?;
+        let applied = in_time(db.config.op_timeout, async {
+            let client = db.client().await?;
             // One key needs no lock in key order first (see RELEASE_ONE).
             let text = if keys.len() == 1 {
                 sql::RELEASE_ONE
@@ -361,8 +408,8 @@ impl Inner {
                         &ends,
                         &successors,
                         &handoff_ms,
-                        &self.history_len(),
-                        &self.channel,
+                        &db.history_len(),
+                        &db.channel,
                     ],
                 )
                 .await
@@ -386,14 +433,14 @@ impl Inner {
             },
         );
         if ran {
-            self.release_counts.add(batched);
+            self.count(batched);
         }
     }
 }
 
 /// The grant of `request` that row `row` (returned by [`sql::GRANT`])
 /// records.
-pub(super) fn grant_of(request: &Acquire, row: &tokio_postgres::Row) -> Result<Grant> {
+pub(crate) fn grant_of(request: &Acquire, row: &tokio_postgres::Row) -> Result<Grant> {
     let stored = KeyRow::from_row(row)?;
     let term = stored
         .live

@@ -9,7 +9,7 @@
 //! a sequence drawn inside the writing transaction would not follow commit
 //! order (one transaction draws 7, another draws 8 and commits first; a
 //! watcher that saw 8 could never be given 7). Revisions are given by the
-//! **sequencer** ([`Inner::sequence`], one statement: [`sql::SEQUENCE_EVENTS`]),
+//! **sequencer** ([`sequence`], one statement: [`sql::SEQUENCE_EVENTS`]),
 //! which any server runs, one at a time (it locks the single `event_head`
 //! row): it moves every queued event its statement can see to `events` with
 //! the next revisions. What it sees has
@@ -38,12 +38,12 @@
 //! # When events appear
 //! Every server sequences at each sweep (so the queue stays short with
 //! nobody watching), and a server with watchers also sequences and reads
-//! the log every [`PgConfig::watch_poll`]. An expiry is an event once a
+//! the log every [`PgConfig::watch_poll`](crate::PgConfig::watch_poll). An expiry is an event once a
 //! statement moves the term (the sweeper, within its period, or whoever
 //! touches the key first); that statement alone queues it.
 //!
 //! # The feed
-//! Each server reads the log once for all its watchers ([`Tail`]), and only
+//! Each server reads the log once for all its watchers ([`Feed`]), and only
 //! while it has some. A watcher first reads the log itself from its start
 //! revision (a compacted start is OUT_OF_RANGE with the oldest kept), then
 //! subscribes to the feed and reads the log once more, so whatever the feed
@@ -63,10 +63,13 @@ use std::sync::{Arc, Mutex};
 use futures_util::stream::{self, StreamExt};
 use tokio::sync::broadcast;
 
+use leasehold_core::error::{Error, Result};
 use leasehold_core::events::{Event, Selector};
 
-use super::*;
 use leasehold_backend::{Commit, Watching, cut_off};
+
+use crate::db::{Client, Db, db_error, in_time};
+use crate::{key_row, sql};
 
 /// Events read from the log by one statement (and so at most one feed item).
 const PAGE: usize = 256;
@@ -83,8 +86,9 @@ const EVENTS_PER_ROW: i64 = 256;
 /// Pages the feed reads per poll at most, so one poll cannot run long.
 const PAGES_PER_POLL: usize = 16;
 
-/// This server's feed of new events, shared by its watchers.
-pub(super) struct Tail {
+/// This server's feed of new events, shared by its watchers: where it
+/// reads the log from, and the channel its watchers follow.
+pub(crate) struct Feed {
     state: Mutex<TailState>,
     /// How many items the feed holds for a slow watcher.
     buffer: usize,
@@ -98,10 +102,10 @@ struct TailState {
     live: broadcast::Sender<Commit>,
 }
 
-impl Tail {
-    pub(super) fn new(buffer: usize) -> Tail {
+impl Feed {
+    pub(crate) fn new(buffer: usize) -> Feed {
         let buffer = buffer.max(1);
-        Tail {
+        Feed {
             state: Mutex::new(TailState {
                 position: None,
                 live: broadcast::channel(buffer).0,
@@ -114,7 +118,7 @@ impl Tail {
     /// head of the log the caller read (so at most the database's head now:
     /// the caller's own read of the log after this covers the rest).
     fn subscribe(&self, head: u64) -> broadcast::Receiver<Commit> {
-        let mut state = self.state.lock().expect("tail lock");
+        let mut state = self.state.lock().expect("feed lock");
         if state.position.is_none() {
             state.position = Some(head);
         }
@@ -124,7 +128,7 @@ impl Tail {
     /// Where the feed reads from next, or `None` when nobody follows it (it
     /// then forgets its position).
     fn position(&self) -> Option<u64> {
-        let mut state = self.state.lock().expect("tail lock");
+        let mut state = self.state.lock().expect("feed lock");
         if state.live.receiver_count() == 0 {
             state.position = None;
         }
@@ -136,7 +140,7 @@ impl Tail {
         let Some(last) = events.last().map(|e| e.revision) else {
             return;
         };
-        let mut state = self.state.lock().expect("tail lock");
+        let mut state = self.state.lock().expect("feed lock");
         if state.position == Some(from) {
             state.position = Some(last);
             // No receiver is fine: the last watcher just left.
@@ -147,14 +151,14 @@ impl Tail {
     /// Closes the feed (its followers go back to the log) and starts a new
     /// one with nobody following.
     fn restart(&self) {
-        let mut state = self.state.lock().expect("tail lock");
+        let mut state = self.state.lock().expect("feed lock");
         state.position = None;
         state.live = broadcast::channel(self.buffer).0;
     }
 
     /// Watchers following the feed, and the highest revision it published.
-    pub(super) fn stats(&self) -> (usize, u64) {
-        let state = self.state.lock().expect("tail lock");
+    pub(crate) fn stats(&self) -> (usize, u64) {
+        let state = self.state.lock().expect("feed lock");
         (state.live.receiver_count(), state.position.unwrap_or(0))
     }
 }
@@ -169,102 +173,20 @@ struct Page {
     events: Vec<Event>,
 }
 
-impl Inner {
-    /// Gives revisions to the queued events (see the module docs); returns
-    /// how many it numbered. When it returns, every event committed before
-    /// it was called has a revision (short of a backlog over
-    /// [`SEQUENCE_BATCH`] numbered meanwhile by another server, which the
-    /// next run takes).
-    ///
-    /// # Errors
-    /// [`Error::Unavailable`] when the database cannot be reached.
-    pub(super) async fn sequence(&self, client: &Client) -> Result<i64> {
-        let queued = client
-            .prepare_cached(sql::EVENTS_QUEUED)
-            .await
-            .map_err(db_error)?;
-        if !client
-            .query_one(&queued, &[])
-            .await
-            .map_err(db_error)?
-            .get::<_, bool>(0)
-        {
-            return Ok(0);
-        }
-        let number = client
-            .prepare_cached(sql::SEQUENCE_EVENTS)
-            .await
-            .map_err(db_error)?;
-        let mut total = 0;
-        loop {
-            let row = client
-                .query_one(&number, &[&SEQUENCE_BATCH, &EVENTS_PER_ROW])
-                .await
-                .map_err(db_error)?;
-            total += row.get::<_, i64>("numbered");
-            if row.get::<_, i64>("moved") < SEQUENCE_BATCH {
-                return Ok(total);
-            }
-        }
-    }
-
-    /// Trims the log to this server's `--event-log-len` (one index probe
-    /// when there is nothing to trim).
-    ///
-    /// # Errors
-    /// [`Error::Unavailable`] when the database cannot be reached.
-    pub(super) async fn trim_events(&self, client: &Client) -> Result<()> {
-        let len = self.config.event_log_len.clamp(1, i64::MAX as usize) as i64;
-        let trim = client
-            .prepare_cached(sql::TRIM_EVENTS)
-            .await
-            .map_err(db_error)?;
-        client.execute(&trim, &[&len]).await.map_err(db_error)?;
-        Ok(())
-    }
-
-    /// The log after revision `after`: its head, its oldest revision, and a
-    /// page of events, as of one snapshot.
-    async fn read_events(&self, client: &Client, after: u64, limit: usize) -> Result<Page> {
-        let stmt = client
-            .prepare_cached(sql::READ_EVENTS)
-            .await
-            .map_err(db_error)?;
-        // `after + limit + 1` must stay within `bigint` (only the read of the
-        // head alone, with no limit, asks from the very end).
-        let after = after.min(i64::MAX as u64 - limit as u64 - 1) as i64;
-        let rows = client
-            .query(&stmt, &[&after, &(limit as i64)])
-            .await
-            .map_err(db_error)?;
-        let first = rows
-            .first()
-            .ok_or_else(|| Error::Storage("the event log has no head row".into()))?;
-        let head = first.get::<_, i64>("head").max(0) as u64;
-        let oldest = first
-            .get::<_, Option<i64>>("oldest")
-            .map_or(head + 1, |r| r.max(0) as u64);
-        let mut events = Vec::with_capacity(rows.len());
-        for row in &rows {
-            if row.get::<_, Option<i64>>("revision").is_some() {
-                events.push(row::event(row)?);
-            }
-        }
-        Ok(Page {
-            head,
-            oldest,
-            events,
-        })
-    }
-
+impl Feed {
     /// Starts a watch of `selector` from revision `start` (0: from now on).
     ///
     /// # Errors
     /// [`Error::Compacted`] when `start` is older than the log keeps;
     /// [`Error::Unavailable`] when the database cannot be reached.
-    pub(super) async fn watch(self: Arc<Self>, selector: Selector, start: u64) -> Result<Watching> {
-        let client = self.client().await?;
-        let now = self.read_events(&client, u64::MAX, 0).await?;
+    pub(crate) async fn watch(
+        self: Arc<Self>,
+        db: Arc<Db>,
+        selector: Selector,
+        start: u64,
+    ) -> Result<Watching> {
+        let client = db.client().await?;
+        let now = read_events(&client, u64::MAX, 0).await?;
         drop(client);
         if start != 0 && start < now.oldest {
             return Err(Error::Compacted {
@@ -274,7 +196,8 @@ impl Inner {
         }
         let watcher = Watcher {
             seen: if start == 0 { now.head } else { start - 1 },
-            inner: self,
+            db,
+            feed: self,
             selector,
             phase: Phase::CatchUp(None),
         };
@@ -288,18 +211,18 @@ impl Inner {
         })
     }
 
-    /// Feeds this server's watchers: every [`PgConfig::watch_poll`] while
+    /// Feeds this server's watchers: every [`PgConfig::watch_poll`](crate::PgConfig::watch_poll) while
     /// anyone follows the feed, sequences and publishes what is new.
-    pub(super) async fn feed_loop(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(self.config.watch_poll);
+    pub(crate) async fn run(self: Arc<Self>, db: Arc<Db>) {
+        let mut tick = tokio::time::interval(db.config.watch_poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
             tick.tick().await;
-            if self.tail.position().is_none() {
+            if self.position().is_none() {
                 continue;
             }
-            match in_time(self.config.op_timeout, self.feed()).await {
+            match in_time(db.config.op_timeout, self.poll(&db)).await {
                 Ok(()) => failing = false,
                 Err(e) if !failing => {
                     failing = true;
@@ -311,24 +234,24 @@ impl Inner {
     }
 
     /// One poll of the feed.
-    async fn feed(&self) -> Result<()> {
-        let client = self.client().await?;
-        if self.sequence(&client).await? > 0 {
-            self.trim_events(&client).await?;
+    async fn poll(&self, db: &Db) -> Result<()> {
+        let client = db.client().await?;
+        if sequence(&client).await? > 0 {
+            trim(&client, db.config.event_log_len).await?;
         }
         for _ in 0..PAGES_PER_POLL {
-            let Some(from) = self.tail.position() else {
+            let Some(from) = self.position() else {
                 return Ok(());
             };
-            let page = self.read_events(&client, from, PAGE).await?;
+            let page = read_events(&client, from, PAGE).await?;
             if from + 1 < page.oldest {
                 // Trimmed past the feed (it was stopped longer than the log
                 // is long): its watchers must hear it from the log.
-                self.tail.restart();
+                self.restart();
                 return Ok(());
             }
             let full = page.events.len() == PAGE;
-            self.tail.publish(from, page.events);
+            self.publish(from, page.events);
             if !full {
                 return Ok(());
             }
@@ -337,9 +260,97 @@ impl Inner {
     }
 }
 
+/// Gives revisions to the queued events (see the module docs); returns
+/// how many it numbered. When it returns, every event committed before
+/// it was called has a revision (short of a backlog over
+/// [`SEQUENCE_BATCH`] numbered meanwhile by another server, which the
+/// next run takes).
+///
+/// # Errors
+/// [`Error::Unavailable`] when the database cannot be reached.
+pub(crate) async fn sequence(client: &Client) -> Result<i64> {
+    let queued = client
+        .prepare_cached(sql::EVENTS_QUEUED)
+        .await
+        .map_err(db_error)?;
+    if !client
+        .query_one(&queued, &[])
+        .await
+        .map_err(db_error)?
+        .get::<_, bool>(0)
+    {
+        return Ok(0);
+    }
+    let number = client
+        .prepare_cached(sql::SEQUENCE_EVENTS)
+        .await
+        .map_err(db_error)?;
+    let mut total = 0;
+    loop {
+        let row = client
+            .query_one(&number, &[&SEQUENCE_BATCH, &EVENTS_PER_ROW])
+            .await
+            .map_err(db_error)?;
+        total += row.get::<_, i64>("numbered");
+        if row.get::<_, i64>("moved") < SEQUENCE_BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+/// Trims the log to `len` events, this server's `--event-log-len` (one index probe
+/// when there is nothing to trim).
+///
+/// # Errors
+/// [`Error::Unavailable`] when the database cannot be reached.
+pub(crate) async fn trim(client: &Client, len: usize) -> Result<()> {
+    let len = len.clamp(1, i64::MAX as usize) as i64;
+    let trim = client
+        .prepare_cached(sql::TRIM_EVENTS)
+        .await
+        .map_err(db_error)?;
+    client.execute(&trim, &[&len]).await.map_err(db_error)?;
+    Ok(())
+}
+
+/// The log after revision `after`: its head, its oldest revision, and a
+/// page of events, as of one snapshot.
+async fn read_events(client: &Client, after: u64, limit: usize) -> Result<Page> {
+    let stmt = client
+        .prepare_cached(sql::READ_EVENTS)
+        .await
+        .map_err(db_error)?;
+    // `after + limit + 1` must stay within `bigint` (only the read of the
+    // head alone, with no limit, asks from the very end).
+    let after = after.min(i64::MAX as u64 - limit as u64 - 1) as i64;
+    let rows = client
+        .query(&stmt, &[&after, &(limit as i64)])
+        .await
+        .map_err(db_error)?;
+    let first = rows
+        .first()
+        .ok_or_else(|| Error::Storage("the event log has no head row".into()))?;
+    let head = first.get::<_, i64>("head").max(0) as u64;
+    let oldest = first
+        .get::<_, Option<i64>>("oldest")
+        .map_or(head + 1, |r| r.max(0) as u64);
+    let mut events = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if row.get::<_, Option<i64>>("revision").is_some() {
+            events.push(key_row::event(row)?);
+        }
+    }
+    Ok(Page {
+        head,
+        oldest,
+        events,
+    })
+}
+
 /// One Watch stream.
 struct Watcher {
-    inner: Arc<Inner>,
+    db: Arc<Db>,
+    feed: Arc<Feed>,
     selector: Selector,
     /// Every event up to this revision was delivered (or not selected).
     seen: u64,
@@ -383,7 +394,7 @@ impl Watcher {
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         self.phase = Phase::Done;
-                        return Some(Err(cut_off(self.inner.tail.buffer, self.seen + 1)));
+                        return Some(Err(cut_off(self.feed.buffer, self.seen + 1)));
                     }
                     // The feed restarted: back to the log from where we are.
                     Err(broadcast::error::RecvError::Closed) => self.phase = Phase::CatchUp(None),
@@ -395,9 +406,9 @@ impl Watcher {
     /// Reads one page of the log after `seen`; returns the selected events
     /// (`None`: none in this page).
     async fn catch_up(&mut self) -> Result<Option<Vec<Event>>> {
-        let page = in_time(self.inner.config.op_timeout, async {
-            let client = self.inner.client().await?;
-            self.inner.read_events(&client, self.seen, PAGE).await
+        let page = in_time(self.db.config.op_timeout, async {
+            let client = self.db.client().await?;
+            read_events(&client, self.seen, PAGE).await
         })
         .await?;
         if self.seen + 1 < page.oldest {
@@ -419,7 +430,7 @@ impl Watcher {
             // covers what it published before we subscribed).
             self.seen = self.seen.max(page.head);
             self.phase = match std::mem::replace(&mut self.phase, Phase::Done) {
-                Phase::CatchUp(None) => Phase::CatchUp(Some(self.inner.tail.subscribe(page.head))),
+                Phase::CatchUp(None) => Phase::CatchUp(Some(self.feed.subscribe(page.head))),
                 Phase::CatchUp(Some(live)) => Phase::Live(live),
                 other => other,
             };

@@ -6,12 +6,22 @@
 //! duplicate rule of `leasehold_core::ledger` (a call naming no turn, or
 //! asking `across_turns`, is checked against every turn).
 
-use super::terms::raced;
-use super::*;
+use leasehold_core::error::{Error, Result};
+use leasehold_core::lease::{Fence, Key, LeaseId};
+use leasehold_core::ledger::{
+    BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
+};
 use leasehold_core::stored::Stored;
 
-impl Inner {
-    pub(super) async fn begin_tool_calls(
+use tokio_postgres::error::SqlState;
+
+use crate::db::{Db, RACE_RETRIES, db_error};
+use crate::holding::raced;
+use crate::key_row::millis;
+use crate::{key_row, sql};
+
+impl Db {
+    pub(crate) async fn begin_tool_calls(
         &self,
         key: &Key,
         fence: Fence,
@@ -51,7 +61,7 @@ impl Inner {
                 .await
                 .map_err(db_error)?
                 .iter()
-                .map(row::tool_call)
+                .map(key_row::tool_call)
                 .collect::<Result<Vec<_>>>()?;
             if let Some(duplicate) = duplicates(&specs, known) {
                 tx.rollback().await.map_err(db_error)?;
@@ -118,7 +128,7 @@ impl Inner {
         Err(raced(key))
     }
 
-    pub(super) async fn settle_tool_call(
+    pub(crate) async fn settle_tool_call(
         &self,
         key: &Key,
         fence: Fence,
@@ -150,7 +160,7 @@ impl Inner {
                 .await
                 .map_err(db_error)?;
             if let Some(row) = settled {
-                return Ok((row::tool_call(&row)?, false));
+                return Ok((key_row::tool_call(&row)?, false));
             }
             if let Some(refusal) = self
                 .holder_refusal(&mut client, key, fence, lease_id)
@@ -175,7 +185,7 @@ impl Inner {
                     });
                 }
                 [row] => {
-                    let call = row::tool_call(row)?;
+                    let call = key_row::tool_call(row)?;
                     if call.state.is_settled() {
                         return Ok((call, true));
                     }
@@ -186,7 +196,7 @@ impl Inner {
         Err(raced(key))
     }
 
-    pub(super) async fn list_tool_calls(
+    pub(crate) async fn list_tool_calls(
         &self,
         key: &Key,
         filter: CallFilter,
@@ -214,7 +224,7 @@ impl Inner {
             .await
             .map_err(db_error)?
             .iter()
-            .map(row::tool_call)
+            .map(key_row::tool_call)
             .collect()
     }
 }
@@ -231,7 +241,7 @@ fn ambiguous(call_id: &str) -> Error {
 /// registration order): an id already recorded in the spec's turn (in any
 /// turn, when the spec names none or asks `across_turns`), or repeated
 /// within the batch.
-pub(super) fn duplicates(specs: &[CallSpec], known: Vec<ToolCall>) -> Option<BeginOutcome> {
+pub(crate) fn duplicates(specs: &[CallSpec], known: Vec<ToolCall>) -> Option<BeginOutcome> {
     let mut seen = std::collections::HashSet::new();
     let mut ids: Vec<String> = Vec::new();
     let mut existing = Vec::new();

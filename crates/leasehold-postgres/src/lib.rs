@@ -10,7 +10,7 @@
 //! whichever statement locks the row first wins, and the other re-checks
 //! its condition against what the first left. A write that finds its
 //! condition false reads the row and explains the refusal exactly as the
-//! SQLite engine does (`row::KeyNow`).
+//! SQLite engine does (`key_row::KeyNow`).
 //!
 //! # Batching
 //! A lock cycle on a free key is two autocommit statements, each shared
@@ -43,7 +43,7 @@
 //! migration 0008), counts the failure and starts its lock-delay; the grant's
 //! condition checks lock-delay, handoff (the successor goes ahead of the
 //! line) and quarantine. Expiry stays lazy: until someone moves an expired
-//! term, readers derive what its end does from the row (`row::KeyRow::at`),
+//! term, readers derive what its end does from the row (`key_row::KeyRow::at`),
 //! and History, Unquarantine and refusals move it first (`sql::EXPIRE_KEY`).
 //!
 //! # Watch
@@ -60,16 +60,25 @@
 //! against writes in flight.
 //!
 //! # Parts
-//! - this module: configuration, start-up, the [`Backend`] implementation;
-//! - [`sql`]: every statement; [`migrate`]: the versioned schema;
-//! - `terms`: renew, release, check, get, list and the sweeper;
-//! - `line`: Acquire and waiting in line; `listen`: the NOTIFY wake-ups;
-//! - `renewals`: concurrent renewals batched into one statement;
-//! - `batch`: concurrent grants of free keys, and releases of keys nobody
-//!   waits for, batched into one statement each;
-//! - `ledger`: the tool-call ledger; `order`: per-key call order;
-//! - `events`: Watch (the event log's sequencer and each server's feed);
-//! - `row`: rows to domain values, and the refusals a row implies.
+//! Each part owns its state and holds the code that changes it; they
+//! share only the database (`db`), passed to each as `&Db`:
+//! - this module: configuration, start-up (which wires the parts and
+//!   starts their tasks), and the [`Backend`] implementation, the one place
+//!   where an operation goes through more than one part (a renewal or a
+//!   release tries its batch first, then the single-row path);
+//! - `db`: the pool, the NOTIFY channel, the settings and the stopping
+//!   flag; the read that brings a key up to date; the error table;
+//! - `acquire`: Acquire, now or in line (`Line`, the wake-ups);
+//!   `listen`: the NOTIFY connection that feeds them;
+//! - `holding`: renew, release and check alone on one row; `reading`:
+//!   Get, List, History, Unquarantine; `ledger`: the tool-call ledger;
+//! - `renewals`, `batch`: the queues that let concurrent renewals, grants
+//!   and releases share a statement (`Batcher`);
+//! - `sweeper`: the periodic sweep; `health`: the database probe;
+//!   `events`: Watch (the log's sequencer, and this server's `Feed`);
+//! - `order`: per-key call order; `key_row`: a key's row read into domain
+//!   values, and the refusals it implies; [`sql`]: every statement;
+//!   [`migrate`]: the versioned schema.
 //!
 //! # Durability
 //! A reply is sent only after its statement committed, and refusals read
@@ -79,17 +88,22 @@
 //! `docs/deploy.md`). When the database cannot be reached every request is
 //! refused with UNAVAILABLE; nothing is guessed.
 
+mod acquire;
 mod batch;
+mod config;
+mod db;
 mod events;
+mod health;
+mod holding;
+mod key_row;
 mod ledger;
-mod line;
 mod listen;
 pub mod migrate;
 mod order;
+mod reading;
 mod renewals;
-mod row;
 pub mod sql;
-mod terms;
+mod sweeper;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,119 +113,23 @@ use futures_util::future::BoxFuture;
 use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio_postgres::NoTls;
-use tokio_postgres::error::SqlState;
 
-use leasehold_core::clock::Millis;
-use leasehold_core::error::{Error, Result};
-use leasehold_core::events::{DEFAULT_EVENT_LOG_LEN, Selector};
+use leasehold_core::error::Result;
+use leasehold_core::events::Selector;
 use leasehold_core::lease::{EndedTerm, Fence, Handoff, Key, LeaseId, Term, TermEnd, Ttl};
-use leasehold_core::ledger::{
-    BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall, validate_settlement, validate_specs,
-};
-use leasehold_core::lessor::{
-    Acquire, DEFAULT_HISTORY_LEN, DEFAULT_RETENTION_MS, Grant, HistoryPage, KeyView, ListFilter,
-    ListPage,
-};
+use leasehold_core::ledger::{BeginOutcome, CallFilter, CallSpec, Settlement, ToolCall};
+use leasehold_core::lessor::{Acquire, Grant, HistoryPage, KeyView, ListFilter, ListPage};
 use leasehold_core::store::StoreError;
 
+use acquire::Line;
+use batch::{Batched, Grants, Releases, run_batches};
+pub use config::PgConfig;
+use db::{Db, in_time, pg_message};
+use events::Feed;
+use health::Health;
 use leasehold_backend::{Backend, Pending};
 use order::{Access, Turns};
-use row::{KeyNow, KeyRow, millis};
-
-/// How many times an operation re-reads a key that changed under it before
-/// it gives up with UNAVAILABLE (only under extreme contention).
-const RACE_RETRIES: usize = 16;
-
-/// How to reach the database, and the tuning of this backend.
-#[derive(Debug, Clone)]
-pub struct PgConfig {
-    /// `postgres://user[:password]@host[:port]/database[?options]`.
-    pub url: String,
-    /// The schema holding leasehold's tables (created if missing), so tests
-    /// and several deployments can share one database.
-    pub schema: String,
-    /// Connections in the pool.
-    pub pool_size: usize,
-    /// How long a cleanly released key is remembered before it is forgotten.
-    pub retention_ms: u64,
-    /// How often this server moves expired terms to ended (waking their
-    /// waiters) and forgets released keys past their retention.
-    pub sweep_interval: Duration,
-    /// How often a waiting Acquire looks again without a notification.
-    pub poll: Duration,
-    /// How long a waiter row stays in line without its server's heartbeat.
-    pub waiter_lease: Duration,
-    /// At most this many Acquires wait in one key's line
-    /// (`--max-waiters-per-key`), counted in the database: the waiters of
-    /// every server on the schema together. One more is refused with
-    /// RESOURCE_EXHAUSTED (`waiters_per_key`), as on SQLite. Each server
-    /// holds the line to its own value, so a fleet should share one.
-    pub max_waiters_per_key: usize,
-    /// How long to wait for a connection (pool or database) before a
-    /// request is refused with UNAVAILABLE.
-    pub connect_timeout: Duration,
-    /// How long one operation may take (beyond an Acquire's own wait)
-    /// before it is refused with UNAVAILABLE: a database that stopped
-    /// answering (a partition, a hung failover) must not hold requests
-    /// forever. Its outcome is then unknown, as for any lost reply.
-    pub op_timeout: Duration,
-    /// How many ended terms each key remembers (History): the newest this
-    /// many are shown. Each key's ring of history rows grows to the
-    /// largest length any server wrote it with and never shrinks while the
-    /// key exists (migration 0008), so servers with different lengths on
-    /// one schema each see their own newest N.
-    pub history_len: usize,
-    /// The recovery limit of terms whose Acquire names none (`None`: keys
-    /// are quarantined only when their Acquire asks). Fixed into each term
-    /// when it is granted, so servers with different defaults never
-    /// disagree about a term.
-    pub default_max_recoveries: Option<u32>,
-    /// How often this server asks the database whether it answers (within
-    /// [`PgConfig::connect_timeout`]), for gRPC health: NOT_SERVING while it
-    /// does not, SERVING again after it does.
-    pub health_interval: Duration,
-    /// The most renewals one statement applies (see `renewals`); 1 sends
-    /// each renewal alone.
-    pub renew_batch: usize,
-    /// The most grants, and the most releases, one statement applies (see
-    /// `batch`); 1 sends each alone.
-    pub write_batch: usize,
-    /// How many Watch events the log keeps (`--event-log-len`): whichever
-    /// server numbers new events trims the log to its own length.
-    pub event_log_len: usize,
-    /// How many feed items a watcher may fall behind before it is cut off
-    /// (`--watch-buffer`).
-    pub watch_buffer: usize,
-    /// How often a server with watchers numbers queued events and reads new
-    /// ones for them (see `events`).
-    pub watch_poll: Duration,
-}
-
-impl PgConfig {
-    /// Defaults for the database at `url`, schema `leasehold`.
-    pub fn new(url: impl Into<String>) -> PgConfig {
-        PgConfig {
-            url: url.into(),
-            schema: "leasehold".into(),
-            pool_size: 16,
-            retention_ms: DEFAULT_RETENTION_MS,
-            sweep_interval: Duration::from_millis(500),
-            poll: Duration::from_millis(500),
-            waiter_lease: Duration::from_secs(3),
-            max_waiters_per_key: leasehold_backend::DEFAULT_MAX_WAITERS_PER_KEY,
-            connect_timeout: Duration::from_secs(3),
-            op_timeout: Duration::from_secs(10),
-            history_len: DEFAULT_HISTORY_LEN,
-            default_max_recoveries: None,
-            health_interval: Duration::from_millis(500),
-            renew_batch: 256,
-            write_batch: 256,
-            event_log_len: DEFAULT_EVENT_LOG_LEN,
-            watch_buffer: 4096,
-            watch_poll: Duration::from_millis(50),
-        }
-    }
-}
+use renewals::Renewals;
 
 /// A cheap, cloneable handle to the PostgreSQL backend. The background
 /// tasks (notification listener, sweeper) stop with the last handle.
@@ -225,41 +143,30 @@ pub struct PgBackend {
 impl std::fmt::Debug for PgBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgBackend")
-            .field("schema", &self.inner.config.schema)
+            .field("schema", &self.inner.db.config.schema)
             .finish_non_exhaustive()
     }
 }
 
+/// The backend as its parts, each owning its state, with the code that
+/// changes it in its own module; they share only the database (`db`),
+/// which holds no state a part changes but the stopping flag.
 struct Inner {
-    /// Connections for every statement (never for LISTEN).
-    pool: Pool,
-    /// The NOTIFY channel of this schema.
-    channel: String,
-    /// Keys notified by any server; waiters subscribe and filter.
-    wakes: broadcast::Sender<listen::Wake>,
-    /// Set when the server begins to shut down: waiting Acquires give up.
-    closing: watch::Sender<bool>,
-    /// Per-key call order (see the module docs).
+    /// The pool, the channel, the settings, the stopping flag.
+    db: Arc<Db>,
+    /// Wake-ups for waiting Acquires (`acquire`).
+    line: Line,
+    /// Renewals, grants and releases queued to share statements
+    /// (`renewals`, `batch`).
+    renewals: Renewals,
+    grants: Grants,
+    releases: Releases,
+    /// The feed of new events to this server's watchers (`events`).
+    feed: Arc<Feed>,
+    /// Whether the database answers (`health`).
+    health: Arc<Health>,
+    /// Per-key call order (`order`, see the module docs).
     turns: Arc<Turns>,
-    /// Whether the database answered the last health probe (see
-    /// [`Backend::serving`]).
-    reachable: watch::Sender<bool>,
-    /// Where renewals queue to share a statement; `None` when batching is
-    /// off.
-    renewals: Option<renewals::Queue>,
-    /// Batch statements run, and the renewals they carried (metrics).
-    renew_batches: std::sync::atomic::AtomicU64,
-    renew_batched: std::sync::atomic::AtomicU64,
-    /// Where grant attempts and releases queue to share a statement;
-    /// `None` when batching them is off.
-    grants: Option<batch::Queue<batch::GrantJob>>,
-    releases: Option<batch::Queue<batch::ReleaseJob>>,
-    /// Statements that carried grant attempts and releases (metrics).
-    grant_counts: batch::Counts,
-    release_counts: batch::Counts,
-    /// This server's feed of new events to its watchers.
-    tail: events::Tail,
-    config: PgConfig,
 }
 
 /// The background tasks, aborted when the last handle is dropped.
@@ -336,74 +243,59 @@ impl PgBackend {
         drop(client);
         let channel = channel_of(&config.schema);
         let (wakes, _) = broadcast::channel(1024);
-        let batch = config.renew_batch;
-        let (renewals, renewal_queue) = if batch > 1 {
-            let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
-            (Some(queue), Some(queued))
-        } else {
-            (None, None)
-        };
-        let write_batch = config.write_batch;
-        let (grants, grant_queue) = if write_batch > 1 {
-            let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
-            (Some(queue), Some(queued))
-        } else {
-            (None, None)
-        };
-        let (releases, release_queue) = if write_batch > 1 {
-            let (queue, queued) = tokio::sync::mpsc::unbounded_channel();
-            (Some(queue), Some(queued))
-        } else {
-            (None, None)
-        };
-        let inner = Arc::new(Inner {
+        let (renewals, renewal_queue) = Renewals::new(config.renew_batch);
+        let (grants, grant_queue) = Grants::new(config.write_batch);
+        let (releases, release_queue) = Releases::new(config.write_batch);
+        let (renew_batch, write_batch) = (config.renew_batch, config.write_batch);
+        let pool_size = config.pool_size;
+        let db = Arc::new(Db {
             pool,
             channel: channel.clone(),
-            wakes: wakes.clone(),
             closing: watch::Sender::new(false),
-            turns: Arc::default(),
-            reachable: watch::Sender::new(true),
-            renewals,
-            renew_batches: Default::default(),
-            renew_batched: Default::default(),
-            grants,
-            releases,
-            grant_counts: Default::default(),
-            release_counts: Default::default(),
-            tail: events::Tail::new(config.watch_buffer),
             config,
         });
-        let listener = tokio::spawn(listen::run(pg, channel, wakes)).abort_handle();
-        let sweeper = tokio::spawn(inner.clone().sweep_loop()).abort_handle();
-        let prober = tokio::spawn(inner.clone().probe_loop()).abort_handle();
-        let feed = tokio::spawn(inner.clone().feed_loop()).abort_handle();
-        let mut tasks = vec![listener, sweeper, prober, feed];
+        let inner = Arc::new(Inner {
+            db: db.clone(),
+            line: Line::new(wakes.clone()),
+            renewals,
+            grants,
+            releases,
+            feed: Arc::new(Feed::new(db.config.watch_buffer)),
+            health: Arc::new(Health::new()),
+            turns: Arc::default(),
+        });
+        let mut tasks = vec![
+            tokio::spawn(listen::run(pg, channel, wakes)).abort_handle(),
+            tokio::spawn(sweeper::run(db.clone())).abort_handle(),
+            tokio::spawn(inner.health.clone().run(db.clone())).abort_handle(),
+            tokio::spawn(inner.feed.clone().run(db.clone())).abort_handle(),
+        ];
         // An eighth of the pool each for renewal, grant and release batches
         // at once, so single requests always find connections, and so a
         // batch waits long enough to grow: each statement and commit costs
         // the database more than a row in it (renewals had half the pool:
         // batches of about 4 where 64 clients renewed, and 0.7-0.8x the
         // renewals/s of two slots; docs/benchmarks-history.md, session 9).
-        let slots = (inner.config.pool_size / 8).max(1);
+        let slots = (pool_size / 8).max(1);
         // One batching loop per kind: what queued, at most `$max` a
-        // statement, run by `Inner::$run`.
+        // statement, run by that kind's own `run`.
         macro_rules! batcher {
-            ($queue:expr, $max:expr, $run:ident) => {
+            ($queue:expr, $max:expr, $part:ident) => {
                 if let Some(queued) = $queue {
                     let batcher = inner.clone();
                     let run = move |jobs| {
                         let inner = batcher.clone();
-                        async move { inner.$run(jobs).await }
+                        async move { inner.$part.run(&inner.db, jobs).await }
                     };
-                    let loop_ = batch::run_batches(queued, $max, slots, run);
+                    let loop_ = run_batches(queued, $max, slots, run);
                     tasks.push(tokio::spawn(loop_).abort_handle());
                 }
             };
         }
-        batcher!(renewal_queue, batch, run_renew_batch);
-        batcher!(grant_queue, write_batch, run_grant_batch);
-        batcher!(release_queue, write_batch, run_release_batch);
-        tracing::info!(database = %origin, schema = %inner.config.schema, "PostgreSQL backend ready");
+        batcher!(renewal_queue, renew_batch, renewals);
+        batcher!(grant_queue, write_batch, grants);
+        batcher!(release_queue, write_batch, releases);
+        tracing::info!(database = %origin, schema = %db.config.schema, "PostgreSQL backend ready");
         Ok(PgBackend {
             inner,
             _tasks: Arc::new(Tasks(tasks)),
@@ -416,9 +308,10 @@ impl PgBackend {
     /// [`PgConfig::sweep_interval`]).
     ///
     /// # Errors
-    /// [`Error::Unavailable`] when the database cannot be reached.
+    /// [`Error::Unavailable`](leasehold_core::error::Error::Unavailable)
+    /// when the database cannot be reached.
     pub async fn sweep(&self) -> Result<()> {
-        self.inner.sweep().await
+        sweeper::sweep(&self.inner.db).await
     }
 }
 
@@ -479,192 +372,6 @@ fn check_schema_name(schema: &str) -> std::result::Result<(), String> {
     }
 }
 
-/// A database failure as the client sees it: the database could not be
-/// reached or refused for a transient reason (UNAVAILABLE, retry), or a
-/// fault of ours (INTERNAL). Never a guess about the lease.
-fn db_error(e: tokio_postgres::Error) -> Error {
-    let Some(db) = e.as_db_error() else {
-        return Error::Unavailable(format!("database: {e}"));
-    };
-    let code = db.code().code();
-    let transient = ["08", "40", "53", "55", "57", "58", "25"]
-        .iter()
-        .any(|class| code.starts_with(class));
-    if transient || *db.code() == SqlState::READ_ONLY_SQL_TRANSACTION {
-        Error::Unavailable(format!("database: {}", db.message()))
-    } else {
-        Error::Storage(format!("database: {} ({code})", db.message()))
-    }
-}
-
-/// What went wrong, with the server's message when it sent one (a
-/// `tokio_postgres::Error` alone only says "db error").
-fn pg_message(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
-}
-
-fn pool_error(e: deadpool_postgres::PoolError) -> Error {
-    match e {
-        deadpool_postgres::PoolError::Backend(e) => db_error(e),
-        other => Error::Unavailable(format!("database: {other}")),
-    }
-}
-
-/// `op`, or UNAVAILABLE once `limit` has passed without an answer.
-async fn in_time<T>(
-    limit: Duration,
-    op: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    tokio::time::timeout(limit, op).await.unwrap_or_else(|_| {
-        Err(Error::Unavailable(format!(
-            "the database did not answer within {} ms",
-            limit.as_millis()
-        )))
-    })
-}
-
-fn closed() -> Error {
-    Error::Unavailable("the server is shutting down".into())
-}
-
-type Client = deadpool_postgres::Object;
-
-/// A `keys` row read with [`sql::READ_KEY`].
-struct Snapshot {
-    now: Millis,
-    /// Whether the key has a row at all.
-    found: bool,
-    key: KeyNow,
-    unsettled: usize,
-    /// Whether someone alive waits in line.
-    line: bool,
-    /// Whether the row holds a term past its deadline that nobody has moved
-    /// to ended yet (`key` already shows it ended).
-    expired_unmoved: bool,
-}
-
-impl Inner {
-    async fn client(&self) -> Result<Client> {
-        if self.pool.is_closed() {
-            return Err(closed());
-        }
-        self.pool.get().await.map_err(pool_error)
-    }
-
-    /// The key as [`Inner::read_key`] reads it, after moving a term past
-    /// its deadline to ended (recording its history, failure and
-    /// lock-delay) and handing the key to the first waiter in line who may
-    /// take it: as the SQLite engine brings a key up to date before every
-    /// operation, so a refusal or a Get never shows a free key that someone
-    /// waits for (a fence whose term expired with people in line is then
-    /// superseded, on either backend), and History shows every ended term.
-    async fn read_key_served(&self, client: &mut Client, key: &Key) -> Result<Snapshot> {
-        let snapshot = self.read_key(client, key).await?;
-        if snapshot.expired_unmoved {
-            self.expire_and_serve(client, key).await?;
-            return self.read_key(client, key).await;
-        }
-        if snapshot.key.live.is_some() || !snapshot.line {
-            return Ok(snapshot);
-        }
-        self.serve_first(client, key).await?;
-        self.read_key(client, key).await
-    }
-
-    /// Moves `key`'s term to ended if it is past its deadline, and hands the
-    /// key to the first waiter who may take it, in one transaction.
-    async fn expire_and_serve(&self, client: &mut Client, key: &Key) -> Result<()> {
-        let tx = client.transaction().await.map_err(db_error)?;
-        let expire = tx.prepare_cached(sql::EXPIRE_KEY).await.map_err(db_error)?;
-        let moved = tx
-            .query_opt(&expire, &[&key.as_str(), &self.history_len()])
-            .await
-            .map_err(db_error)?;
-        if moved.is_some() {
-            line::serve_first_in(&tx, &self.channel, key, self.history_len()).await?;
-            let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
-            tx.execute(&notify, &[&self.channel, &key.as_str()])
-                .await
-                .map_err(db_error)?;
-        }
-        tx.commit().await.map_err(db_error)
-    }
-
-    /// The history length, as a statement parameter (at most `i32::MAX`:
-    /// a key's ring length is an `integer`, migration 0008).
-    fn history_len(&self) -> i64 {
-        self.config.history_len.clamp(1, i32::MAX as usize) as i64
-    }
-
-    async fn read_key(&self, client: &Client, key: &Key) -> Result<Snapshot> {
-        let stmt = client
-            .prepare_cached(sql::READ_KEY)
-            .await
-            .map_err(db_error)?;
-        let row = client
-            .query_one(&stmt, &[&key.as_str()])
-            .await
-            .map_err(db_error)?;
-        let now = millis(row.get("now"));
-        let found = row.get::<_, Option<String>>("found").is_some();
-        let stored = KeyRow::from_row(&row)?;
-        Ok(Snapshot {
-            now,
-            found,
-            expired_unmoved: stored.expired_unmoved(now),
-            key: stored.at(now),
-            unsettled: row.get::<_, i64>("unsettled") as usize,
-            line: row.get("line"),
-        })
-    }
-}
-
-impl Inner {
-    /// Whether the database answers a trivial statement now, within the
-    /// connection timeout (a fresh connection when the pooled ones broke).
-    async fn probe(&self) -> Result<()> {
-        in_time(self.config.connect_timeout, async {
-            let client = self.client().await?;
-            client.simple_query("SELECT 1").await.map_err(db_error)?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Publishes the database's reachability every
-    /// [`PgConfig::health_interval`], logging each change once.
-    async fn probe_loop(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(self.config.health_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if *self.closing.borrow() {
-                // Stopping: the pool closes, which says nothing of the database.
-                return;
-            }
-            let outcome = self.probe().await;
-            let up = outcome.is_ok();
-            let changed = self.reachable.send_if_modified(|was| {
-                let changed = *was != up;
-                *was = up;
-                changed
-            });
-            match outcome {
-                Err(e) if changed => {
-                    tracing::warn!(error = %e, "the database does not answer: health NOT_SERVING")
-                }
-                Ok(()) if changed => {
-                    tracing::info!("the database answers again: health SERVING")
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
 impl PgBackend {
     /// Runs `op` on `key` in call order (see `order`): a write after
     /// everything called before it on the key, a read after the writes.
@@ -680,7 +387,7 @@ impl PgBackend {
     {
         let (predecessor, turn, cleanup) = self.inner.turns.take(key, access);
         let inner = self.inner.clone();
-        let limit = inner.config.op_timeout;
+        let limit = inner.db.config.op_timeout;
         Box::pin(async move {
             predecessor.applied().await;
             let out = in_time(limit, op(inner)).await;
@@ -701,18 +408,26 @@ impl Backend for PgBackend {
         // refused or in line, not when its wait ends.
         let (predecessor, turn, cleanup) = self.inner.turns.take(&request.key, Access::Write);
         let inner = self.inner.clone();
-        let limit = inner.config.op_timeout + Duration::from_millis(request.wait.as_millis());
+        let limit = inner.db.config.op_timeout + Duration::from_millis(request.wait.as_millis());
         Box::pin(async move {
             predecessor.applied().await;
             let _cleanup = cleanup;
-            in_time(limit, inner.acquire(request, turn)).await
+            let acquire = inner.line.acquire(&inner.db, &inner.grants, request, turn);
+            in_time(limit, acquire).await
         })
     }
 
     fn renew(&self, key: &Key, fence: Fence, lease_id: LeaseId, ttl: Option<Ttl>) -> Pending<Term> {
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
-            inner.renew_batched(&k, fence, lease_id, ttl).await
+            // Most renewals share a statement; one it did not apply goes
+            // alone, where a refusal is explained.
+            match inner.renewals.renew(&k, fence, lease_id, ttl).await? {
+                Batched::Applied(term) => Ok(term),
+                Batched::Refused | Batched::Unsent => {
+                    inner.db.renew(&k, fence, lease_id, ttl).await
+                }
+            }
         })
     }
 
@@ -725,42 +440,57 @@ impl Backend for PgBackend {
         handoff: Option<Handoff>,
     ) -> Pending<EndedTerm> {
         let k = key.clone();
+        let end = if suspend {
+            TermEnd::Suspended
+        } else {
+            TermEnd::Released
+        };
         self.ordered(key, Access::Write, move |inner| async move {
-            inner.release(&k, fence, lease_id, suspend, handoff).await
+            // The common case, nobody in line: one autocommit statement,
+            // shared with this server's other releases; else a transaction
+            // that also serves the line, or explains the refusal.
+            let batched =
+                inner
+                    .releases
+                    .release(&inner.db, &k, fence, lease_id, end, handoff.as_ref());
+            match batched.await? {
+                Some(ended) => Ok(ended),
+                None => inner.db.release(&k, fence, lease_id, end, handoff).await,
+            }
         })
     }
 
     fn history(&self, key: &Key, before: Option<Fence>, limit: usize) -> Pending<HistoryPage> {
         let k = key.clone();
         self.ordered(key, Access::Read, move |inner| async move {
-            inner.history(&k, before, limit).await
+            inner.db.history(&k, before, limit).await
         })
     }
 
     fn unquarantine(&self, key: &Key) -> Pending<KeyView> {
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
-            inner.unquarantine(&k).await
+            inner.db.unquarantine(&k).await
         })
     }
 
     fn watch(&self, selector: Selector, start: u64) -> Pending<leasehold_backend::Watching> {
-        let inner = self.inner.clone();
-        let limit = inner.config.op_timeout;
-        Box::pin(in_time(limit, inner.watch(selector, start)))
+        let (feed, db) = (self.inner.feed.clone(), self.inner.db.clone());
+        let limit = db.config.op_timeout;
+        Box::pin(in_time(limit, feed.watch(db, selector, start)))
     }
 
     fn check(&self, key: &Key, fence: Fence) -> Pending<Term> {
         let k = key.clone();
         self.ordered(key, Access::Read, move |inner| async move {
-            inner.check(&k, fence).await
+            inner.db.check(&k, fence).await
         })
     }
 
     fn get(&self, key: &Key) -> Pending<KeyView> {
         let k = key.clone();
         self.ordered(key, Access::Read, move |inner| async move {
-            inner.get(&k).await
+            inner.db.get(&k).await
         })
     }
 
@@ -771,11 +501,11 @@ impl Backend for PgBackend {
         after: Option<&Key>,
         page_size: usize,
     ) -> Pending<ListPage> {
-        let inner = self.inner.clone();
+        let db = self.inner.db.clone();
         let (prefix, after) = (prefix.to_owned(), after.cloned());
-        let limit = inner.config.op_timeout;
+        let limit = db.config.op_timeout;
         Box::pin(in_time(limit, async move {
-            inner.list(prefix, filter, after, page_size).await
+            db.list(prefix, filter, after, page_size).await
         }))
     }
 
@@ -788,7 +518,7 @@ impl Backend for PgBackend {
     ) -> Pending<BeginOutcome> {
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
-            inner.begin_tool_calls(&k, fence, lease_id, specs).await
+            inner.db.begin_tool_calls(&k, fence, lease_id, specs).await
         })
     }
 
@@ -802,6 +532,7 @@ impl Backend for PgBackend {
         let k = key.clone();
         self.ordered(key, Access::Write, move |inner| async move {
             inner
+                .db
                 .settle_tool_call(&k, fence, lease_id, settlement)
                 .await
         })
@@ -810,40 +541,35 @@ impl Backend for PgBackend {
     fn list_tool_calls(&self, key: &Key, filter: CallFilter) -> Pending<Vec<ToolCall>> {
         let k = key.clone();
         self.ordered(key, Access::Read, move |inner| async move {
-            inner.list_tool_calls(&k, filter).await
+            inner.db.list_tool_calls(&k, filter).await
         })
     }
 
     fn begin_shutdown(&self) {
-        self.inner.closing.send_replace(true);
+        self.inner.db.closing.send_replace(true);
     }
 
     fn shutdown(&self) -> BoxFuture<'static, ()> {
-        let inner = self.inner.clone();
+        let db = self.inner.db.clone();
         Box::pin(async move {
-            inner.closing.send_replace(true);
+            db.closing.send_replace(true);
             // Nothing is pending: every acknowledged write is committed.
             // Later requests find the pool closed: UNAVAILABLE.
-            inner.pool.close();
+            db.pool.close();
         })
     }
 
     fn serving(&self) -> watch::Receiver<bool> {
-        self.inner.reachable.subscribe()
+        self.inner.health.subscribe()
     }
 
     fn write_metrics(&self, out: &mut leasehold_backend::metrics::Exposition) {
-        use std::sync::atomic::Ordering::Relaxed;
         out.gauge(
             "leasehold_pg_database_up",
             "Whether the database answered the last health probe (1) or not (0).",
-            if *self.inner.reachable.borrow() {
-                1.0
-            } else {
-                0.0
-            },
+            if self.inner.health.up() { 1.0 } else { 0.0 },
         );
-        let (watchers, revision) = self.inner.tail.stats();
+        let (watchers, revision) = self.inner.feed.stats();
         out.gauge(
             "leasehold_watchers",
             "Watch streams following this server's live event feed.",
@@ -854,40 +580,36 @@ impl Backend for PgBackend {
             "The highest event revision this server published to its watchers (0 while none follow).",
             revision as f64,
         );
-        out.counter(
-            "leasehold_pg_renew_batches_total",
-            "Statements that renewed a batch of terms.",
-            self.inner.renew_batches.load(Relaxed),
-        );
-        out.counter(
-            "leasehold_pg_renew_batched_total",
-            "Renewals carried by those statements.",
-            self.inner.renew_batched.load(Relaxed),
-        );
         let counts = [
+            ("renew", "terms", "Renewals", self.inner.renewals.counts()),
             (
                 "grant",
                 "grant attempts",
                 "Grant attempts",
-                &self.inner.grant_counts,
+                self.inner.grants.counts(),
             ),
             (
                 "release",
                 "releases",
                 "Releases",
-                &self.inner.release_counts,
+                self.inner.releases.counts(),
             ),
         ];
-        for (name, what, carried, count) in counts {
+        for (name, what, carried, (batches, requests)) in counts {
+            let help = if name == "renew" {
+                "Statements that renewed a batch of terms.".to_owned()
+            } else {
+                format!("Statements that applied a batch of {what}.")
+            };
             out.counter(
                 &format!("leasehold_pg_{name}_batches_total"),
-                &format!("Statements that applied a batch of {what}."),
-                count.batches.load(Relaxed),
+                &help,
+                batches,
             );
             out.counter(
                 &format!("leasehold_pg_{name}_batched_total"),
                 &format!("{carried} carried by those statements."),
-                count.carried.load(Relaxed),
+                requests,
             );
         }
     }
@@ -903,8 +625,9 @@ impl Backend for PgBackend {
 #[cfg(test)]
 mod tests {
     use super::ledger::duplicates;
-    use super::terms::{like_prefix, prefix_end};
+    use super::reading::{like_prefix, prefix_end};
     use super::*;
+    use leasehold_core::lease::Fence;
 
     #[test]
     fn prefixes_become_literal_like_patterns() {

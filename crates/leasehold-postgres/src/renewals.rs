@@ -11,7 +11,7 @@
 //!
 //! Like the SQLite engine's group commit: renewals queue while the batches
 //! already in flight run, and the next batch takes everything queued (up to
-//! [`PgConfig::renew_batch`]), through the same loop as grants and releases
+//! [`PgConfig::renew_batch`](crate::PgConfig::renew_batch)), through the same loop as grants and releases
 //! (`batch::run_batches`): an eighth of the pool runs renewal batches at
 //! once, so acquires and releases always find connections and a batch
 //! grows while the ones before it run.
@@ -24,12 +24,18 @@
 //! a duplicate still goes alone), and rows are locked in key order, so two
 //! servers' batches cannot deadlock.
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::*;
+use leasehold_core::error::{Error, Result};
+use leasehold_core::lease::{Fence, Key, LeaseId, Term, Ttl};
+
+use crate::batch::{Batched, Batcher, answer, distinct};
+use crate::db::{Db, db_error, in_time};
+use crate::key_row::KeyRow;
+use crate::sql;
 
 /// One renewal waiting for a batch.
-pub(super) struct Job {
+pub(crate) struct Job {
     key: Key,
     fence: Fence,
     lease_id: LeaseId,
@@ -39,45 +45,35 @@ pub(super) struct Job {
     reply: oneshot::Sender<Result<Option<Term>>>,
 }
 
-/// Where renewals queue for the batcher.
-pub(super) type Queue = mpsc::UnboundedSender<Job>;
+/// Renewals, batched.
+pub(crate) type Renewals = Batcher<Job>;
 
-impl Inner {
-    /// Renews through a batch, or alone when batching is off or the batch
-    /// did not apply it (then the single-row path explains the refusal).
-    pub(super) async fn renew_batched(
+impl Renewals {
+    /// Renews through a batch; a renewal it did not apply (or batching is
+    /// off) goes alone, where the single-row path explains a refusal.
+    pub(crate) async fn renew(
         &self,
         key: &Key,
         fence: Fence,
         lease_id: LeaseId,
         ttl: Option<Ttl>,
-    ) -> Result<Term> {
-        if let Some(queue) = &self.renewals {
-            let (reply, replied) = oneshot::channel();
-            let job = Job {
-                key: key.clone(),
-                fence,
-                lease_id,
-                ttl,
-                reply,
-            };
-            if queue.send(job).is_ok() {
-                match replied.await {
-                    Ok(Ok(Some(term))) => return Ok(term),
-                    Ok(Err(e)) => return Err(e),
-                    // Not applied, or the batcher went away: alone.
-                    Ok(Ok(None)) | Err(_) => {}
-                }
-            }
-        }
-        self.renew(key, fence, lease_id, ttl).await
+    ) -> Result<Batched<Term>> {
+        let (reply, replied) = oneshot::channel();
+        let job = Job {
+            key: key.clone(),
+            fence,
+            lease_id,
+            ttl,
+            reply,
+        };
+        self.ask(job, replied).await
     }
 
     /// Applies `batch` in one statement and answers each renewal.
-    pub(super) async fn run_renew_batch(&self, batch: Vec<Job>) {
+    pub(crate) async fn run(&self, db: &Db, batch: Vec<Job>) {
         // A key twice in one batch would be updated once: the later ones
         // go alone.
-        let (jobs, seen) = super::batch::distinct(
+        let (jobs, seen) = distinct(
             batch,
             |j| &j.key,
             |j| {
@@ -91,8 +87,8 @@ impl Inner {
             .iter()
             .map(|j| j.ttl.map(|t| t.as_millis() as i64))
             .collect();
-        let applied = in_time(self.config.op_timeout, async {
-            let client = self.client().await?;
+        let applied = in_time(db.config.op_timeout, async {
+            let client = db.client().await?;
             let stmt = client
                 .prepare_cached(sql::RENEW_MANY)
                 .await
@@ -103,8 +99,8 @@ impl Inner {
                 .map_err(db_error)
         })
         .await;
-        let batched = jobs.len() as u64;
-        let ran = super::batch::answer(
+        let batched = jobs.len();
+        let ran = answer(
             jobs,
             &seen,
             applied,
@@ -119,9 +115,7 @@ impl Inner {
             },
         );
         if ran {
-            use std::sync::atomic::Ordering::Relaxed;
-            self.renew_batches.fetch_add(1, Relaxed);
-            self.renew_batched.fetch_add(batched, Relaxed);
+            self.count(batched);
         }
     }
 }

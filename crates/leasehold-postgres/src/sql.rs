@@ -28,7 +28,7 @@ use leasehold_core::stored;
 /// (`history_ends` becomes how many it held, plus this one). A ring that
 /// had wrapped at a position other than 0 cannot be renumbered in place,
 /// so it gets a new base past its old slots and `history_rotated` says
-/// where its oldest entry was, for [`record_history`] to move its rows
+/// where its oldest entry was, for `record_history!` to move its rows
 /// there in the same statement. With `$len` at or below the ring's length
 /// the entry simply takes the next position of the ring as it is.
 /// `history_ends` is kept at most twice the ring's length (less the length
@@ -211,7 +211,7 @@ macro_rules! handoff_to {
 /// row after a write that set its ring columns with [`ring_advance`]) in
 /// the key's ring of `term_history` rows (migration 0008).
 /// `history_added` returns the entries added: the terms this statement
-/// ended (see [`queue_grant_events`]).
+/// ended (see `queue_grant_events!`).
 ///
 /// The entry goes to the slot of ring position `history_ends - 1`: a new
 /// row while the ring fills, and from then on the oldest entry's row,
@@ -304,7 +304,7 @@ macro_rules! record_history {
     };
 }
 
-/// [`record_history`]'s move of a regrown ring's rows.
+/// `record_history!`'s move of a regrown ring's rows.
 macro_rules! history_regrown {
     ($rows:literal) => {
         concat!(
@@ -322,7 +322,7 @@ macro_rules! history_regrown {
     };
 }
 
-/// [`record_history`]'s insert of the entries of `$rows` that `$which`
+/// `record_history!`'s insert of the entries of `$rows` that `$which`
 /// picks, with `$conflict` (or none).
 macro_rules! history_insert {
     ($rows:literal, $which:expr, $conflict:expr) => {
@@ -351,7 +351,7 @@ macro_rules! history_insert {
     };
 }
 
-/// [`record_history`]'s overwrite of a ring slot that exists, `$older`
+/// `record_history!`'s overwrite of a ring slot that exists, `$older`
 /// its condition.
 macro_rules! history_upsert {
     ($older:literal) => {

@@ -1,33 +1,37 @@
-//! Waiting in line: a waiting Acquire is a row of `waiters`; whoever finds
-//! a key free with someone alive in line grants it to the first of them (in
-//! the transaction that marks the row granted and notifies the key), and
-//! the waiting request picks its grant up when woken, at its holder's
-//! deadline, or after a poll interval.
+//! Acquire: the grant now (or a replay, or the refusal), else a wait in
+//! line. A waiting Acquire is a row of `waiters`; whoever finds a key free
+//! with someone alive in line grants it to the first of them (in the
+//! transaction that marks the row granted and notifies the key), and the
+//! waiting request picks its grant up when woken ([`Line`], fed by
+//! `listen`), at its holder's deadline, or after a poll interval.
 
-use leasehold_core::error::Held;
-use leasehold_core::lease::{Lifecycle, Reservation};
-use leasehold_core::lessor::line_full;
+use std::time::Duration;
 
-use super::batch::{self, Batched};
-use super::order::Turn;
-use super::*;
+use deadpool_postgres::Pool;
+use tokio::sync::broadcast;
 
-impl Inner {
-    /// Grants `key` to the first waiter alive in line if it is free, in one
-    /// transaction with the waiter's row and the notification.
-    pub(super) async fn serve_first(&self, client: &mut Client, key: &Key) -> Result<()> {
-        let tx = client.transaction().await.map_err(db_error)?;
-        let served = serve_first_in(&tx, &self.channel, key, self.history_len()).await?;
-        tx.commit().await.map_err(db_error)?;
-        if served {
-            tracing::debug!(key = %key, "handed to the first waiter");
-        }
-        Ok(())
-    }
+use leasehold_core::clock::Millis;
+use leasehold_core::error::{Error, Held, Result};
+use leasehold_core::lease::{Key, LeaseId, Lifecycle, Reservation, Term, TermEnd};
+use leasehold_core::lessor::{Acquire, Grant, line_full};
 
+use crate::batch::{self, Batched, Grants};
+use crate::db::{Client, Db, RACE_RETRIES, Snapshot, closed, db_error};
+use crate::key_row::{self, millis};
+use crate::listen;
+use crate::order::Turn;
+use crate::sql;
+
+/// The wake-ups of this server's waiting Acquires: every key any server
+/// notified (`listen` sends them; each waiter filters its own).
+pub(crate) struct Line {
+    wakes: broadcast::Sender<listen::Wake>,
+}
+
+impl Db {
     /// The recovery limit a term granted for `request` carries: its own,
     /// or this server's default.
-    pub(super) fn max_recoveries(&self, request: &Acquire) -> Option<i32> {
+    pub(crate) fn max_recoveries(&self, request: &Acquire) -> Option<i32> {
         request
             .options
             .max_recoveries
@@ -38,7 +42,7 @@ impl Inner {
 
     /// The refusal of an Acquire of quarantined `key` after `failures`
     /// failed terms in a row, naming them (the core's wording).
-    pub(super) async fn quarantined(
+    pub(crate) async fn quarantined(
         &self,
         client: &Client,
         key: &Key,
@@ -55,12 +59,12 @@ impl Inner {
             .map_err(db_error)?;
         let mut recent = Vec::with_capacity(rows.len());
         for row in rows.iter().rev() {
-            let end = match row::term_end(row.get("end_kind"))? {
+            let end = match key_row::term_end(row.get("end_kind"))? {
                 TermEnd::Released => "released",
                 TermEnd::Suspended => "suspended",
                 TermEnd::Expired => "expired",
             };
-            let fence = row::fence_of(row.get("fence"));
+            let fence = key_row::fence_of(row.get("fence"));
             recent.push(format!("fence {fence} {end}"));
         }
         Ok(Error::Quarantined {
@@ -74,7 +78,7 @@ impl Inner {
     /// the refusal: busy, reserved (lock-delay, handoff) or quarantined. A
     /// free key with people in line goes to them first, but the successor
     /// a handoff names goes ahead of them.
-    pub(super) async fn acquire_now(
+    pub(crate) async fn acquire_now(
         &self,
         client: &mut Client,
         request: &Acquire,
@@ -84,9 +88,7 @@ impl Inner {
         for attempt in 0..RACE_RETRIES {
             // A grant its batch just refused goes straight to the read.
             if attempt > 0 || !grant_tried {
-                let rows = self
-                    .grant_rows(client, &[(request, max_recoveries)])
-                    .await?;
+                let rows = batch::grant_rows(self, client, &[(request, max_recoveries)]).await?;
                 if let Some(row) = rows.first() {
                     return batch::grant_of(request, row);
                 }
@@ -134,47 +136,6 @@ impl Inner {
         Ok(reserved_refusal(request, snapshot))
     }
 
-    /// An Acquire, waiting in line up to `request.wait` when the key is
-    /// held or reserved. `applied` is signalled once the request is granted, refused or
-    /// in line.
-    pub(super) async fn acquire(self: Arc<Self>, request: Acquire, applied: Turn) -> Result<Grant> {
-        let wakes = self.wakes.subscribe();
-        // The common case, a free key with nobody in line: one statement
-        // shared with this server's other Acquires (see `batch`), taken
-        // before a connection of its own.
-        let grant_tried = match self.grant_batched(&request).await? {
-            Batched::Applied(grant) => return Ok(grant),
-            Batched::Refused => true,
-            Batched::Unsent => false,
-        };
-        let mut client = self.client().await?;
-        let first = self.acquire_now(&mut client, &request, grant_tried).await;
-        let wait = request.wait.as_millis();
-        // A reserved key keeps its line (waiters keep their places through
-        // a lock-delay, and come after the successor); a quarantined one
-        // sends everyone away.
-        let busy = match first {
-            Err(busy @ (Error::Busy { .. } | Error::Reserved { .. })) if wait > 0 => busy,
-            other => return other,
-        };
-        if *self.closing.borrow() {
-            return Err(closed());
-        }
-        // A full line refuses the wait (RESOURCE_EXHAUSTED) rather than the
-        // Acquire being busy: as on SQLite, the client learns that waiting
-        // is what it may not do.
-        let (id, until) = self.enqueue(&client, &request).await?;
-        let place = PlaceInLine {
-            inner: self.clone(),
-            id,
-            armed: true,
-        };
-        drop(applied);
-        drop(busy);
-        self.wait_in_line(client, request, place, until, wakes)
-            .await
-    }
-
     /// Puts `request` in line for its wait: its row's id and when its wait
     /// ends.
     ///
@@ -192,7 +153,7 @@ impl Inner {
     ///
     /// # Errors
     /// [`Error::ResourceExhausted`] (`waiters_per_key`, the core's wording)
-    /// when [`PgConfig::max_waiters_per_key`] Acquires already wait for the
+    /// when [`PgConfig::max_waiters_per_key`](crate::PgConfig::max_waiters_per_key) Acquires already wait for the
     /// key, on any server; UNAVAILABLE or INTERNAL from the database.
     async fn enqueue(&self, client: &Client, request: &Acquire) -> Result<(i64, Millis)> {
         let lock = client
@@ -245,114 +206,8 @@ impl Inner {
         Ok((id, millis(row.get("wait_until_ms"))))
     }
 
-    /// Waits in line until granted, replayed, the wait runs out (then one
-    /// last look, as the SQLite engine), or the server closes.
-    pub(super) async fn wait_in_line(
-        &self,
-        mut client: Client,
-        request: Acquire,
-        mut place: PlaceInLine,
-        until: Millis,
-        mut wakes: broadcast::Receiver<listen::Wake>,
-    ) -> Result<Grant> {
-        let mut closing = self.closing.subscribe();
-        let lease = self.config.waiter_lease.as_millis() as i64;
-        loop {
-            if *closing.borrow() {
-                return match self.leave_line(&client, &mut place, &request).await? {
-                    Some(grant) => Ok(grant),
-                    None => Err(closed()),
-                };
-            }
-            self.serve_first(&mut client, &request.key).await?;
-            let heartbeat = client
-                .prepare_cached(sql::HEARTBEAT)
-                .await
-                .map_err(db_error)?;
-            let mine = client
-                .query_opt(&heartbeat, &[&place.id, &lease])
-                .await
-                .map_err(db_error)?;
-            let snapshot = self.read_key(&client, &request.key).await?;
-            let Some(mine) = mine else {
-                // Our row is gone (removed as dead after a long stall): take
-                // one last look instead of waiting on nothing.
-                place.armed = false;
-                return self.acquire_now(&mut client, &request, false).await;
-            };
-            if let Some(fence) = mine.get::<_, Option<i64>>("granted_fence") {
-                let grant = granted(
-                    &request,
-                    self.max_recoveries(&request),
-                    &mine,
-                    fence,
-                    &snapshot,
-                )?;
-                place.leave(&client).await;
-                return Ok(grant);
-            }
-            if let Some(replay) = replay_of(&request, &snapshot) {
-                place.leave(&client).await;
-                return Ok(replay);
-            }
-            let shut = snapshot.key.live.is_none() && snapshot.key.quarantined;
-            if mine.get::<_, bool>("refused") || (shut && !request.options.force) {
-                // The key became quarantined while we waited: nobody but a
-                // forced Acquire gets it (see `sql::SERVE_FIRST`), so say so
-                // now rather than at the end of the wait.
-                let failures = snapshot.key.failures.max(1);
-                let refusal = self.quarantined(&client, &request.key, failures).await?;
-                return match self.leave_line(&client, &mut place, &request).await? {
-                    Some(grant) => Ok(grant),
-                    None => Err(refusal),
-                };
-            }
-            let now = snapshot.now;
-            if now >= until {
-                return match self.leave_line(&client, &mut place, &request).await? {
-                    Some(grant) => Ok(grant),
-                    None => self.acquire_now(&mut client, &request, false).await,
-                };
-            }
-            let mut sleep = Duration::from_millis(until - now).min(self.config.poll);
-            if let Some(term) = &snapshot.key.live {
-                // Wake when the holder's term runs out, if nobody renews it.
-                let left = Duration::from_millis(term.expires_at.saturating_sub(now) + 1);
-                sleep = sleep.min(left);
-            }
-            if let Some(reservation) = &snapshot.key.reservation {
-                // Look again when a lock-delay or handoff runs out: nobody
-                // notifies that.
-                let left = Duration::from_millis(reservation.until().saturating_sub(now) + 1);
-                sleep = sleep.min(left);
-            }
-            // Return the connection to the pool while asleep.
-            drop(client);
-            let woken = async {
-                loop {
-                    match wakes.recv().await {
-                        Ok(key) if key == request.key.as_str() || key == listen::WAKE_ALL => {
-                            return;
-                        }
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(_)) => return,
-                        Err(broadcast::error::RecvError::Closed) => {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                }
-            };
-            tokio::select! {
-                () = woken => {}
-                () = tokio::time::sleep(sleep) => {}
-                _ = closing.changed() => {}
-            }
-            client = self.client().await?;
-        }
-    }
-
     /// Leaves the line; returns the grant if one raced in first.
-    pub(super) async fn leave_line(
+    pub(crate) async fn leave_line(
         &self,
         client: &Client,
         place: &mut PlaceInLine,
@@ -398,85 +253,162 @@ impl Inner {
     }
 }
 
-/// How many times [`serve_first_in`] looks for a waiter that is still there.
-const SERVE_ATTEMPTS: usize = 8;
-
-/// Grants `key` to its first waiter alive in line, inside `tx`: the grant,
-/// the waiter's row and the notification commit together. Returns whether
-/// it granted.
-///
-/// `SERVE_FIRST` picks the waiter from its statement's snapshot, without
-/// locking the waiter's row (the key's row is locked first, always). A
-/// waiter whose request was cancelled right after that snapshot has its
-/// row deleted, and `MARK_GRANTED` then touches nothing: the grant would
-/// be a ghost term nobody holds until its TTL runs out. So the grant is
-/// made under a savepoint and undone when the mark touched no row; the
-/// next statement's snapshot no longer sees the deleted row, and the next
-/// waiter (or nobody: the key stays free) is served instead.
-pub(super) async fn serve_first_in(
-    tx: &deadpool_postgres::Transaction<'_>,
-    channel: &str,
-    key: &Key,
-    history_len: i64,
-) -> Result<bool> {
-    let serve = tx
-        .prepare_cached(sql::SERVE_FIRST)
-        .await
-        .map_err(db_error)?;
-    let mark = tx
-        .prepare_cached(sql::MARK_GRANTED)
-        .await
-        .map_err(db_error)?;
-    for _ in 0..SERVE_ATTEMPTS {
-        let lease_id = LeaseId::random();
-        // Sent together: tokio-postgres pipelines the two, so the savepoint
-        // costs no round trip of its own.
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&key.as_str(), &lease_id.0, &history_len];
-        let (_, served) = tokio::try_join!(
-            tx.batch_execute("SAVEPOINT serve_first"),
-            tx.query_opt(&serve, &params),
-        )
-        .map_err(db_error)?;
-        let Some(row) = served else {
-            return Ok(false);
-        };
-        let waiter: i64 = row.get("waiter_id");
-        let fence: i64 = row.get("live_fence");
-        let acquired: i64 = row.get("live_acquired_at_ms");
-        let expires: i64 = row.get("live_expires_at_ms");
-        let handed_off: bool = row.get("live_handed_off");
-        let marked = tx
-            .execute(
-                &mark,
-                &[
-                    &waiter,
-                    &fence,
-                    &lease_id.0,
-                    &acquired,
-                    &expires,
-                    &handed_off,
-                ],
-            )
-            .await
-            .map_err(db_error)?;
-        if marked == 0 {
-            // The waiter left after the snapshot: undo its grant (the term,
-            // its history and events; the fence drawn is skipped, never reused).
-            tx.batch_execute("ROLLBACK TO SAVEPOINT serve_first")
-                .await
-                .map_err(db_error)?;
-            continue;
-        }
-        let notify = tx.prepare_cached(sql::NOTIFY).await.map_err(db_error)?;
-        tx.execute(&notify, &[&channel, &key.as_str()])
-            .await
-            .map_err(db_error)?;
-        return Ok(true);
+impl Line {
+    pub(crate) fn new(wakes: broadcast::Sender<listen::Wake>) -> Line {
+        Line { wakes }
     }
-    // Waiters kept leaving under us: the key stays free, which is safe; the
-    // next release, sweep or newcomer serves the line.
-    Ok(false)
+
+    /// An Acquire, waiting in line up to `request.wait` when the key is
+    /// held or reserved. `applied` is signalled once the request is granted, refused or
+    /// in line.
+    pub(crate) async fn acquire(
+        &self,
+        db: &Db,
+        grants: &Grants,
+        request: Acquire,
+        applied: Turn,
+    ) -> Result<Grant> {
+        let wakes = self.wakes.subscribe();
+        // The common case, a free key with nobody in line: one statement
+        // shared with this server's other Acquires (see `batch`), taken
+        // before a connection of its own.
+        let grant_tried = match grants.grant(&request, db.max_recoveries(&request)).await? {
+            Batched::Applied(grant) => return Ok(grant),
+            Batched::Refused => true,
+            Batched::Unsent => false,
+        };
+        let mut client = db.client().await?;
+        let first = db.acquire_now(&mut client, &request, grant_tried).await;
+        let wait = request.wait.as_millis();
+        // A reserved key keeps its line (waiters keep their places through
+        // a lock-delay, and come after the successor); a quarantined one
+        // sends everyone away.
+        let busy = match first {
+            Err(busy @ (Error::Busy { .. } | Error::Reserved { .. })) if wait > 0 => busy,
+            other => return other,
+        };
+        if *db.closing.borrow() {
+            return Err(closed());
+        }
+        // A full line refuses the wait (RESOURCE_EXHAUSTED) rather than the
+        // Acquire being busy: as on SQLite, the client learns that waiting
+        // is what it may not do.
+        let (id, until) = db.enqueue(&client, &request).await?;
+        let place = PlaceInLine {
+            pool: db.pool.clone(),
+            id,
+            armed: true,
+        };
+        drop(applied);
+        drop(busy);
+        wait_in_line(db, client, request, place, until, wakes).await
+    }
+}
+
+/// Waits in line until granted, replayed, the wait runs out (then one
+/// last look, as the SQLite engine), or the server closes.
+async fn wait_in_line(
+    db: &Db,
+    mut client: Client,
+    request: Acquire,
+    mut place: PlaceInLine,
+    until: Millis,
+    mut wakes: broadcast::Receiver<listen::Wake>,
+) -> Result<Grant> {
+    let mut closing = db.closing.subscribe();
+    let lease = db.config.waiter_lease.as_millis() as i64;
+    loop {
+        if *closing.borrow() {
+            return match db.leave_line(&client, &mut place, &request).await? {
+                Some(grant) => Ok(grant),
+                None => Err(closed()),
+            };
+        }
+        db.serve_first(&mut client, &request.key).await?;
+        let heartbeat = client
+            .prepare_cached(sql::HEARTBEAT)
+            .await
+            .map_err(db_error)?;
+        let mine = client
+            .query_opt(&heartbeat, &[&place.id, &lease])
+            .await
+            .map_err(db_error)?;
+        let snapshot = db.read_key(&client, &request.key).await?;
+        let Some(mine) = mine else {
+            // Our row is gone (removed as dead after a long stall): take
+            // one last look instead of waiting on nothing.
+            place.armed = false;
+            return db.acquire_now(&mut client, &request, false).await;
+        };
+        if let Some(fence) = mine.get::<_, Option<i64>>("granted_fence") {
+            let grant = granted(
+                &request,
+                db.max_recoveries(&request),
+                &mine,
+                fence,
+                &snapshot,
+            )?;
+            place.leave(&client).await;
+            return Ok(grant);
+        }
+        if let Some(replay) = replay_of(&request, &snapshot) {
+            place.leave(&client).await;
+            return Ok(replay);
+        }
+        let shut = snapshot.key.live.is_none() && snapshot.key.quarantined;
+        if mine.get::<_, bool>("refused") || (shut && !request.options.force) {
+            // The key became quarantined while we waited: nobody but a
+            // forced Acquire gets it (see `sql::SERVE_FIRST`), so say so
+            // now rather than at the end of the wait.
+            let failures = snapshot.key.failures.max(1);
+            let refusal = db.quarantined(&client, &request.key, failures).await?;
+            return match db.leave_line(&client, &mut place, &request).await? {
+                Some(grant) => Ok(grant),
+                None => Err(refusal),
+            };
+        }
+        let now = snapshot.now;
+        if now >= until {
+            return match db.leave_line(&client, &mut place, &request).await? {
+                Some(grant) => Ok(grant),
+                None => db.acquire_now(&mut client, &request, false).await,
+            };
+        }
+        let mut sleep = Duration::from_millis(until - now).min(db.config.poll);
+        if let Some(term) = &snapshot.key.live {
+            // Wake when the holder's term runs out, if nobody renews it.
+            let left = Duration::from_millis(term.expires_at.saturating_sub(now) + 1);
+            sleep = sleep.min(left);
+        }
+        if let Some(reservation) = &snapshot.key.reservation {
+            // Look again when a lock-delay or handoff runs out: nobody
+            // notifies that.
+            let left = Duration::from_millis(reservation.until().saturating_sub(now) + 1);
+            sleep = sleep.min(left);
+        }
+        // Return the connection to the pool while asleep.
+        drop(client);
+        let woken = async {
+            loop {
+                match wakes.recv().await {
+                    Ok(key) if key == request.key.as_str() || key == listen::WAKE_ALL => {
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep(sleep) => {}
+            _ = closing.changed() => {}
+        }
+        client = db.client().await?;
+    }
 }
 
 /// The refusal of `request` by a reservation of the free key of
@@ -500,7 +432,7 @@ fn reserved_refusal(request: &Acquire, snapshot: &Snapshot) -> Option<Error> {
 
 /// The replay of `request` if the key's live term is its earlier grant
 /// (same owner and request id).
-pub(super) fn replay_of(request: &Acquire, snapshot: &Snapshot) -> Option<Grant> {
+pub(crate) fn replay_of(request: &Acquire, snapshot: &Snapshot) -> Option<Grant> {
     let term = snapshot.key.live.as_ref()?;
     (request.request_id.is_some()
         && term.request_id == request.request_id
@@ -518,14 +450,14 @@ pub(super) fn replay_of(request: &Acquire, snapshot: &Snapshot) -> Option<Grant>
 /// The grant a waiter row received. `previous` is known while the term is
 /// still the key's live one (it nearly always is: the waiter picks it up at
 /// once).
-pub(super) fn granted(
+pub(crate) fn granted(
     request: &Acquire,
     max_recoveries: Option<i32>,
     mine: &tokio_postgres::Row,
     fence: i64,
     snapshot: &Snapshot,
 ) -> Result<Grant> {
-    let fence = row::fence_of(fence);
+    let fence = key_row::fence_of(fence);
     let term = Term {
         fence,
         owner: request.owner.clone(),
@@ -558,8 +490,8 @@ pub(super) fn granted(
 /// A waiting Acquire's row in `waiters`. Dropping it (the request's future
 /// was dropped: the client cancelled, its deadline passed, its stream
 /// closed) deletes the row, so the line moves on at once.
-pub(super) struct PlaceInLine {
-    inner: Arc<Inner>,
+pub(crate) struct PlaceInLine {
+    pool: Pool,
     id: i64,
     /// False once the row is gone some other way.
     armed: bool,
@@ -567,7 +499,7 @@ pub(super) struct PlaceInLine {
 
 impl PlaceInLine {
     /// Deletes the row now (after its grant was picked up).
-    pub(super) async fn leave(&mut self, client: &Client) {
+    pub(crate) async fn leave(&mut self, client: &Client) {
         self.armed = false;
         if let Ok(stmt) = client.prepare_cached(sql::LEAVE).await {
             // A row left behind lapses with its heartbeat and is swept.
@@ -581,10 +513,10 @@ impl Drop for PlaceInLine {
         if !self.armed {
             return;
         }
-        let (inner, id) = (self.inner.clone(), self.id);
+        let (pool, id) = (self.pool.clone(), self.id);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Ok(client) = inner.pool.get().await {
+                if let Ok(client) = pool.get().await {
                     let _ = client.execute(sql::LEAVE, &[&id]).await;
                 }
             });
