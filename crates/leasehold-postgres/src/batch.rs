@@ -47,6 +47,14 @@ use crate::sql;
 /// statements: the queue, and what its statements carried. The loop that
 /// takes the queue is [`run_batches`]; what one statement does is the
 /// kind's own `run`.
+/// A request that waits for a batch: the key its row is, and where its
+/// answer goes (`None`: the batch did not apply it).
+pub(crate) trait Job {
+    type Done;
+    fn key(&self) -> &Key;
+    fn reply(self, outcome: Result<Option<Self::Done>>);
+}
+
 pub(crate) struct Batcher<J> {
     /// `None` when batching this kind is off.
     queue: Option<mpsc::UnboundedSender<J>>,
@@ -100,7 +108,7 @@ impl<J> Batcher<J> {
     }
 
     /// Counts a statement that ran with `carried` requests.
-    pub(crate) fn count(&self, carried: usize) {
+    fn count(&self, carried: usize) {
         self.batches.fetch_add(1, Relaxed);
         self.carried.fetch_add(carried as u64, Relaxed);
     }
@@ -181,58 +189,78 @@ pub(crate) struct ReleaseJob {
     reply: oneshot::Sender<Result<Option<EndedTerm>>>,
 }
 
-/// Drops the jobs whose key an earlier job of the batch has (they are
-/// answered `None` and go alone), and indexes the rest by key.
-pub(crate) fn distinct<J>(
-    batch: Vec<J>,
-    key: impl Fn(&J) -> &Key,
-    unapplied: impl Fn(J),
-) -> (Vec<J>, HashMap<String, usize>) {
-    let mut seen: HashMap<String, usize> = HashMap::with_capacity(batch.len());
-    let mut jobs = Vec::with_capacity(batch.len());
-    for job in batch {
-        let k = key(&job).as_str();
-        if seen.contains_key(k) {
-            unapplied(job);
-        } else {
-            seen.insert(k.to_owned(), jobs.len());
-            jobs.push(job);
+impl<J: Job> Batcher<J> {
+    /// Drops the jobs whose key an earlier job of the batch has (they are
+    /// answered `None` and go alone), and indexes the rest by key.
+    pub(crate) fn distinct(batch: Vec<J>) -> (Vec<J>, HashMap<String, usize>) {
+        let mut seen: HashMap<String, usize> = HashMap::with_capacity(batch.len());
+        let mut jobs = Vec::with_capacity(batch.len());
+        for job in batch {
+            let k = job.key().as_str();
+            if seen.contains_key(k) {
+                job.reply(Ok(None));
+            } else {
+                seen.insert(k.to_owned(), jobs.len());
+                jobs.push(job);
+            }
+        }
+        (jobs, seen)
+    }
+
+    /// Answers every job of a batch from what its statement returned, and
+    /// counts the statement if it ran: a job whose key came back gets
+    /// `outcome` of its row, the others `None` (the statement did not apply
+    /// them; they go on alone); when the statement failed, every job gets
+    /// its error.
+    pub(crate) fn answer(
+        &self,
+        jobs: Vec<J>,
+        index: &HashMap<String, usize>,
+        applied: Result<Vec<tokio_postgres::Row>>,
+        outcome: impl Fn(&J, &tokio_postgres::Row) -> Result<J::Done>,
+    ) {
+        let rows = match applied {
+            Ok(rows) => rows,
+            Err(e) => {
+                for job in jobs {
+                    job.reply(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        self.count(jobs.len());
+        let mut outcomes: Vec<Option<Result<J::Done>>> = jobs.iter().map(|_| None).collect();
+        for row in &rows {
+            let key: String = row.get("key");
+            if let Some(&i) = index.get(key.as_str()) {
+                outcomes[i] = Some(outcome(&jobs[i], row));
+            }
+        }
+        for (job, outcome) in jobs.into_iter().zip(outcomes) {
+            job.reply(outcome.transpose());
         }
     }
-    (jobs, seen)
 }
 
-/// Answers every job of a batch from what its statement returned: a job
-/// whose key came back gets `outcome` of its row, the others `None` (the
-/// statement did not apply them; they go on alone); when the statement
-/// failed, every job gets its error. Returns whether the statement ran.
-pub(crate) fn answer<J, T>(
-    jobs: Vec<J>,
-    index: &HashMap<String, usize>,
-    applied: Result<Vec<tokio_postgres::Row>>,
-    outcome: impl Fn(&J, &tokio_postgres::Row) -> Result<T>,
-    reply: impl Fn(J, Result<Option<T>>),
-) -> bool {
-    let rows = match applied {
-        Ok(rows) => rows,
-        Err(e) => {
-            for job in jobs {
-                reply(job, Err(e.clone()));
-            }
-            return false;
-        }
-    };
-    let mut outcomes: Vec<Option<Result<T>>> = jobs.iter().map(|_| None).collect();
-    for row in &rows {
-        let key: String = row.get("key");
-        if let Some(&i) = index.get(key.as_str()) {
-            outcomes[i] = Some(outcome(&jobs[i], row));
-        }
+impl Job for GrantJob {
+    type Done = Grant;
+    fn key(&self) -> &Key {
+        &self.request.key
     }
-    for (job, outcome) in jobs.into_iter().zip(outcomes) {
-        reply(job, outcome.transpose());
+    fn reply(self, outcome: Result<Option<Grant>>) {
+        // The request may have gone (its client left): nobody to answer.
+        let _ = self.reply.send(outcome);
     }
-    true
+}
+
+impl Job for ReleaseJob {
+    type Done = EndedTerm;
+    fn key(&self) -> &Key {
+        &self.key
+    }
+    fn reply(self, outcome: Result<Option<EndedTerm>>) {
+        let _ = self.reply.send(outcome);
+    }
 }
 
 impl Grants {
@@ -254,13 +282,7 @@ impl Grants {
 
     /// Applies a batch of grant attempts in one statement and answers each.
     pub(crate) async fn run(&self, db: &Db, batch: Vec<GrantJob>) {
-        let (jobs, index) = distinct(
-            batch,
-            |j| &j.request.key,
-            |j| {
-                let _ = j.reply.send(Ok(None));
-            },
-        );
+        let (jobs, index) = Self::distinct(batch);
         let requests: Vec<(&Acquire, Option<i32>)> = jobs
             .iter()
             .map(|j| (&j.request, j.max_recoveries))
@@ -271,19 +293,7 @@ impl Grants {
         })
         .await;
         drop(requests);
-        let batched = jobs.len();
-        let ran = answer(
-            jobs,
-            &index,
-            applied,
-            |j, row| grant_of(&j.request, row),
-            |j, outcome| {
-                let _ = j.reply.send(outcome);
-            },
-        );
-        if ran {
-            self.count(batched);
-        }
+        self.answer(jobs, &index, applied, |j, row| grant_of(&j.request, row));
     }
 }
 
@@ -366,13 +376,7 @@ impl Releases {
 
     /// Applies a batch of releases in one statement and answers each.
     pub(crate) async fn run(&self, db: &Db, batch: Vec<ReleaseJob>) {
-        let (jobs, index) = distinct(
-            batch,
-            |j| &j.key,
-            |j| {
-                let _ = j.reply.send(Ok(None));
-            },
-        );
+        let (jobs, index) = Self::distinct(batch);
         let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
         let fences: Vec<i64> = jobs.iter().map(|j| j.fence.0 as i64).collect();
         let lease_ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.lease_id.0).collect();
@@ -417,24 +421,12 @@ impl Releases {
         })
         .await;
         drop((keys, successors));
-        let batched = jobs.len();
-        let ran = answer(
-            jobs,
-            &index,
-            applied,
-            |_, row| {
-                KeyRow::from_row(row).and_then(|r| {
-                    r.last_ended
-                        .ok_or_else(|| Error::Storage("a release returned no ended term".into()))
-                })
-            },
-            |j, outcome| {
-                let _ = j.reply.send(outcome);
-            },
-        );
-        if ran {
-            self.count(batched);
-        }
+        self.answer(jobs, &index, applied, |_, row| {
+            KeyRow::from_row(row).and_then(|r| {
+                r.last_ended
+                    .ok_or_else(|| Error::Storage("a release returned no ended term".into()))
+            })
+        });
     }
 }
 

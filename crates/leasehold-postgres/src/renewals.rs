@@ -29,13 +29,13 @@ use tokio::sync::oneshot;
 use leasehold_core::error::{Error, Result};
 use leasehold_core::lease::{Fence, Key, LeaseId, Term, Ttl};
 
-use crate::batch::{Batched, Batcher, answer, distinct};
+use crate::batch::{Batched, Batcher, Job};
 use crate::db::{Db, db_error, in_time};
 use crate::key_row::KeyRow;
 use crate::sql;
 
 /// One renewal waiting for a batch.
-pub(crate) struct Job {
+pub(crate) struct RenewJob {
     key: Key,
     fence: Fence,
     lease_id: LeaseId,
@@ -45,8 +45,18 @@ pub(crate) struct Job {
     reply: oneshot::Sender<Result<Option<Term>>>,
 }
 
+impl Job for RenewJob {
+    type Done = Term;
+    fn key(&self) -> &Key {
+        &self.key
+    }
+    fn reply(self, outcome: Result<Option<Term>>) {
+        let _ = self.reply.send(outcome);
+    }
+}
+
 /// Renewals, batched.
-pub(crate) type Renewals = Batcher<Job>;
+pub(crate) type Renewals = Batcher<RenewJob>;
 
 impl Renewals {
     /// Renews through a batch; a renewal it did not apply (or batching is
@@ -59,7 +69,7 @@ impl Renewals {
         ttl: Option<Ttl>,
     ) -> Result<Batched<Term>> {
         let (reply, replied) = oneshot::channel();
-        let job = Job {
+        let job = RenewJob {
             key: key.clone(),
             fence,
             lease_id,
@@ -70,16 +80,10 @@ impl Renewals {
     }
 
     /// Applies `batch` in one statement and answers each renewal.
-    pub(crate) async fn run(&self, db: &Db, batch: Vec<Job>) {
+    pub(crate) async fn run(&self, db: &Db, batch: Vec<RenewJob>) {
         // A key twice in one batch would be updated once: the later ones
         // go alone.
-        let (jobs, seen) = distinct(
-            batch,
-            |j| &j.key,
-            |j| {
-                let _ = j.reply.send(Ok(None));
-            },
-        );
+        let (jobs, seen) = Self::distinct(batch);
         let keys: Vec<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
         let fences: Vec<i64> = jobs.iter().map(|j| j.fence.0 as i64).collect();
         let lease_ids: Vec<uuid::Uuid> = jobs.iter().map(|j| j.lease_id.0).collect();
@@ -99,23 +103,11 @@ impl Renewals {
                 .map_err(db_error)
         })
         .await;
-        let batched = jobs.len();
-        let ran = answer(
-            jobs,
-            &seen,
-            applied,
-            |_, row| {
-                KeyRow::from_row(row).and_then(|r| {
-                    r.live
-                        .ok_or_else(|| Error::Storage("a renewal returned no term".into()))
-                })
-            },
-            |j, outcome| {
-                let _ = j.reply.send(outcome);
-            },
-        );
-        if ran {
-            self.count(batched);
-        }
+        self.answer(jobs, &seen, applied, |_, row| {
+            KeyRow::from_row(row).and_then(|r| {
+                r.live
+                    .ok_or_else(|| Error::Storage("a renewal returned no term".into()))
+            })
+        });
     }
 }
