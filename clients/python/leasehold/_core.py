@@ -48,6 +48,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # Each channel keeps its own connections: from gRPC's process-wide pool a
+    # channel made in a fork()'s child would be handed the parent's
+    # connection, whose socket belongs to the parent ("Wrong file descriptor
+    # generation" on its first call).
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 
