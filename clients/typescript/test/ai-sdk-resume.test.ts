@@ -189,6 +189,11 @@ describe("ai-sdk: resumable streams (activeStreamId) follow the chat's owner", (
     shell.release();
     await one.done;
     await waitFor(() => stored("c2") === null, 5000, "the owner's finish clearing its stream");
+    // A resume route reads the stored id, which the finish cleared: nothing to resume.
+    assert.equal(await liveStreamId(b, "chat:c2", stored("c2")), null);
+    // The release follows the finish without holding the stream back; once it
+    // lands, even the old id read before the clear names no live run.
+    for (let i = 0; (await b.get("chat:c2")).lease !== undefined && i < 500; i++) await new Promise((r) => setTimeout(r, 10));
     assert.equal(await liveStreamId(b, "chat:c2", id), null, "an ended run's stream is not live");
   });
 

@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
+import { createClient } from "../src/index.js";
 import { startServer, type TestServer } from "./server.js";
 
 const WORKER = fileURLToPath(new URL("./mastra-workflow-worker.js", import.meta.url));
@@ -73,7 +74,7 @@ describe("mastra workflows: one process executes a run", () => {
     dir = mkdtempSync(join(tmpdir(), "leasehold-mastra-wf-"));
     env = { db: join(dir, "mastra.db"), effects: join(dir, "effects") };
   };
-  const start = (name: string, mode: string, owned: boolean, chargeMs = 0): Server =>
+  const start = (name: string, mode: string, owned: boolean, chargeMs = 0, ttlMs = TTL_MS): Server =>
     new Server({
       WF_NAME: name,
       WF_MODE: mode,
@@ -82,7 +83,7 @@ describe("mastra workflows: one process executes a run", () => {
       CHARGE_MS: String(chargeMs),
       RUN_ID: `run-${n}`,
       WF_OWNED: owned ? "1" : "0",
-      WF_TTL_MS: String(TTL_MS),
+      WF_TTL_MS: String(ttlMs),
       LEASEHOLD_URL: server.baseUrl,
     });
   const charges = (): string[] => readFileSync(env.effects, "utf8").trim().split("\n");
@@ -121,14 +122,26 @@ describe("mastra workflows: one process executes a run", () => {
 
   it("owned: a killed server's run is restarted by exactly one of two recovering servers, once its lease lapses", async () => {
     each();
-    const a = start("a", "start", true, 60_000);
+    // a's lease outlives any process start on a loaded machine, so b below
+    // runs while it is certainly still a's (with 1 s, a slow start of b saw
+    // it lapse and rightly restarted the run).
+    const a = start("a", "start", true, 60_000, 6000);
     await a.event("charging");
     a.child.kill("SIGKILL");
     await a.exited;
     // At once: the lease is still a's, nobody restarts the run.
     assert.equal((await start("b", "recover", true).outcome()).status, "recovered");
     assert.deepEqual(charges(), ["a charge 5"]);
-    await new Promise((r) => setTimeout(r, TTL_MS + 300));
+    const probe = createClient({ baseUrl: server.baseUrl, owner: "probe" });
+    try {
+      const key = `mastra-run:pay/run-${n}`;
+      for (let i = 0; (await probe.get(key)).lease !== undefined; i++) {
+        assert.ok(i < 400, `${key}'s lease did not lapse`);
+        await new Promise((r) => setTimeout(r, 25));
+      }
+    } finally {
+      probe.close();
+    }
     const c = start("c", "recover", true);
     const d = start("d", "recover", true);
     assert.equal((await c.outcome()).status, "recovered");
