@@ -253,6 +253,9 @@ export function ownershipContract(env: () => { mock: MockResponses; server: Test
         expected.some((e) => JSON.stringify(e) === JSON.stringify(stored)),
         `stored ${JSON.stringify(stored)}, expected one of ${JSON.stringify(expected)}`,
       );
+      // The tool outlives the run: a's lease can lapse (and the run answer)
+      // just before the tool's own timer ends it, so wait for its end line.
+      await waitFor(() => h.effectLines().length >= 2, 5_000, "the lost owner's tool to end");
       assert.deepEqual(h.effectLines(), [`a start ${call}`, `a end ${call}`], "ran once, by the lost owner");
     } finally {
       await h.close();
