@@ -3,7 +3,7 @@
 //!
 //! * [`history`]: every operation with its invocation and completion time
 //!   (monotonic) and its outcome (OK, a status, or unknown).
-//! * [`check`]: pure functions from a history to violations: fences unique
+//! * [`check`](mod@check): pure functions from a history to violations: fences unique
 //!   and rising across restarts, no acknowledged grant or release lost, no
 //!   two terms of a key live at once, the fenced store's accepted writes in
 //!   fence order, every error a documented status.
@@ -12,7 +12,7 @@
 //! * [`server`]: the `leasehold` process: start, `kill -9`, SIGSTOP/SIGCONT.
 //! * [`pg`]: a private PostgreSQL cluster that a run may crash.
 //! * [`workload`]: the workers, on the Rust client crate.
-//! * [`run`]: one run: topology, fault schedule, final reads, check.
+//! * [`run`](mod@run): one run: topology, fault schedule, final reads, check.
 //!
 //! The short runs are `tests/short_run.rs` (SQLite; PostgreSQL when
 //! `LEASEHOLD_TEST_POSTGRES` is set); the long run is the `leasehold-chaos`

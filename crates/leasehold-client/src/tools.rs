@@ -224,7 +224,7 @@ impl ToolCalls<'_> {
         self
     }
 
-    /// Runs one turn's tool calls through the ledger; see the [module docs](self).
+    /// Runs one turn's tool calls through the ledger; which to use when: `docs/tool-calls.md`.
     ///
     /// Calls are registered all at once before any handler runs. Up to
     /// `concurrency` handlers run at a time; each new call is settled (in

@@ -2,7 +2,7 @@
 //!
 //! Every refusal the lessor can make is a named variant here. The gRPC layer
 //! turns them into `tonic::Status` in exactly one place
-//! ([`crate::grpc::status`]), and the client turns statuses back into this
+//! (`leasehold_wire::status`), and the client turns statuses back into this
 //! type through the reverse of that table.
 
 use std::fmt;

@@ -8,7 +8,7 @@
 //! - [`lessor`]: the lease table in memory: grants, renewals, releases,
 //!   expiry, FIFO waiters, fence allocation, change tracking.
 //! - [`store`]: the storage trait and the records it speaks in.
-//! - [`stored`]: the integer every enumerated value is stored as, for every backend.
+//! - [`stored`](mod@stored): the integer every enumerated value is stored as, for every backend.
 //!
 //! The server crate runs these rules behind gRPC over a durable store; the
 //! client crate and the wire crate share the values and the error type.

@@ -1,5 +1,5 @@
 //! The integer each enumerated value is stored as, by every backend: one
-//! table. [`stored!`](crate::stored) gives a code as an integer literal, so
+//! table. [`stored!`](macro@crate::stored) gives a code as an integer literal, so
 //! that SQL built with `concat!` names it (`concat!("ended_end = ",
 //! stored!(TermEnd::Expired))`) rather than writing `3`; [`Stored`] reads and
 //! writes the same codes in Rust. A code, once written, is in users'
@@ -58,7 +58,7 @@ macro_rules! stored {
     };
 }
 
-/// A value stored as a small integer (see [`stored!`](crate::stored)).
+/// A value stored as a small integer (see [`stored!`](macro@crate::stored)).
 pub trait Stored: Copy + Eq + 'static {
     /// Every value, for decoding.
     const ALL: &'static [Self];

@@ -22,7 +22,7 @@
 //! cost a pass through the scheduler and, on a multi-threaded runtime, often
 //! the wake-up of an idle worker: about 10 % more latency for a lone
 //! client. So a flush whose yield gained nothing turns yielding off for the
-//! next [`SKIP_AFTER_NO_GAIN`] flushes, which write at once; then it tries
+//! next `SKIP_AFTER_NO_GAIN` flushes, which write at once; then it tries
 //! again. Under load every yield gains and it stays on.
 
 use std::io::{self, IoSlice};

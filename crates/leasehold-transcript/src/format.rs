@@ -67,7 +67,7 @@ impl FromStr for Format {
 /// Returns `None` when no message carries a tool call or result (a plain
 /// conversation looks the same in every format) or when messages carry tool
 /// activity of more than one format. Messages that are not objects are
-/// skipped here; [`diagnose`](super::diagnose) reports them.
+/// skipped here; [`diagnose`](fn@super::diagnose) reports them.
 pub fn detect(transcript: &Transcript) -> Option<Format> {
     match detect_all(transcript).as_slice() {
         [format] => Some(*format),

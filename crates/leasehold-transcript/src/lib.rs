@@ -45,7 +45,7 @@
 //!
 //! # Repair
 //!
-//! [`repair`] keeps the genuine result of each call (a real result beats a
+//! [`repair`](fn@repair) keeps the genuine result of each call (a real result beats a
 //! placeholder, a result already in place beats a moved one, then the
 //! earliest wins), moves it into its turn's reply, drops the other copies and
 //! any result without a call, and gives a call with no result an explicit
@@ -97,7 +97,7 @@ pub use text::{Layout, Transcript};
 /// the report. The CLI, the gRPC service and the client's gate all use this.
 ///
 /// # Errors
-/// What [`diagnose`] returns, except [`TranscriptError::FormatNotDetected`]
+/// What [`diagnose`](fn@diagnose) returns, except [`TranscriptError::FormatNotDetected`]
 /// when no format was named.
 pub fn check(
     transcript: &Transcript,
@@ -107,7 +107,7 @@ pub fn check(
 }
 
 /// Repairs `transcript` for sending: `Ok(None)` when it has no tool calls or
-/// results at all (it is sent unchanged), otherwise what [`repair`] made.
+/// results at all (it is sent unchanged), otherwise what [`repair`](fn@repair) made.
 ///
 /// # Errors
 /// As for [`check`].

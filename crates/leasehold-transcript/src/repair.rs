@@ -97,7 +97,7 @@ pub struct Repaired {
 ///
 /// # Errors
 ///
-/// The same as [`diagnose`](super::diagnose): the format cannot be detected,
+/// The same as [`diagnose`](fn@super::diagnose): the format cannot be detected,
 /// or a message is not a JSON object.
 pub fn repair(
     transcript: &Transcript,

@@ -121,7 +121,7 @@ impl Transcript {
     /// Parses a JSON array of messages, or JSON lines when the text does not
     /// start with `[`. Blank JSONL lines are skipped.
     ///
-    /// Messages may be any JSON value here; [`diagnose`](super::diagnose)
+    /// Messages may be any JSON value here; [`diagnose`](fn@super::diagnose)
     /// rejects non-objects, so a caller can still inspect what was read.
     ///
     /// # Errors

@@ -435,7 +435,7 @@ fn quote_or_backslash(bytes: &[u8], mut at: usize) -> usize {
     at
 }
 
-/// Accepts any JSON value and keeps nothing of it, like [`IgnoredAny`], but
+/// Accepts any JSON value and keeps nothing of it, like [`IgnoredAny`](serde::de::IgnoredAny), but
 /// reads it the way a [`serde_json::Value`] would: numbers are range-checked,
 /// escapes in strings are decoded (so a lone surrogate is an error), and
 /// nesting counts toward the recursion limit. A transcript accepted with

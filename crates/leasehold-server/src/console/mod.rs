@@ -10,7 +10,7 @@
 //! metadata: authentication, scopes (a List or a Watch shows only the keys
 //! the caller may read), limits and request metrics are gRPC's own. The one
 //! action with no RPC of its own, force-release, checks the admin right with
-//! the same [`identify`](crate::grpc::identify) and
+//! the same `grpc::identify` and
 //! [`Principal::allow`](crate::auth::Principal::allow) the RPCs use, then
 //! calls the Release RPC with the live term's lease id, read in-process: the
 //! lease id never leaves the server (no reply, page, URL or log line holds
