@@ -32,9 +32,9 @@ echo "== generated stubs are up to date with proto/"
 echo "== _sync.py is up to date with _async.py"
 "$py" scripts/unasync.py --check
 echo "== ruff"
-"$venv/bin/ruff" check --quiet leasehold tests scripts
+"$venv/bin/ruff" check --quiet leasehold amplifier_module_hooks_leasehold tests scripts
 echo "== mypy --strict"
-"$venv/bin/mypy" --strict leasehold
+"$venv/bin/mypy" --strict leasehold amplifier_module_hooks_leasehold
 echo "== pytest"
 "$py" -m pytest -q "$@"
 
