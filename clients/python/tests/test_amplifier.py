@@ -189,7 +189,8 @@ def test_a_frozen_owner_is_taken_over_and_its_late_writes_refused(
     server: Server, tmp_path: Path
 ) -> None:
     hold = tmp_path / "hold"
-    spec = _spec(tmp_path, "a", addr=server.address, hold=str(hold), ttl=1.0)
+    # 2 s, not 1: a loaded CI machine must not lose A's lease before its tool.
+    spec = _spec(tmp_path, "a", addr=server.address, hold=str(hold), ttl=2.0)
     a = _spawn(spec)
     try:
         wait_for_marker(a, spec["marker"])

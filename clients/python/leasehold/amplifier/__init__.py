@@ -42,6 +42,7 @@ See ``docs/amplifier.md``, which also lists what the hook API cannot reach.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -154,8 +155,10 @@ class SessionOwner:
         self.repair: TranscriptRepair | None = None
         #: A turn began and has not completed: the term ends suspended.
         self.turn_open = False
-        # Two callers (a prompt and a parallel write) must not both acquire.
+        # Two callers (a prompt and a parallel write) must not both acquire,
+        # and neither may go on before the repair is done.
         self._taking = asyncio.Lock()
+        self._ready = False
 
     @property
     def fence(self) -> int:
@@ -178,23 +181,27 @@ class SessionOwner:
         pre-turn repair runs). Raises ``Busy`` while another process holds
         the session, ``LeaseLost`` once this process lost it, and
         ``TranscriptUnrepairable``."""
-        if self.lease is not None:
+        if self._ready:
             return self._held()
         async with self._taking:
-            if self.lease is not None:
+            if self._ready:
                 return self._held()
             lease = await self.client.acquire(
                 self.key, ttl=self.settings.ttl, wait=self.settings.wait, owner=self.settings.owner
             )
+            # Set before the repair: a context fencing its storage reads the
+            # fence for the repaired messages' write.
             self.lease = lease
             try:
                 await self._repair()
             except BaseException:
-                # Nothing was sent on this term: hand the session back as
+                # No turn ran on this term: hand the session back as
                 # unfinished, so a person (or a later run) can look at it.
                 self.lease = None
-                await lease.suspend()
+                with contextlib.suppress(Error):
+                    await lease.suspend()
                 raise
+            self._ready = True
             return lease
 
     async def _repair(self) -> None:
@@ -238,19 +245,18 @@ class SessionOwner:
 
     async def end(self) -> None:
         """Ends the term: released, or suspended when a turn is still open."""
-        lease, self.lease = self.lease, None
+        lease, self.lease, self._ready = self.lease, None, False
         if lease is None:
             return
         loss = lease.loss()
         if loss is not None and loss.final:
             return  # the server ended this term already
-        try:
+        # Unreachable or already over: then it expires at its TTL.
+        with contextlib.suppress(Error):
             if self.turn_open:
                 await lease.suspend()
             else:
                 await lease.release()
-        except Error:
-            pass  # unreachable or already over: it expires at its TTL
 
     def reason(self, err: Error) -> str:
         """What a refused caller is told."""
