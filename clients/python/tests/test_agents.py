@@ -7,6 +7,7 @@ twice."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from conftest import Server
 
 import leasehold
 from leasehold import agents as owned
-from leasehold.fence import StaleFence
+from leasehold.fence import FenceTimeout, StaleFence
 
 set_tracing_disabled(True)
 
@@ -150,6 +151,27 @@ async def test_sqlite_refuses_a_stale_owners_write_in_its_transaction(
         # And through the owned session, the local check refuses first.
         with pytest.raises(leasehold.LeaseLost):
             await first.add_items([{"role": "user", "content": "late"}])
+
+
+async def test_a_writer_holding_the_sessions_lock_is_a_fence_timeout(
+    server: Server, tmp_path: Path
+) -> None:
+    """An earlier owner paused inside its write holds SQLite's write lock:
+    the next owner's claim fails after the busy timeout with the library's
+    FenceTimeout, not sqlite3's 'database is locked'."""
+    db = tmp_path / "conversations.db"
+    await SQLiteSession("s1", db).get_items()  # creates the tables
+    paused = sqlite3.connect(db)
+    paused.execute("BEGIN IMMEDIATE")
+    try:
+        async with leasehold.AsyncClient(server.address) as client:
+            with pytest.raises(FenceTimeout) as caught:
+                async with owned.owned(SQLiteSession("s1", db), client):
+                    pass
+            assert caught.value.reason == "busy"
+    finally:
+        paused.rollback()
+        paused.close()
 
 
 async def test_a_tool_call_id_seen_before_never_runs_again(server: Server, tmp_path: Path) -> None:

@@ -236,3 +236,63 @@ def test_postgres_a_concurrent_lower_fence_waits_then_is_refused(pg_schema: str)
     finally:
         new.close()
         old.close()
+
+
+@needs_pg
+def test_postgres_refuses_what_is_not_one_connection(pg_schema: str) -> None:
+    """A pool (each statement may take another connection) or an async
+    connection is refused before anything is sent; a connection taken from
+    the pool for the whole write works."""
+    from psycopg_pool import ConnectionPool
+
+    assert PG_URL is not None
+    with ConnectionPool(
+        PG_URL, kwargs={"options": f"-c search_path={pg_schema}"}, min_size=1, open=True
+    ) as pool:
+        with pool.connection() as conn:
+            pg_fence.install(conn)
+        with pytest.raises(leasehold.InvalidArgument, match=r"one psycopg\.Connection"):
+            pg_fence.write(pool, "k", 1)
+        with pytest.raises(leasehold.InvalidArgument):
+            pg_fence.advance(pool, "k", 1)
+        with pool.connection() as conn:
+            with pg_fence.write(conn, "k", 1):
+                pass
+            assert pg_fence.highest(conn, "k") == 1
+
+
+@needs_pg
+def test_postgres_threads_sharing_a_connection_take_turns(pg_schema: str) -> None:
+    """A second thread's write on a shared connection waits for the first's
+    transaction instead of joining it: when the first rolls back, the second
+    (which reported success) still committed its own rows."""
+    with _pg_connect(pg_schema) as conn:
+        pg_fence.install(conn)
+        conn.execute("CREATE TABLE items (session TEXT, body TEXT)")
+        conn.commit()
+        inside = threading.Event()
+        second_done = threading.Event()
+        outcome: list[object] = []
+
+        def second() -> None:
+            inside.wait(5)
+            with pg_fence.write(conn, "s", 2):
+                conn.execute("INSERT INTO items VALUES ('s', 'second')")
+            outcome.append("second committed")
+            second_done.set()
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        with pytest.raises(RuntimeError):
+            with pg_fence.write(conn, "s", 1):
+                conn.execute("INSERT INTO items VALUES ('s', 'first')")
+                inside.set()
+                # Joined into this transaction, the second would finish now.
+                second_done.wait(0.5)
+                raise RuntimeError("the first writer fails")
+        thread.join(5)
+        assert outcome == ["second committed"]
+        rows = conn.execute("SELECT body FROM items").fetchall()
+        assert [r[0] for r in rows] == ["second"]
+        assert pg_fence.highest(conn, "s") == 2
+        conn.commit()

@@ -55,14 +55,21 @@ export type {
   TranscriptReport,
 } from "./transcripts.js";
 export {
+  FenceTimeoutError,
   PG_ADVANCE,
   PG_CREATE_TABLE,
   PG_HIGHEST,
+  PG_IDLE_TIMEOUT_MS,
+  PG_LOCK_TIMEOUT_MS,
   pgFencedWrite,
   SQLITE_ADVANCE,
   SQLITE_CREATE_TABLE,
+  SQLITE_OPEN_TIMEOUT_MS,
   sqliteFencedWrite,
   StaleFenceError,
+  type PgFenceOptions,
+  type PgPool,
   type PgQueryable,
   type SqliteConnection,
+  type SqliteFenceOptions,
 } from "./fence.js";

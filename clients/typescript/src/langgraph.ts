@@ -29,7 +29,15 @@ import {
 } from "@langchain/langgraph-checkpoint";
 
 import type { AcquireOptions, LeaseholdClient } from "./client.js";
-import { PG_ADVANCE, PG_CREATE_TABLE, SQLITE_ADVANCE, SQLITE_CREATE_TABLE, StaleFenceError } from "./fence.js";
+import {
+  FenceTimeoutError,
+  PG_CREATE_TABLE,
+  pgAdvanceBounded,
+  pgFenceError,
+  SQLITE_CREATE_TABLE,
+  sqliteFencedWrite,
+  StaleFenceError,
+} from "./fence.js";
 import type { Lease } from "./lease.js";
 import { NotOwnedError } from "./errors.js";
 import { answer, ledgerCall, takeover, unknownResult } from "./owning.js";
@@ -49,6 +57,8 @@ export interface OwnOptions extends Pick<AcquireOptions, "ttlMs" | "waitMs"> {
 
 /** Thrown when a fenced write finds a newer owner's fence in the database (the package's one StaleFenceError). */
 export { StaleFenceError };
+/** Thrown when a fenced write ran past its bound (a paused writer held the key; the package's one FenceTimeoutError). */
+export { FenceTimeoutError };
 
 /** The (key, fence) of the write in progress, for the fenced SQLite handle. */
 const scope = new AsyncLocalStorage<{ key: string; fence: bigint }>();
@@ -68,7 +78,7 @@ function runOf(config: RunnableConfig | undefined): Run | undefined {
 }
 
 interface SqliteDb {
-  prepare(sql: string): { run(...args: unknown[]): { changes: number } };
+  prepare(sql: string): { run(...args: unknown[]): { changes: number }; get(...args: unknown[]): unknown };
   exec(sql: string): unknown;
   transaction<F extends (...args: never[]) => unknown>(fn: F): F;
   readonly inTransaction: boolean;
@@ -89,17 +99,8 @@ function fencedDb(db: SqliteDb): SqliteDb {
       db.exec(SQLITE_CREATE_TABLE);
       installed = true;
     }
-    db.exec("BEGIN IMMEDIATE");
-    try {
-      const advanced = db.prepare(SQLITE_ADVANCE).run({ key: current.key, fence: current.fence });
-      if (advanced.changes !== 1) throw new StaleFenceError(current.key, current.fence, undefined);
-      const out = work();
-      db.exec("COMMIT");
-      return out;
-    } catch (err) {
-      if (db.inTransaction) db.exec("ROLLBACK");
-      throw err;
-    }
+    // The helper's transaction: its busy and open bounds (FenceTimeoutError) too.
+    return sqliteFencedWrite(db, current.key, current.fence, work);
   };
   return new Proxy(db, {
     get(target, prop, receiver) {
@@ -132,8 +133,10 @@ function fencedDb(db: SqliteDb): SqliteDb {
 
 /** The part of a `pg` client checked out of a pool that PostgresSaver uses. */
 interface PgClient {
-  query(text: string, values?: unknown[]): Promise<{ rowCount: number | null }>;
+  query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; rows: unknown[] }>;
   release(err?: unknown): void;
+  on?(event: "error", listener: (err: unknown) => void): unknown;
+  removeListener?(event: "error", listener: (err: unknown) => void): unknown;
 }
 
 /** The part of a `pg` Pool that PostgresSaver uses. */
@@ -159,20 +162,35 @@ function fencedPool(pool: PgPool): PgPool {
           await installed;
           const client = await target.connect();
           if (current === undefined) return client;
+          // What the connection reported between statements (the server
+          // ending an idle transaction's session), heard while checked out:
+          // pg would otherwise end the process with an unheard "error".
+          let ended: unknown;
+          const heard = (err: unknown): void => {
+            ended ??= err;
+          };
+          client.on?.("error", heard);
           return new Proxy(client, {
             get(c, p) {
               const value = Reflect.get(c, p, c) as unknown;
+              if (p === "release" && typeof value === "function") {
+                return (err?: unknown) => {
+                  client.removeListener?.("error", heard);
+                  (value as PgClient["release"]).call(c, err ?? (ended === undefined ? undefined : true));
+                };
+              }
               if (p !== "query" || typeof value !== "function") {
                 return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(c) : value;
               }
               const query = value as PgClient["query"];
               return async (text: string, values?: unknown[]) => {
-                const out = await query.call(c, text, values);
-                if (/^\s*BEGIN\b/i.test(text)) {
-                  const advanced = await query.call(c, PG_ADVANCE, [current.key, current.fence.toString()]);
-                  if (advanced.rowCount !== 1) throw new StaleFenceError(current.key, current.fence, undefined);
+                try {
+                  const out = await query.call(c, text, values);
+                  if (/^\s*BEGIN\b/i.test(text)) await pgAdvanceBounded(c, current.key, current.fence);
+                  return out;
+                } catch (err) {
+                  throw pgFenceError(current.key, err, ended);
                 }
-                return out;
               };
             },
           });

@@ -9,7 +9,14 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import Database from "better-sqlite3";
-import { InvalidArgumentError, SQLITE_CREATE_TABLE, sqliteFencedWrite, StaleFenceError } from "../src/index.js";
+import {
+  FenceTimeoutError,
+  InvalidArgumentError,
+  SQLITE_CREATE_TABLE,
+  sqliteFencedWrite,
+  StaleFenceError,
+} from "../src/index.js";
+import { PausedWriter } from "./paused-writer.js";
 
 describe("sqliteFencedWrite", () => {
   let dir: string;
@@ -86,5 +93,39 @@ describe("sqliteFencedWrite", () => {
     );
     assert.equal(one.inTransaction, false);
     assert.ok(lockIsFree());
+  });
+
+  it("an owner paused inside its fenced write: the next owner gets FenceTimeoutError, and the paused commit is refused", async () => {
+    const key = "session:paused";
+    // The worker writes "items (session, body)": a database of its own.
+    const own = join(dir, "paused.db");
+    const setup = new Database(own);
+    setup.pragma("journal_mode = WAL");
+    setup.exec(SQLITE_CREATE_TABLE);
+    setup.exec("CREATE TABLE items (session TEXT NOT NULL, body TEXT NOT NULL)");
+    setup.close();
+    const old = new PausedWriter(["sqlite", own, key, "1", "old", "200"]);
+    const next = new Database(own, { timeout: 300 });
+    try {
+      await old.line(/^inside /);
+      old.stop();
+      // The paused owner holds the write lock: the next owner's BEGIN waits
+      // out its busy timeout, reported as the library's error.
+      assert.throws(
+        () => sqliteFencedWrite(next, key, 2n, () => next.prepare("INSERT INTO items VALUES (?, 'new')").run(key)),
+        (e: unknown) => e instanceof FenceTimeoutError && e.reason === "busy",
+      );
+      old.resume();
+      // Open far past its bound, the paused transaction rolls back instead of committing.
+      assert.match(await old.line(/^(ok|error)/), /^error FenceTimeoutError open/);
+      sqliteFencedWrite(next, key, 2n, () => next.prepare("INSERT INTO items VALUES (?, 'new')").run(key));
+      const rows = next.prepare("SELECT body FROM items ORDER BY rowid").all() as { body: string }[];
+      assert.deepEqual(rows.map((r) => r.body), ["new"], "nothing of the paused owner's write landed");
+      const stored = next.prepare("SELECT fence FROM leasehold_fence WHERE key = ?").get(key) as { fence: number };
+      assert.equal(stored.fence, 2);
+    } finally {
+      old.kill();
+      next.close();
+    }
   });
 });

@@ -148,8 +148,13 @@ class _FencedSqliteSessionService(SqliteSessionService):
     async def _get_db_connection(self) -> AsyncIterator[Any]:
         async with super()._get_db_connection() as db:
             scope = _SCOPE.get()
-            if scope is not None:
-                key, fence = scope
+            if scope is None:
+                yield db
+                return
+            key, fence = scope
+            # SQLITE_BUSY (the write lock held, e.g. by a paused earlier
+            # owner) as the library's FenceTimeout, at BEGIN or the commit.
+            with sqlite_fence.translate(key):
                 if not self._leasehold_installed:
                     await db.execute(sqlite_fence.CREATE_TABLE)
                     self._leasehold_installed = True
@@ -160,7 +165,7 @@ class _FencedSqliteSessionService(SqliteSessionService):
                     await db.rollback()
                     row = await (await db.execute(sqlite_fence.HIGHEST, {"key": key})).fetchone()
                     raise StaleFence(key, fence, 0 if row is None else int(row[0]))
-            yield db
+                yield db
 
 
 class _Ledger(BasePlugin):

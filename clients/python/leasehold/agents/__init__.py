@@ -137,7 +137,9 @@ class _FencedSQLiteSession(SQLiteSession):
     @contextlib.contextmanager
     def _write_connection(self) -> Iterator[sqlite3.Connection]:
         key, fence = self._leasehold_scope
-        with super()._write_connection() as conn:
+        # SQLITE_BUSY (the write lock held, e.g. by a paused earlier owner)
+        # as the library's FenceTimeout, whether at BEGIN or the session's commit.
+        with sqlite_fence.translate(key), super()._write_connection() as conn:
             if not self._leasehold_installed:
                 sqlite_fence.install(conn)
                 self._leasehold_installed = True

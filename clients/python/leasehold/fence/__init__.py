@@ -52,4 +52,34 @@ class NotInTransaction(FenceError):
         return (NotInTransaction, (self.key,))
 
 
-__all__ = ["FenceError", "NotInTransaction", "StaleFence"]
+class FenceTimeout(FenceError):
+    """A fenced transaction ran past its bound; nothing of it was committed.
+
+    ``reason`` says which bound:
+
+    - ``"busy"``: it waited too long for the key's fence (PostgreSQL's
+      ``lock_timeout``) or the database's write lock (SQLite's busy timeout,
+      ``sqlite3.connect(timeout=...)``): another transaction holds it, perhaps
+      an earlier owner paused inside its own fenced write. Retry later.
+    - ``"idle"``: PostgreSQL ended this transaction's session because it sat
+      idle inside the transaction too long
+      (``idle_in_transaction_session_timeout``), e.g. this process was paused.
+    - ``"open"``: a SQLite fenced transaction stayed open longer than its
+      bound (e.g. this process was paused) and was rolled back instead of
+      committed.
+    """
+
+    def __init__(self, key: str, reason: str, detail: str) -> None:
+        super().__init__(
+            f"fenced write for key {key!r} {detail}; nothing of it was committed",
+            code="DEADLINE_EXCEEDED",
+            key=key,
+        )
+        self.reason = reason
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type[FenceTimeout], tuple[str, str, str]]:
+        return (FenceTimeout, (self.key, self.reason, self.detail))
+
+
+__all__ = ["FenceError", "FenceTimeout", "NotInTransaction", "StaleFence"]

@@ -24,10 +24,15 @@ on this one row, not on reasoning across rows. Fences are BIGINT.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-from . import NotInTransaction, StaleFence
+from .._errors import InvalidArgument
+from . import FenceTimeout, NotInTransaction, StaleFence
 
 #: The table that holds the highest fence seen per key.
 CREATE_TABLE = """CREATE TABLE IF NOT EXISTS leasehold_fence (
@@ -46,6 +51,98 @@ HIGHEST = "SELECT fence FROM leasehold_fence WHERE key = %(key)s"
 
 _MAX = 2**63 - 1
 
+#: How long, in seconds, the fence advance waits for the key's row while
+#: another transaction holds it (``SET LOCAL lock_timeout``), then
+#: ``FenceTimeout("busy")``.
+LOCK_TIMEOUT = 10.0
+
+#: How long, in seconds, a fenced transaction may sit idle between
+#: statements before the server ends its session and rolls it back
+#: (``SET LOCAL idle_in_transaction_session_timeout``): a writer paused
+#: inside its transaction holds the key's row no longer than this. Below
+#: LOCK_TIMEOUT, so a newer writer waits out a paused one instead of failing.
+IDLE_TIMEOUT = 5.0
+
+#: The bounds, local to the transaction (values in milliseconds).
+BOUND = """SELECT set_config('lock_timeout', %(lock)s, true),
+    set_config('idle_in_transaction_session_timeout', %(idle)s, true)"""
+
+_LOCK_NOT_AVAILABLE = "55P03"
+_IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+
+
+def _ms(name: str, seconds: float) -> str:
+    if not seconds >= 0:
+        raise InvalidArgument(f"{name} must be at least 0 seconds (got {seconds})")
+    return str(int(seconds * 1000))
+
+
+def bound_params(lock_timeout: float, idle_timeout: float) -> dict[str, str]:
+    """The parameters of :data:`BOUND`."""
+    return {"lock": _ms("lock_timeout", lock_timeout), "idle": _ms("idle_timeout", idle_timeout)}
+
+
+def bound_error(key: str, err: BaseException) -> FenceTimeout | None:
+    """The library's error for a driver error inside a fenced transaction of
+    ``key`` (a bound's, from psycopg sync or async), or None."""
+    import psycopg
+
+    if not isinstance(err, psycopg.Error):
+        return None
+    state = err.sqlstate or ""
+    if state == _LOCK_NOT_AVAILABLE:
+        return FenceTimeout(
+            key, "busy", "waited too long for the key's fence (another transaction holds it)"
+        )
+    if state == _IDLE_IN_TRANSACTION_TIMEOUT or "idle-in-transaction timeout" in str(err):
+        return FenceTimeout(
+            key, "idle", "sat idle in its transaction too long and the server ended its session"
+        )
+    return None
+
+
+@contextmanager
+def translate(key: str) -> Iterator[None]:
+    """Raises :class:`FenceTimeout` (from the driver's error) for a bound's
+    error inside the block: around a fenced transaction an adapter runs
+    itself (a sync context manager, so it wraps awaits as well)."""
+    try:
+        yield
+    except Exception as err:
+        mapped = bound_error(key, err)
+        if mapped is None:
+            raise
+        raise mapped from err
+
+
+def _connection(conn: Any) -> None:
+    """Refuses what is not one psycopg (sync) connection: a pool, whose
+    every statement may run on another connection, an async connection, a
+    cursor."""
+    import psycopg
+
+    if not isinstance(conn, psycopg.Connection):
+        raise InvalidArgument(
+            f"fence.postgres needs one psycopg.Connection, not {type(conn).__name__}: "
+            "take one from a pool for the whole write (with pool.connection() as conn: ...)"
+        )
+
+
+#: Per connection, held by the thread whose ``write`` began a transaction
+#: on it until that transaction ends: psycopg lets threads share a
+#: connection, and a second thread's write would otherwise join the first's
+#: transaction (its fence and rows committed or rolled back by the other).
+_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def _lock(conn: Any) -> threading.RLock:
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(conn)
+        if lock is None:
+            lock = _LOCKS[conn] = threading.RLock()
+        return lock
+
 
 def install(conn: Any) -> None:
     """Creates the fence table if it does not exist (idempotent), in the
@@ -55,19 +152,33 @@ def install(conn: Any) -> None:
         conn.execute(CREATE_TABLE)
 
 
-def advance(conn: Any, key: str, fence: int) -> None:
+def advance(
+    conn: Any,
+    key: str,
+    fence: int,
+    *,
+    lock_timeout: float = LOCK_TIMEOUT,
+    idle_timeout: float = IDLE_TIMEOUT,
+) -> None:
     """Inside the caller's open transaction on ``conn`` (a ``psycopg.Connection``),
-    records ``fence`` as the highest fence of ``key``, or raises ``StaleFence``
-    if a higher one has written (the caller must roll back; leaving a
-    ``conn.transaction()`` block with the exception does). Raises
-    ``NotInTransaction`` when no transaction is open."""
+    bounds the transaction (``lock_timeout`` and ``idle_timeout`` seconds, 0
+    for none: see :data:`LOCK_TIMEOUT`, :data:`IDLE_TIMEOUT`; local to the
+    transaction) and records ``fence`` as the highest fence of ``key``, or
+    raises ``StaleFence`` if a higher one has written (the caller must roll
+    back; leaving a ``conn.transaction()`` block with the exception does).
+    Raises ``NotInTransaction`` when no transaction is open,
+    ``FenceTimeout("busy")`` when the key's row stayed locked past
+    ``lock_timeout``, ``InvalidArgument`` for what is not one connection."""
     from psycopg import pq
 
+    _connection(conn)
     if conn.info.transaction_status != pq.TransactionStatus.INTRANS:
         raise NotInTransaction(key)
     if not 0 <= fence <= _MAX:
         raise ValueError(f"fence {fence} does not fit in a BIGINT")
-    changed = conn.execute(ADVANCE, {"key": key, "fence": fence}).rowcount
+    with translate(key):
+        conn.execute(BOUND, bound_params(lock_timeout, idle_timeout))
+        changed = conn.execute(ADVANCE, {"key": key, "fence": fence}).rowcount
     if changed != 1:
         raise StaleFence(key, fence, highest(conn, key) or 0)
 
@@ -89,10 +200,15 @@ class FencedWrite:
     caller opened (``with conn.transaction():`` or an implicit one) is left
     to the caller either way."""
 
-    def __init__(self, conn: Any, began: bool) -> None:
+    def __init__(
+        self, conn: Any, began: bool, key: str = "", lock: threading.RLock | None = None
+    ) -> None:
         self.conn = conn
         #: Whether ``write`` began the transaction (and so ends it).
         self.began = began
+        self.key = key
+        #: The connection's lock, held since ``write`` began the transaction.
+        self.lock = lock
 
     def __enter__(self) -> Any:
         return self.conn
@@ -105,13 +221,35 @@ class FencedWrite:
     ) -> None:
         if not self.began:
             return
-        if exc_type is None:
-            self.conn.commit()
-        else:
-            self.conn.rollback()
+        try:
+            if exc_type is None:
+                with translate(self.key):
+                    self.conn.commit()
+                return
+            try:
+                self.conn.rollback()
+            except Exception:
+                # A connection the server ended: its transaction is gone
+                # already; the block's error is the one to report.
+                pass
+            if exc is not None:
+                mapped = bound_error(self.key, exc)
+                if mapped is not None:
+                    raise mapped from exc
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
 
-def write(conn: Any, key: str, fence: int) -> FencedWrite:
+def write(
+    conn: Any,
+    key: str,
+    fence: int,
+    *,
+    lock_timeout: float = LOCK_TIMEOUT,
+    idle_timeout: float = IDLE_TIMEOUT,
+) -> FencedWrite:
     """Records ``fence`` as the highest fence of ``key`` before the caller's
     writes, inside the caller's open transaction or, if none is open, a new
     one. Raises ``StaleFence`` if a higher fence has written (a transaction
@@ -126,16 +264,34 @@ def write(conn: Any, key: str, fence: int) -> FencedWrite:
         with conn.transaction():
             fence.write(conn, key, lease.fence)
             conn.execute(...)
+
+    The transaction is bounded (see :func:`advance`): an idle one is ended by
+    the server after ``idle_timeout`` (``FenceTimeout("idle")`` from the
+    block). ``conn`` is one ``psycopg.Connection`` (from a pool: ``with
+    pool.connection() as conn``), in autocommit mode or not. Threads that
+    share it take turns: a ``write`` that begins a transaction holds the
+    connection until its block ends, so another thread's ``write`` waits
+    rather than joining it (a transaction you opened yourself is yours to
+    keep to one thread).
     """
     from psycopg import pq
 
+    _connection(conn)
+    lock = _lock(conn)
+    lock.acquire()
     began = conn.info.transaction_status == pq.TransactionStatus.IDLE
-    if began:
-        conn.execute("BEGIN")
     try:
-        advance(conn, key, fence)
-    except BaseException:
         if began:
-            conn.rollback()
+            conn.execute("BEGIN")
+        advance(conn, key, fence, lock_timeout=lock_timeout, idle_timeout=idle_timeout)
+    except BaseException:
+        try:
+            if began:
+                conn.rollback()
+        finally:
+            lock.release()
         raise
-    return FencedWrite(conn, began)
+    if not began:
+        lock.release()
+        return FencedWrite(conn, began, key)
+    return FencedWrite(conn, began, key, lock)

@@ -45,9 +45,12 @@ Transaction control (Python 3.12's ``autocommit``): every mode works, and
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
-from . import NotInTransaction, StaleFence
+from . import FenceTimeout, NotInTransaction, StaleFence
 
 #: The table that holds the highest fence seen per key.
 CREATE_TABLE = """CREATE TABLE IF NOT EXISTS leasehold_fence (
@@ -65,6 +68,11 @@ WHERE excluded.fence >= leasehold_fence.fence"""
 HIGHEST = "SELECT fence FROM leasehold_fence WHERE key = :key"
 
 _MAX = 2**63 - 1
+
+#: The longest, in seconds, a transaction ``write`` began may stay open:
+#: one open longer (its process was paused inside it) is rolled back at the
+#: end of the block instead of committed.
+OPEN_TIMEOUT = 10.0
 
 #: Python 3.12's sqlite3.LEGACY_TRANSACTION_CONTROL (-1), for older Pythons too.
 _LEGACY = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
@@ -85,6 +93,46 @@ def _end(conn: sqlite3.Connection, commit: bool) -> None:
         conn.commit()
     else:
         conn.rollback()
+
+
+#: SQLite's result code (sqlite3.SQLITE_BUSY from Python 3.11 on).
+_SQLITE_BUSY = 5
+
+
+def _busy(err: BaseException) -> bool:
+    """Whether ``err`` is SQLITE_BUSY: the write lock is held elsewhere."""
+    if not isinstance(err, sqlite3.OperationalError):
+        return False
+    code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return bool(code & 0xFF == _SQLITE_BUSY)
+    return "database is locked" in str(err)
+
+
+def busy_error(key: str, err: BaseException) -> FenceTimeout | None:
+    """The library's error for a driver error inside a fenced transaction
+    of ``key`` (SQLITE_BUSY, from ``sqlite3`` or ``aiosqlite``), or None."""
+    if _busy(err):
+        return FenceTimeout(
+            key,
+            "busy",
+            "waited too long for the database's write lock (another transaction holds it)",
+        )
+    return None
+
+
+@contextmanager
+def translate(key: str) -> Iterator[None]:
+    """Raises :class:`FenceTimeout` (from the driver's error) for SQLITE_BUSY
+    inside the block: around a fenced transaction an adapter runs itself
+    (a sync context manager, so it wraps awaits as well)."""
+    try:
+        yield
+    except sqlite3.OperationalError as err:
+        mapped = busy_error(key, err)
+        if mapped is None:
+            raise
+        raise mapped from err
 
 
 def install(conn: sqlite3.Connection) -> None:
@@ -120,10 +168,16 @@ class FencedWrite:
     ends normally and rolls it back on an exception. A transaction the
     caller opened is left to the caller either way."""
 
-    def __init__(self, conn: sqlite3.Connection, began: bool) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, began: bool, key: str = "", timeout: float = OPEN_TIMEOUT
+    ) -> None:
         self.conn = conn
         #: Whether ``write`` began the transaction (and so ends it).
         self.began = began
+        self.key = key
+        #: The open bound (seconds, 0 for none) and when the transaction began (monotonic).
+        self.timeout = timeout
+        self.since = time.monotonic()
 
     def __enter__(self) -> sqlite3.Connection:
         return self.conn
@@ -136,16 +190,40 @@ class FencedWrite:
     ) -> None:
         if not self.began:
             return
-        _end(self.conn, exc_type is None)
+        if exc_type is None:
+            # Monotonic: a paused process's clock ran on while it was stopped.
+            open_for = time.monotonic() - self.since
+            if self.timeout > 0 and open_for > self.timeout:
+                _end(self.conn, False)
+                raise FenceTimeout(
+                    self.key,
+                    "open",
+                    f"stayed open {open_for:.1f} s, past its bound of {self.timeout} s, "
+                    "and was rolled back",
+                )
+        with translate(self.key):
+            _end(self.conn, exc_type is None)
+        if exc is not None:
+            mapped = busy_error(self.key, exc)
+            if mapped is not None:
+                raise mapped from exc
 
 
-def write(conn: sqlite3.Connection, key: str, fence: int) -> FencedWrite:
+def write(
+    conn: sqlite3.Connection, key: str, fence: int, *, timeout: float = OPEN_TIMEOUT
+) -> FencedWrite:
     """Records ``fence`` as the highest fence of ``key`` before the caller's
     writes, inside the caller's open transaction or, if none is open, a new
     ``BEGIN IMMEDIATE`` one (under ``autocommit=False``, inside the
     transaction sqlite3 keeps open, which the ``with`` block then ends).
     Raises ``StaleFence`` if a higher fence has written (a transaction
-    ``write`` began is rolled back; roll back your own). Either::
+    ``write`` began is rolled back; roll back your own), ``FenceTimeout``
+    (``"busy"``) when the write lock stayed held past the connection's busy
+    timeout (``sqlite3.connect(timeout=...)``, 5 s by default), and, at the
+    end of the block, ``FenceTimeout`` (``"open"``) when a transaction
+    ``write`` began stayed open longer than ``timeout`` seconds (0: no
+    bound): it is rolled back instead of committed, since its process was
+    most likely paused inside it and its lease is over. Either::
 
         with fence.write(conn, key, lease.fence):   # commits at the end
             conn.execute(...)
@@ -164,11 +242,13 @@ def write(conn: sqlite3.Connection, key: str, fence: int) -> FencedWrite:
     else:
         began = not conn.in_transaction
         if began:
-            conn.execute("BEGIN IMMEDIATE")
+            with translate(key):
+                conn.execute("BEGIN IMMEDIATE")
     try:
-        advance(conn, key, fence)
+        with translate(key):
+            advance(conn, key, fence)
     except BaseException:
         if began:
             _end(conn, False)
         raise
-    return FencedWrite(conn, began)
+    return FencedWrite(conn, began, key, timeout)

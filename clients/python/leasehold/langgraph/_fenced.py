@@ -202,16 +202,19 @@ def _async_sqlite_kind(base: type) -> type:
                         await conn.execute(sqlite_fence.CREATE_TABLE)
                         await conn.commit()
                         self._leasehold_installed = True
-                    await conn.execute("BEGIN IMMEDIATE")
-                    try:
-                        await _aiosqlite_advance(conn, key, fence)
-                        yield
-                        if conn.in_transaction:
-                            await conn.commit()
-                    except BaseException:
-                        if conn.in_transaction:
-                            await conn.rollback()
-                        raise
+                    # SQLITE_BUSY (the write lock held, e.g. by a paused
+                    # earlier owner) as the library's FenceTimeout.
+                    with sqlite_fence.translate(key):
+                        await conn.execute("BEGIN IMMEDIATE")
+                        try:
+                            await _aiosqlite_advance(conn, key, fence)
+                            yield
+                            if conn.in_transaction:
+                                await conn.commit()
+                        except BaseException:
+                            if conn.in_transaction:
+                                await conn.rollback()
+                            raise
 
             async def aput(self, *args: Any, **kwargs: Any) -> Any:
                 async with self._transaction("a checkpoint write"):
@@ -245,6 +248,10 @@ async def _apg_advance(conn: Any, key: str, fence: int) -> None:
     from psycopg.rows import tuple_row
 
     async with conn.cursor(row_factory=tuple_row) as cur:
+        # The helper's bounds (lock and idle timeouts), local to the transaction.
+        await cur.execute(
+            pg_fence.BOUND, pg_fence.bound_params(pg_fence.LOCK_TIMEOUT, pg_fence.IDLE_TIMEOUT)
+        )
         await cur.execute(pg_fence.ADVANCE, {"key": key, "fence": fence})
         if cur.rowcount == 1:
             return
@@ -278,7 +285,9 @@ def _postgres_kind(base: type) -> type:
                     if not self._leasehold_installed:
                         pg_fence.install(conn)
                         self._leasehold_installed = True
-                    with conn.transaction():
+                    # advance bounds the transaction (lock and idle
+                    # timeouts); their errors become FenceTimeout.
+                    with pg_fence.translate(key), conn.transaction():
                         pg_fence.advance(conn, key, fence)
                         with conn.cursor(binary=True, row_factory=dict_row) as cur:
                             yield cur
@@ -322,10 +331,11 @@ def _async_postgres_kind(base: type) -> type:
                         async with conn.transaction():
                             await conn.execute(pg_fence.CREATE_TABLE)
                         self._leasehold_installed = True
-                    async with conn.transaction():
-                        await _apg_advance(conn, key, fence)
-                        async with conn.cursor(binary=True, row_factory=dict_row) as cur:
-                            yield cur
+                    with pg_fence.translate(key):
+                        async with conn.transaction():
+                            await _apg_advance(conn, key, fence)
+                            async with conn.cursor(binary=True, row_factory=dict_row) as cur:
+                                yield cur
 
             async def aclaim(self, key: str, fence: int) -> None:
                 token = SCOPE.set((key, fence))
