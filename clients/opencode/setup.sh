@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the OpenCode plugin's dependencies from the lockfile (npm ci):
-# the pinned opencode-ai (its binary comes in opencode-linux-x64) for the
+# the pinned opencode-linux-x64 (the binary of opencode-ai 1.18.33) for the
 # tests, and @leasehold/client from ../typescript (a link: that client's own
 # setup.sh installs its dependencies, and its build makes its dist/).
 # Skipped when node_modules was installed from this very package-lock.json

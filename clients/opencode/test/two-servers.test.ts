@@ -58,6 +58,16 @@ async function opencode(label: string, dir: string, plugin: Record<string, unkno
   return p;
 }
 
+/**
+ * Starts one server, then the other: two `opencode serve` starting at once
+ * on a fresh data directory race on its migrations (one exits with "Failed
+ * query: CREATE TABLE workspace"), which is not the race under test.
+ */
+async function firstThen(first: Promise<Proc>, second: () => Promise<Proc>): Promise<[Proc, Proc]> {
+  const a = await first;
+  return [a, await second()];
+}
+
 function signal(callID: string): void {
   const c = mock.calls.get(callID);
   assert.ok(c !== undefined, `no call ${callID}`);
@@ -123,7 +133,7 @@ after(async () => {
 test("without the plugin, two servers drive one session and a live tool is reported interrupted", async () => {
   const dir = join(root, "bare");
   sandbox(dir);
-  const [a, b] = await Promise.all([opencode("bare1", dir, undefined), opencode("bare2", dir, undefined)]);
+  const [a, b] = await firstThen(opencode("bare1", dir, undefined), () => opencode("bare2", dir, undefined));
   let overlaps = 0;
   for (let seed = 1; seed <= RUNS; seed++) {
     const { session } = await round(a, b, ["bare1", "bare2"], seed);
@@ -138,7 +148,7 @@ test("with the plugin, the second server's prompt waits for the first run: no ov
   const dir = join(root, "owned");
   sandbox(dir);
   const opts = { url: lock.url, ttlMs: 3_000, waitMs: 15_000, recover: false };
-  const [a, b] = await Promise.all([opencode("own1", dir, opts), opencode("own2", dir, opts)]);
+  const [a, b] = await firstThen(opencode("own1", dir, opts), () => opencode("own2", dir, opts));
   let overlaps = 0;
   for (let seed = 1; seed <= RUNS; seed++) {
     const { session, second } = await round(a, b, ["own1", "own2"], seed);
@@ -160,7 +170,7 @@ test("with the plugin, a prompt that waits too long is refused as busy, unsaved,
   const dir = join(root, "refused");
   sandbox(dir);
   const opts = { url: lock.url, ttlMs: 3_000, waitMs: 300, recover: false };
-  const [a, b] = await Promise.all([opencode("ref1", dir, opts), opencode("ref2", dir, opts)]);
+  const [a, b] = await firstThen(opencode("ref1", dir, opts), () => opencode("ref2", dir, opts));
   const session = await createSession(a);
   await promptAsync(a, session, "slow: run the tool");
   const call = await callOf(a, "ref1", session);
