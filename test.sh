@@ -2,7 +2,8 @@
 # Every test of leasehold, in one command: the Python and TypeScript clients
 # against a real server binary built here, then the Rust workspace (cargo
 # test). Installs what the client suites need (a venv for Python, `npm ci`
-# for TypeScript); needs only cargo, python3 and node/npm on the machine.
+# for TypeScript and for the OpenCode plugin, whose tests run the pinned
+# `opencode serve`); needs only cargo, python3 and node/npm on the machine.
 #
 # PostgreSQL-backed tests read LEASEHOLD_TEST_POSTGRES (the Rust suites) and
 # LEASEHOLD_TEST_PG_URL (the clients' storage-fence tests); both default to
@@ -23,7 +24,7 @@ started=$SECONDS
 phase() { echo "== $1 (at $((SECONDS - started)) s)"; }
 setup_pids=()
 setup_logs=()
-for client in python typescript; do
+for client in python typescript opencode; do
   if [[ -x "clients/$client/setup.sh" ]]; then
     log="$(mktemp "${TMPDIR:-/tmp}/leasehold-setup-$client.XXXXXX")"
     "clients/$client/setup.sh" >"$log" 2>&1 &
@@ -46,7 +47,9 @@ for i in "${!setup_pids[@]}"; do
   rm -f "${setup_logs[$i]}"
 done
 
-for client in python typescript; do
+# opencode (the OpenCode plugin) comes after typescript: it links the
+# TypeScript client and uses the dist/ that phase builds.
+for client in python typescript opencode; do
   if [[ -x "clients/$client/test.sh" ]]; then
     phase "clients/$client"
     "clients/$client/test.sh"
