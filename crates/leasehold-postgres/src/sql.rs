@@ -864,31 +864,62 @@ pub const HISTORY: &str = "SELECT h.* FROM (SELECT * FROM term_history WHERE key
 pub const RECENT_ENDS: &str = "SELECT fence, end_kind FROM term_history WHERE key = $1
      ORDER BY fence DESC LIMIT $2";
 
-/// Retention, step 1: drops the settled tool calls of keys released cleanly
-/// at least `$1` ms ago.
+/// Retention, step 1: drops settled tool calls of keys released cleanly at
+/// least `$1` ms ago, at most `$2` a call (the sweeper calls again while a
+/// call drops that many). Returns how many it dropped.
+///
+/// # Locking
+/// Nobody else writes a settled call of a key with no live term but
+/// another server's sweep, and two deletes of one set of rows in
+/// different orders (a plan, or a synchronised scan, can start anywhere)
+/// deadlock: so the rows are locked first, in key order as every
+/// statement that locks several rows, skipping those another sweep holds,
+/// and the delete never waits.
 pub const PRUNE_SETTLED_CALLS: &str = concat!(
-    "DELETE FROM tool_calls t USING keys k
-     WHERE t.key = k.key AND t.state <> ",
+    "WITH due AS (
+         SELECT t.key, t.turn, t.call_id FROM tool_calls t, keys k
+         WHERE t.key = k.key AND t.state <> ",
     stored!(CallState::Running),
     "
-       AND k.live_fence IS NULL AND k.ended_end = ",
+           AND k.live_fence IS NULL AND k.ended_end = ",
     stored!(TermEnd::Released),
-    " AND k.ended_at_ms <= (SELECT now_ms() - $1)"
+    " AND k.ended_at_ms <= (SELECT now_ms() - $1)
+         ORDER BY t.key COLLATE \"C\", t.ordinal LIMIT $2
+         FOR UPDATE OF t SKIP LOCKED)
+     DELETE FROM tool_calls t USING due
+     WHERE t.key = due.key AND t.turn = due.turn AND t.call_id = due.call_id"
 );
 
 /// Retention, step 2: forgets keys released cleanly at least `$1` ms ago
-/// that have no running tool calls and nobody in line, with their history,
-/// and queues their FORGOTTEN events (with the last term's fence and
-/// owner). The fence sequence lives apart from the rows, so a forgotten
-/// key's fences are never reused.
+/// that have no tool calls and nobody in line, with their history, and
+/// queues their FORGOTTEN events (with the last term's fence and owner),
+/// at most `$2` keys a call (the sweeper calls again while a call forgets
+/// that many). Returns how many it forgot. The fence sequence lives apart
+/// from the rows, so a forgotten key's fences are never reused.
+///
+/// # Locking
+/// The keys are locked first, in byte order (`COLLATE "C"`) as every
+/// statement that locks several keys, and a key another statement holds
+/// (a grant batch, a release, a sweep) is skipped until a later sweep:
+/// the delete never waits for a `keys` row, so it cannot deadlock with a
+/// grant or release batch that holds some of the keys it wants (it did,
+/// deleting in scan order: #46), nor with another server's sweep. A row
+/// locked here is the newest version, re-checked against the conditions
+/// on the row (READ COMMITTED re-reads a row changed since the snapshot),
+/// so a key granted since is not forgotten. Its history rows are only
+/// written under its row's lock, so deleting them does not wait either.
 pub const FORGET_RELEASED: &str = concat!(
-    "WITH gone AS (
-         DELETE FROM keys k
+    "WITH due AS (
+         SELECT k.key FROM keys k
          WHERE k.live_fence IS NULL AND k.ended_end = ",
     stored!(TermEnd::Released),
     " AND k.ended_at_ms <= (SELECT now_ms() - $1)
            AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
            AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)
+         ORDER BY k.key COLLATE \"C\" LIMIT $2
+         FOR UPDATE OF k SKIP LOCKED),
+     gone AS (
+         DELETE FROM keys k USING due WHERE k.key = due.key
          RETURNING k.key, k.ended_fence, k.ended_owner),
      history_gone AS (DELETE FROM term_history h USING gone WHERE h.key = gone.key)
      INSERT INTO event_queue (key, kind, fence, owner, at_ms)
@@ -898,9 +929,15 @@ pub const FORGET_RELEASED: &str = concat!(
 );
 
 /// Waiter rows whose server stopped keeping them alive (or whose grant was
-/// never picked up) for a minute.
-pub const DROP_DEAD_WAITERS: &str =
-    "DELETE FROM waiters WHERE alive_until_ms < (SELECT now_ms() - 60000)";
+/// never picked up) for a minute, at most `$1` a call (the sweeper calls
+/// again while a call drops that many). Locked first in id order, skipping
+/// rows another statement holds (another server's sweep dropping the same
+/// rows, in whatever order its scan found them, would deadlock with this
+/// one), so the delete never waits.
+pub const DROP_DEAD_WAITERS: &str = "WITH dead AS (
+         SELECT id FROM waiters WHERE alive_until_ms < (SELECT now_ms() - 60000)
+         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+     DELETE FROM waiters w USING dead WHERE w.id = dead.id";
 
 /// List ALL: `$1` LIKE pattern of the prefix, `$2` the prefix (range start),
 /// `$3` the range end, `$4` list after this key ('' for the first page),
@@ -1104,28 +1141,42 @@ pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head
      RETURNING revision, (SELECT coalesce(sum(a.events), 0)::bigint FROM added a) AS numbered,
                (SELECT count(*) FROM moved) AS moved";
 
-/// Trims the log to the newest `$1` revisions (idempotent; needs no lock): a
-/// row goes once its last event is older than those (a row of one event
-/// has no `keys`), and the row the cut falls inside keeps only its newer
-/// events, so the oldest revision kept is exactly the first after the cut.
-/// The index finds the rows that begin at or before the cut. Two servers
-/// trimming at once cannot clash: the second to reach the cut row re-reads
-/// it and finds it moved past its own cut (or cuts it further).
+/// Trims the log to the newest `$1` revisions (idempotent), at most `$2`
+/// log rows a call: a row goes once its last event is older than those (a
+/// row of one event has no `keys`), and the row the cut falls inside keeps
+/// only its newer events, so the oldest revision kept is exactly the first
+/// after the cut. Returns `locked`, how many rows at or below the cut it
+/// took (the sweeper calls again while that is `$2`).
+///
+/// # Locking
+/// The rows at or below the cut are locked first, in revision order,
+/// skipping rows another server's trim holds; only those are deleted or
+/// cut, so two trims never wait for each other. (Two deletes of one set
+/// of rows could otherwise lock them in different orders and deadlock:
+/// the sub-statements of a `WITH` run in no set order, and a scan can
+/// start anywhere.) A row skipped here is trimmed by the other trim, or
+/// by the next sweep; a cut row the other trim moved past its cut is no
+/// longer at or below this one's.
 pub const TRIM_EVENTS: &str = "WITH cut AS (SELECT revision - $1::bigint AS at FROM event_head),
+     old AS (
+         SELECT x.revision FROM events x, cut WHERE x.revision <= cut.at
+         ORDER BY x.revision LIMIT $2 FOR UPDATE OF x SKIP LOCKED),
      gone AS (
-         DELETE FROM events x USING cut
-         WHERE x.revision <= cut.at
-           AND x.revision + coalesce(cardinality(x.keys), 1) - 1 <= cut.at)
-     UPDATE events x
-     SET revision = cut.at + 1,
-         keys   = x.keys[(cut.at + 2 - x.revision)::int:],
-         kinds  = x.kinds[(cut.at + 2 - x.revision)::int:],
-         fences = x.fences[(cut.at + 2 - x.revision)::int:],
-         owners = x.owners[(cut.at + 2 - x.revision)::int:],
-         at_mss = x.at_mss[(cut.at + 2 - x.revision)::int:]
-     FROM cut
-     WHERE x.revision <= cut.at AND x.keys IS NOT NULL
-       AND x.revision + cardinality(x.keys) - 1 > cut.at";
+         DELETE FROM events x USING cut, old
+         WHERE x.revision = old.revision
+           AND x.revision + coalesce(cardinality(x.keys), 1) - 1 <= cut.at),
+     cut_row AS (
+         UPDATE events x
+         SET revision = cut.at + 1,
+             keys   = x.keys[(cut.at + 2 - x.revision)::int:],
+             kinds  = x.kinds[(cut.at + 2 - x.revision)::int:],
+             fences = x.fences[(cut.at + 2 - x.revision)::int:],
+             owners = x.owners[(cut.at + 2 - x.revision)::int:],
+             at_mss = x.at_mss[(cut.at + 2 - x.revision)::int:]
+         FROM cut, old
+         WHERE x.revision = old.revision AND x.keys IS NOT NULL
+           AND x.revision + cardinality(x.keys) - 1 > cut.at)
+     SELECT count(*) AS locked FROM old";
 
 /// The head and the oldest revision kept (NULL: the log is empty), and up to
 /// `$2` events after revision `$1` in revision order (a row with NULL
