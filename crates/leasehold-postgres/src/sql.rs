@@ -604,9 +604,13 @@ pub const SERVE_FIRST: &str = concat!(
 );
 
 /// Hands a grant to its waiter row: `$1` waiter id, `$2` fence, `$3`
-/// lease_id, `$4` acquired_at, `$5` expires_at, `$6` handed off.
+/// lease_id, `$4` acquired_at, `$5` expires_at, `$6` handed off. The grant
+/// is not taken yet (`granted_taken`, migration 0009): its waiter's server
+/// takes it with [`HEARTBEAT`] or [`WAITER_GRANT`], or [`UNDO_UNTAKEN`]
+/// undoes it once that server's heartbeat has lapsed.
 pub const MARK_GRANTED: &str = "UPDATE waiters SET granted_fence = $2, granted_lease_id = $3,
-            granted_acquired_at_ms = $4, granted_expires_at_ms = $5, granted_handed_off = $6
+            granted_acquired_at_ms = $4, granted_expires_at_ms = $5, granted_handed_off = $6,
+            granted_taken = false
      WHERE id = $1";
 
 /// Wakes the waiters of key `$2` on every server (delivered at commit):
@@ -776,11 +780,24 @@ pub const ENQUEUE: &str = concat!(
      SELECT line.waiting, queued.id, queued.wait_until_ms FROM line LEFT JOIN queued ON true"
 );
 
-/// A waiter's heartbeat, which also tells it whether it was granted: `$1`
-/// id, `$2` how long the row lives from now.
-pub const HEARTBEAT: &str = "UPDATE waiters SET alive_until_ms = now_ms() + $2 WHERE id = $1
+/// Marks a waiter row's grant, if it has one, taken: in the statement that
+/// reads it for its waiter, which commits before the waiter can answer, so
+/// a grant a client may have been told of is never undone.
+macro_rules! take_grant {
+    () => {
+        "granted_taken = CASE WHEN granted_fence IS NULL THEN granted_taken ELSE true END"
+    };
+}
+
+/// A waiter's heartbeat, which also tells it whether it was granted (and
+/// takes the grant): `$1` id, `$2` how long the row lives from now.
+pub const HEARTBEAT: &str = concat!(
+    "UPDATE waiters SET alive_until_ms = now_ms() + $2, ",
+    take_grant!(),
+    " WHERE id = $1
      RETURNING granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
-               granted_handed_off, refused";
+               granted_handed_off, refused"
+);
 
 /// Leaves the line: `$1` id.
 pub const LEAVE: &str = "DELETE FROM waiters WHERE id = $1";
@@ -790,12 +807,33 @@ pub const LEAVE: &str = "DELETE FROM waiters WHERE id = $1";
 pub const LEAVE_UNGRANTED: &str =
     "DELETE FROM waiters WHERE id = $1 AND granted_fence IS NULL RETURNING id";
 
-/// The grant of a waiter row (after [`LEAVE_UNGRANTED`] found it granted):
-/// `$1` id.
-pub const WAITER_GRANT: &str =
-    "SELECT granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
-            granted_handed_off
-     FROM waiters WHERE id = $1";
+/// Takes the grant of a waiter row (after [`LEAVE_UNGRANTED`] found it
+/// granted): `$1` id.
+pub const WAITER_GRANT: &str = concat!(
+    "UPDATE waiters SET ",
+    take_grant!(),
+    " WHERE id = $1
+     RETURNING granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
+               granted_handed_off"
+);
+
+/// A cancelled wait leaves the line (`$1` id): its row goes, unless it
+/// holds a grant nobody took, whose row [`LAPSE_UNTAKEN`] lapses instead.
+pub const LEAVE_CANCELLED: &str =
+    "DELETE FROM waiters WHERE id = $1 AND granted_taken IS NOT FALSE";
+
+/// Lapses the row of a cancelled wait (`$1` id) that holds a grant nobody
+/// took, so that the next sweep undoes the grant ([`UNDO_UNTAKEN`]): the
+/// request that waited is gone, so nobody was told of it. (A retry with
+/// the same request id takes it first, see [`TAKE_REPLAYED`].)
+pub const LAPSE_UNTAKEN: &str =
+    "UPDATE waiters SET alive_until_ms = 0 WHERE id = $1 AND granted_taken = false";
+
+/// Takes the grant of term `$2` of key `$1` to a waiter row, if one holds
+/// it untaken, before the term is replayed to a retried Acquire: the
+/// replay hands the term out as surely as its waiter's pick-up does.
+pub const TAKE_REPLAYED: &str = "UPDATE waiters SET granted_taken = true
+     WHERE key = $1 AND granted_fence = $2 AND granted_taken = false";
 
 /// Moves terms past their deadline to ended (expired) and wakes their
 /// waiters, at most 1000 keys a call: `$1` the schema's channel, `$2` the
@@ -938,6 +976,95 @@ pub const DROP_DEAD_WAITERS: &str = "WITH dead AS (
          SELECT id FROM waiters WHERE alive_until_ms < (SELECT now_ms() - 60000)
          ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
      DELETE FROM waiters w USING dead WHERE w.id = dead.id";
+
+/// Ends row `k`'s live term at `n.ms` as if it had not been granted: the
+/// term a sweep undoes ([`UNDO_UNTAKEN`]) was never handed to anyone, so
+/// it counts no failure and lifts no quarantine, starts no lock-delay and
+/// keeps no reservation, and it ends as the term before it ended
+/// (released when there was none): a key that needed recovering before
+/// the grant still does (List RECOVERABLE), and one that did not still
+/// does not. Its history entry and event say so.
+macro_rules! undo_live {
+    ($len:literal) => {
+        concat!(
+            ring_advance!("(k.live_acquired_at_ms IS NOT NULL)", $len),
+            ",
+         ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
+         ended_end = COALESCE(k.ended_end, ", stored!(TermEnd::Released), "), ended_at_ms = n.ms,
+         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
+         reserved_kind = NULL, reserved_after_fence = NULL, reserved_successor = NULL,
+         reserved_until_ms = NULL,
+         live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
+         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
+         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false"
+        )
+    };
+}
+
+/// Undoes grants to waiter rows that nobody took (#46), at most `$3` a
+/// call: `$1` the schema's channel, `$2` the history length. Returns the
+/// key of each row it removed, whose waiters it wakes (a row whose term
+/// already ended some other way just goes).
+///
+/// A grant goes to a waiter alive in line (its row's heartbeat has not
+/// lapsed), but its server can die before it picks the grant up; the key
+/// then stayed held for the grant's whole TTL while newcomers were
+/// refused. A grant whose row is still not taken once its heartbeat has
+/// lapsed (its server stopped: killed, cut off, or its request was
+/// cancelled, see [`LAPSE_UNTAKEN`]) is undone: the term ends (see
+/// `undo_live`) and the key is notified, so the line moves on.
+///
+/// # Why no client can hold an undone grant
+/// A grant reaches a client only through its waiter row: the waiter's
+/// server reads it with [`HEARTBEAT`] or [`WAITER_GRANT`], a retried
+/// Acquire replays it after [`TAKE_REPLAYED`], and each of those marks the
+/// row taken in an autocommit statement before anyone can answer (the
+/// lease id, which renew and release need, is nowhere else but in the
+/// `keys` row). The undo deletes the row only if it is still not taken
+/// and lapsed when the delete holds its lock (READ COMMITTED re-checks a
+/// row changed since the snapshot), and ends the term only with that
+/// row's delete, in one statement: so either the taking committed first
+/// and the undo leaves the row alone, or the undo did and the taking
+/// finds no row (a waiter that finds its row gone looks at the key
+/// afresh; a replay reads the key again after taking). A grant whose
+/// taking failed midway (the statement's outcome unknown to its server)
+/// counts as taken if it committed: kept for its TTL, the safe side.
+/// A term past its deadline is left to the expiry sweep. The term ended
+/// was granted before the statement began (the row's mark commits with
+/// the grant), so its history entry is written as a release's is.
+///
+/// # Locking
+/// The keys rows first, in byte order, skipping keys another statement
+/// holds (the next sweep comes back to them), then the waiter rows, the
+/// order every transaction that touches both keeps.
+pub const UNDO_UNTAKEN: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
+     untaken AS (SELECT w.id, w.key FROM waiters w, n
+                 WHERE w.granted_taken = false AND w.alive_until_ms <= n.ms
+                 ORDER BY w.key COLLATE \"C\", w.id LIMIT $3),
+     locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM untaken)
+                ORDER BY k.key COLLATE \"C\" FOR UPDATE SKIP LOCKED),
+     gone AS (
+         DELETE FROM waiters w USING untaken u, locked l, n
+         WHERE w.id = u.id AND l.key = u.key
+           AND w.granted_taken = false AND w.alive_until_ms <= n.ms
+         RETURNING w.key, w.granted_fence, w.granted_lease_id),
+     undone AS (
+         UPDATE keys k SET ",
+    undo_live!("$2::bigint"),
+    "
+         FROM gone g, n
+         WHERE k.key = g.key AND k.live_fence = g.granted_fence
+           AND k.live_lease_id = g.granted_lease_id AND k.live_expires_at_ms > n.ms
+         RETURNING k.*),
+     ",
+    record_history!(released "undone"),
+    ",
+     ",
+    queue_end_events!("undone"),
+    "
+     SELECT g.key, pg_notify($1, g.key) FROM gone g"
+);
 
 /// List ALL: `$1` LIKE pattern of the prefix, `$2` the prefix (range start),
 /// `$3` the range end, `$4` list after this key ('' for the first page),

@@ -1,6 +1,7 @@
 //! The sweeper: every [`PgConfig::sweep_interval`](crate::PgConfig::sweep_interval)
 //! one of this server's tasks moves expired terms to ended (waking their
-//! waiters), forgets what its retention let go, drops dead waiter rows and
+//! waiters), undoes grants to waiters whose server never took them,
+//! forgets what its retention let go, drops dead waiter rows and
 //! numbers the queued Watch events. Any number of servers sweep one schema:
 //! each statement is conditional, so two sweeps never move a term twice.
 
@@ -41,8 +42,8 @@ where
     Ok(())
 }
 
-/// Moves expired terms to ended (waking their waiters), forgets keys
-/// past their retention, drops waiter rows long dead, numbers the
+/// Moves expired terms to ended (waking their waiters), undoes grants
+/// nobody took (`sql::UNDO_UNTAKEN`), forgets keys past their retention, drops waiter rows long dead, numbers the
 /// queued Watch events and trims their log. Every statement that writes
 /// several rows takes at most [`BATCH`] of them, locked first and skipping
 /// rows another statement holds (see each in [`sql`]): a sweep never waits
@@ -61,6 +62,18 @@ pub(crate) async fn sweep(db: &Db) -> Result<()> {
             .await
             .map_err(db_error)?;
         Ok(moved.len() as u64)
+    })
+    .await?;
+    let undo = &client
+        .prepare_cached(sql::UNDO_UNTAKEN)
+        .await
+        .map_err(db_error)?;
+    in_batches("untaken grants", || async move {
+        let gone = client
+            .query(undo, &[&db.channel, history_len, &BATCH])
+            .await
+            .map_err(db_error)?;
+        Ok(gone.len() as u64)
     })
     .await?;
     let retention = &(db.config.retention_ms.min(i64::MAX as u64) as i64);
