@@ -1276,18 +1276,21 @@ pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head
 /// took (the sweeper calls again while that is `$2`).
 ///
 /// # Locking
-/// The rows at or below the cut are locked first, in revision order,
-/// skipping rows another server's trim holds; only those are deleted or
-/// cut, so two trims never wait for each other. (Two deletes of one set
-/// of rows could otherwise lock them in different orders and deadlock:
-/// the sub-statements of a `WITH` run in no set order, and a scan can
-/// start anywhere.) A row skipped here is trimmed by the other trim, or
-/// by the next sweep; a cut row the other trim moved past its cut is no
-/// longer at or below this one's.
+/// The rows at or below the cut are locked first, in revision order, and
+/// only those are deleted or cut. Two deletes of one set of rows could
+/// otherwise lock them in different orders and deadlock (the
+/// sub-statements of a `WITH` run in no set order, and a scan can start
+/// anywhere); locked in one order, a second trim waits for the first at
+/// its first row and holds nothing meanwhile. It then re-reads each row
+/// (READ COMMITTED): a row the first deleted is gone, and the cut row the
+/// first moved is past the cut (or is cut further). Nothing else writes a
+/// row below the head (the sequencer only adds rows above it). Waiting,
+/// rather than skipping, keeps a trim's promise: when it returns, the log
+/// is trimmed to its cut.
 pub const TRIM_EVENTS: &str = "WITH cut AS (SELECT revision - $1::bigint AS at FROM event_head),
      old AS (
          SELECT x.revision FROM events x, cut WHERE x.revision <= cut.at
-         ORDER BY x.revision LIMIT $2 FOR UPDATE OF x SKIP LOCKED),
+         ORDER BY x.revision LIMIT $2 FOR UPDATE OF x),
      gone AS (
          DELETE FROM events x USING cut, old
          WHERE x.revision = old.revision

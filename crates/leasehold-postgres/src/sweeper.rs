@@ -47,8 +47,11 @@ where
 /// queued Watch events and trims their log. Every statement that writes
 /// several rows takes at most [`BATCH`] of them, locked first and skipping
 /// rows another statement holds (see each in [`sql`]): a sweep never waits
-/// for a row lock, so it cannot deadlock with grants, releases or another
-/// server's sweep.
+/// for a `keys`, `waiters` or `tool_calls` row lock, so it cannot deadlock
+/// with grants, releases or another server's sweep. (The log's trim
+/// waits for another trim, in revision order: nothing else locks those
+/// rows, see `sql::TRIM_EVENTS`.) A row skipped is another sweep's, or
+/// the next sweep's.
 pub(crate) async fn sweep(db: &Db) -> Result<()> {
     let client = &db.client().await?;
     let expire = &client
