@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use leasehold_core::clock::Millis;
 use leasehold_core::error::{Error, Held, Result};
-use leasehold_core::lease::{Key, LeaseId, Lifecycle, Reservation, Term, TermEnd};
+use leasehold_core::lease::{Fence, Key, LeaseId, Lifecycle, Reservation, Term, TermEnd};
 use leasehold_core::lessor::{Acquire, Grant, line_full};
 
 use crate::batch::{self, Batched, Grants};
@@ -98,8 +98,12 @@ impl Db {
             // look finds it held by the first of them.
             let snapshot = self.read_key_served(client, &request.key).await?;
             if let Some(term) = &snapshot.key.live {
-                if let Some(replay) = replay_of(request, &snapshot) {
-                    return Ok(replay);
+                if replay_of(request, &snapshot).is_some() {
+                    match self.replay(client, request, term.fence).await? {
+                        Some(replay) => return Ok(replay),
+                        // Undone just before it was taken: look again.
+                        None => continue,
+                    }
                 }
                 return Err(Error::Busy {
                     key: request.key.clone(),
@@ -116,6 +120,30 @@ impl Db {
             "key {:?} changed {RACE_RETRIES} times while acquiring it; retry",
             request.key
         )))
+    }
+
+    /// The replay of `request`, whose earlier grant is the key's live term
+    /// `fence` as last read, once it can no longer be undone: a grant to a
+    /// waiter row nobody took yet (its server died, say, and this is the
+    /// client's retry) is taken first (`sql::TAKE_REPLAYED`), and the key
+    /// read again, since a sweep may have undone the grant just before
+    /// (`sql::UNDO_UNTAKEN`). `None` when it is no longer live.
+    pub(crate) async fn replay(
+        &self,
+        client: &Client,
+        request: &Acquire,
+        fence: Fence,
+    ) -> Result<Option<Grant>> {
+        let take = client
+            .prepare_cached(sql::TAKE_REPLAYED)
+            .await
+            .map_err(db_error)?;
+        client
+            .execute(&take, &[&request.key.as_str(), &(fence.0 as i64)])
+            .await
+            .map_err(db_error)?;
+        let again = self.read_key(client, &request.key).await?;
+        Ok(replay_of(request, &again).filter(|replay| replay.term.fence == fence))
     }
 
     /// Why `request` may not take the free key of `snapshot` (quarantined,
@@ -351,7 +379,9 @@ async fn wait_in_line(
             place.leave(&client).await;
             return Ok(grant);
         }
-        if let Some(replay) = replay_of(&request, &snapshot) {
+        if let Some(fence) = replay_of(&request, &snapshot).map(|r| r.term.fence)
+            && let Some(replay) = db.replay(&client, &request, fence).await?
+        {
             place.leave(&client).await;
             return Ok(replay);
         }
@@ -489,7 +519,9 @@ pub(crate) fn granted(
 
 /// A waiting Acquire's row in `waiters`. Dropping it (the request's future
 /// was dropped: the client cancelled, its deadline passed, its stream
-/// closed) deletes the row, so the line moves on at once.
+/// closed) deletes the row, so the line moves on at once; a row granted
+/// meanwhile that this request never took is lapsed instead, and the next
+/// sweep undoes its grant (`sql::LAPSE_UNTAKEN`).
 pub(crate) struct PlaceInLine {
     pool: Pool,
     id: i64,
@@ -517,7 +549,12 @@ impl Drop for PlaceInLine {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if let Ok(client) = pool.get().await {
-                    let _ = client.execute(sql::LEAVE, &[&id]).await;
+                    // A row left behind lapses with its heartbeat: an
+                    // ungranted one drops out of line, an untaken grant
+                    // is undone, a taken one is swept.
+                    if let Ok(0) = client.execute(sql::LEAVE_CANCELLED, &[&id]).await {
+                        let _ = client.execute(sql::LAPSE_UNTAKEN, &[&id]).await;
+                    }
                 }
             });
         }

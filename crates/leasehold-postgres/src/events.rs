@@ -237,7 +237,8 @@ impl Feed {
     async fn poll(&self, db: &Db) -> Result<()> {
         let client = db.client().await?;
         if sequence(&client).await? > 0 {
-            trim(&client, db.config.event_log_len).await?;
+            // One batch: the sweeps work off a longer backlog.
+            trim(&client, db.config.event_log_len, POLL_TRIM_ROWS).await?;
         }
         for _ in 0..PAGES_PER_POLL {
             let Some(from) = self.position() else {
@@ -298,19 +299,26 @@ pub(crate) async fn sequence(client: &Client) -> Result<i64> {
     }
 }
 
+/// The most log rows a poll of the feed trims (see [`trim`]).
+const POLL_TRIM_ROWS: i64 = 1000;
+
 /// Trims the log to `len` events, this server's `--event-log-len` (one index probe
-/// when there is nothing to trim).
+/// when there is nothing to trim), at most `batch` log rows; returns how
+/// many rows at or below the cut it took (see `sql::TRIM_EVENTS`).
 ///
 /// # Errors
 /// [`Error::Unavailable`] when the database cannot be reached.
-pub(crate) async fn trim(client: &Client, len: usize) -> Result<()> {
+pub(crate) async fn trim(client: &Client, len: usize, batch: i64) -> Result<u64> {
     let len = len.clamp(1, i64::MAX as usize) as i64;
     let trim = client
         .prepare_cached(sql::TRIM_EVENTS)
         .await
         .map_err(db_error)?;
-    client.execute(&trim, &[&len]).await.map_err(db_error)?;
-    Ok(())
+    let row = client
+        .query_one(&trim, &[&len, &batch])
+        .await
+        .map_err(db_error)?;
+    Ok(row.get::<_, i64>("locked").max(0) as u64)
 }
 
 /// The log after revision `after`: its head, its oldest revision, and a

@@ -28,7 +28,12 @@
 //! its grant up when woken (`listen`), at its holder's deadline, or at the
 //! latest after [`PgConfig::poll`]. A waiting request keeps its row alive
 //! with a heartbeat; dropping its future deletes the row, and rows of a
-//! server that died lapse after [`PgConfig::waiter_lease`]. A line holds at
+//! server that died lapse after [`PgConfig::waiter_lease`]. The heartbeat
+//! that finds a grant takes it (marks the row, before answering); a grant
+//! still untaken when its row lapses (its server died after the grant was
+//! made, or the wait was cancelled) is undone by a sweep
+//! (`sql::UNDO_UNTAKEN`), so the key does not stay held by nobody for the
+//! grant's TTL. A line holds at
 //! most [`PgConfig::max_waiters_per_key`] rows alive, whichever servers
 //! queued them: joining it counts the line in the database under a lock
 //! per key (`sql::LOCK_LINE`), and one more is refused as on SQLite.

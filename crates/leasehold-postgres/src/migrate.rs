@@ -23,6 +23,7 @@ pub const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/postgres/0006_event_batches.sql"),
     include_str!("../../../migrations/postgres/0007_event_log_batches.sql"),
     include_str!("../../../migrations/postgres/0008_history_ring.sql"),
+    include_str!("../../../migrations/postgres/0009_waiter_grant_taken.sql"),
 ];
 
 /// Creates `schema` if needed and brings it to the newest version.

@@ -604,9 +604,13 @@ pub const SERVE_FIRST: &str = concat!(
 );
 
 /// Hands a grant to its waiter row: `$1` waiter id, `$2` fence, `$3`
-/// lease_id, `$4` acquired_at, `$5` expires_at, `$6` handed off.
+/// lease_id, `$4` acquired_at, `$5` expires_at, `$6` handed off. The grant
+/// is not taken yet (`granted_taken`, migration 0009): its waiter's server
+/// takes it with [`HEARTBEAT`] or [`WAITER_GRANT`], or [`UNDO_UNTAKEN`]
+/// undoes it once that server's heartbeat has lapsed.
 pub const MARK_GRANTED: &str = "UPDATE waiters SET granted_fence = $2, granted_lease_id = $3,
-            granted_acquired_at_ms = $4, granted_expires_at_ms = $5, granted_handed_off = $6
+            granted_acquired_at_ms = $4, granted_expires_at_ms = $5, granted_handed_off = $6,
+            granted_taken = false
      WHERE id = $1";
 
 /// Wakes the waiters of key `$2` on every server (delivered at commit):
@@ -776,11 +780,24 @@ pub const ENQUEUE: &str = concat!(
      SELECT line.waiting, queued.id, queued.wait_until_ms FROM line LEFT JOIN queued ON true"
 );
 
-/// A waiter's heartbeat, which also tells it whether it was granted: `$1`
-/// id, `$2` how long the row lives from now.
-pub const HEARTBEAT: &str = "UPDATE waiters SET alive_until_ms = now_ms() + $2 WHERE id = $1
+/// Marks a waiter row's grant, if it has one, taken: in the statement that
+/// reads it for its waiter, which commits before the waiter can answer, so
+/// a grant a client may have been told of is never undone.
+macro_rules! take_grant {
+    () => {
+        "granted_taken = CASE WHEN granted_fence IS NULL THEN granted_taken ELSE true END"
+    };
+}
+
+/// A waiter's heartbeat, which also tells it whether it was granted (and
+/// takes the grant): `$1` id, `$2` how long the row lives from now.
+pub const HEARTBEAT: &str = concat!(
+    "UPDATE waiters SET alive_until_ms = now_ms() + $2, ",
+    take_grant!(),
+    " WHERE id = $1
      RETURNING granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
-               granted_handed_off, refused";
+               granted_handed_off, refused"
+);
 
 /// Leaves the line: `$1` id.
 pub const LEAVE: &str = "DELETE FROM waiters WHERE id = $1";
@@ -790,12 +807,33 @@ pub const LEAVE: &str = "DELETE FROM waiters WHERE id = $1";
 pub const LEAVE_UNGRANTED: &str =
     "DELETE FROM waiters WHERE id = $1 AND granted_fence IS NULL RETURNING id";
 
-/// The grant of a waiter row (after [`LEAVE_UNGRANTED`] found it granted):
-/// `$1` id.
-pub const WAITER_GRANT: &str =
-    "SELECT granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
-            granted_handed_off
-     FROM waiters WHERE id = $1";
+/// Takes the grant of a waiter row (after [`LEAVE_UNGRANTED`] found it
+/// granted): `$1` id.
+pub const WAITER_GRANT: &str = concat!(
+    "UPDATE waiters SET ",
+    take_grant!(),
+    " WHERE id = $1
+     RETURNING granted_fence, granted_lease_id, granted_acquired_at_ms, granted_expires_at_ms,
+               granted_handed_off"
+);
+
+/// A cancelled wait leaves the line (`$1` id): its row goes, unless it
+/// holds a grant nobody took, whose row [`LAPSE_UNTAKEN`] lapses instead.
+pub const LEAVE_CANCELLED: &str =
+    "DELETE FROM waiters WHERE id = $1 AND granted_taken IS NOT FALSE";
+
+/// Lapses the row of a cancelled wait (`$1` id) that holds a grant nobody
+/// took, so that the next sweep undoes the grant ([`UNDO_UNTAKEN`]): the
+/// request that waited is gone, so nobody was told of it. (A retry with
+/// the same request id takes it first, see [`TAKE_REPLAYED`].)
+pub const LAPSE_UNTAKEN: &str =
+    "UPDATE waiters SET alive_until_ms = 0 WHERE id = $1 AND granted_taken = false";
+
+/// Takes the grant of term `$2` of key `$1` to a waiter row, if one holds
+/// it untaken, before the term is replayed to a retried Acquire: the
+/// replay hands the term out as surely as its waiter's pick-up does.
+pub const TAKE_REPLAYED: &str = "UPDATE waiters SET granted_taken = true
+     WHERE key = $1 AND granted_fence = $2 AND granted_taken = false";
 
 /// Moves terms past their deadline to ended (expired) and wakes their
 /// waiters, at most 1000 keys a call: `$1` the schema's channel, `$2` the
@@ -864,31 +902,62 @@ pub const HISTORY: &str = "SELECT h.* FROM (SELECT * FROM term_history WHERE key
 pub const RECENT_ENDS: &str = "SELECT fence, end_kind FROM term_history WHERE key = $1
      ORDER BY fence DESC LIMIT $2";
 
-/// Retention, step 1: drops the settled tool calls of keys released cleanly
-/// at least `$1` ms ago.
+/// Retention, step 1: drops settled tool calls of keys released cleanly at
+/// least `$1` ms ago, at most `$2` a call (the sweeper calls again while a
+/// call drops that many). Returns how many it dropped.
+///
+/// # Locking
+/// Nobody else writes a settled call of a key with no live term but
+/// another server's sweep, and two deletes of one set of rows in
+/// different orders (a plan, or a synchronised scan, can start anywhere)
+/// deadlock: so the rows are locked first, in key order as every
+/// statement that locks several rows, skipping those another sweep holds,
+/// and the delete never waits.
 pub const PRUNE_SETTLED_CALLS: &str = concat!(
-    "DELETE FROM tool_calls t USING keys k
-     WHERE t.key = k.key AND t.state <> ",
+    "WITH due AS (
+         SELECT t.key, t.turn, t.call_id FROM tool_calls t, keys k
+         WHERE t.key = k.key AND t.state <> ",
     stored!(CallState::Running),
     "
-       AND k.live_fence IS NULL AND k.ended_end = ",
+           AND k.live_fence IS NULL AND k.ended_end = ",
     stored!(TermEnd::Released),
-    " AND k.ended_at_ms <= (SELECT now_ms() - $1)"
+    " AND k.ended_at_ms <= (SELECT now_ms() - $1)
+         ORDER BY t.key COLLATE \"C\", t.ordinal LIMIT $2
+         FOR UPDATE OF t SKIP LOCKED)
+     DELETE FROM tool_calls t USING due
+     WHERE t.key = due.key AND t.turn = due.turn AND t.call_id = due.call_id"
 );
 
 /// Retention, step 2: forgets keys released cleanly at least `$1` ms ago
-/// that have no running tool calls and nobody in line, with their history,
-/// and queues their FORGOTTEN events (with the last term's fence and
-/// owner). The fence sequence lives apart from the rows, so a forgotten
-/// key's fences are never reused.
+/// that have no tool calls and nobody in line, with their history, and
+/// queues their FORGOTTEN events (with the last term's fence and owner),
+/// at most `$2` keys a call (the sweeper calls again while a call forgets
+/// that many). Returns how many it forgot. The fence sequence lives apart
+/// from the rows, so a forgotten key's fences are never reused.
+///
+/// # Locking
+/// The keys are locked first, in byte order (`COLLATE "C"`) as every
+/// statement that locks several keys, and a key another statement holds
+/// (a grant batch, a release, a sweep) is skipped until a later sweep:
+/// the delete never waits for a `keys` row, so it cannot deadlock with a
+/// grant or release batch that holds some of the keys it wants (it did,
+/// deleting in scan order: #46), nor with another server's sweep. A row
+/// locked here is the newest version, re-checked against the conditions
+/// on the row (READ COMMITTED re-reads a row changed since the snapshot),
+/// so a key granted since is not forgotten. Its history rows are only
+/// written under its row's lock, so deleting them does not wait either.
 pub const FORGET_RELEASED: &str = concat!(
-    "WITH gone AS (
-         DELETE FROM keys k
+    "WITH due AS (
+         SELECT k.key FROM keys k
          WHERE k.live_fence IS NULL AND k.ended_end = ",
     stored!(TermEnd::Released),
     " AND k.ended_at_ms <= (SELECT now_ms() - $1)
            AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.key = k.key)
            AND NOT EXISTS (SELECT 1 FROM waiters w WHERE w.key = k.key AND w.granted_fence IS NULL)
+         ORDER BY k.key COLLATE \"C\" LIMIT $2
+         FOR UPDATE OF k SKIP LOCKED),
+     gone AS (
+         DELETE FROM keys k USING due WHERE k.key = due.key
          RETURNING k.key, k.ended_fence, k.ended_owner),
      history_gone AS (DELETE FROM term_history h USING gone WHERE h.key = gone.key)
      INSERT INTO event_queue (key, kind, fence, owner, at_ms)
@@ -898,9 +967,104 @@ pub const FORGET_RELEASED: &str = concat!(
 );
 
 /// Waiter rows whose server stopped keeping them alive (or whose grant was
-/// never picked up) for a minute.
-pub const DROP_DEAD_WAITERS: &str =
-    "DELETE FROM waiters WHERE alive_until_ms < (SELECT now_ms() - 60000)";
+/// never picked up) for a minute, at most `$1` a call (the sweeper calls
+/// again while a call drops that many). Locked first in id order, skipping
+/// rows another statement holds (another server's sweep dropping the same
+/// rows, in whatever order its scan found them, would deadlock with this
+/// one), so the delete never waits.
+pub const DROP_DEAD_WAITERS: &str = "WITH dead AS (
+         SELECT id FROM waiters WHERE alive_until_ms < (SELECT now_ms() - 60000)
+         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+     DELETE FROM waiters w USING dead WHERE w.id = dead.id";
+
+/// Ends row `k`'s live term at `n.ms` as if it had not been granted: the
+/// term a sweep undoes ([`UNDO_UNTAKEN`]) was never handed to anyone, so
+/// it counts no failure and lifts no quarantine, starts no lock-delay and
+/// keeps no reservation, and it ends as the term before it ended
+/// (released when there was none): a key that needed recovering before
+/// the grant still does (List RECOVERABLE), and one that did not still
+/// does not. Its history entry and event say so.
+macro_rules! undo_live {
+    ($len:literal) => {
+        concat!(
+            ring_advance!("(k.live_acquired_at_ms IS NOT NULL)", $len),
+            ",
+         ended_fence = k.live_fence, ended_owner = k.live_owner, ended_lease_id = k.live_lease_id,
+         ended_end = COALESCE(k.ended_end, ", stored!(TermEnd::Released), "), ended_at_ms = n.ms,
+         ended_acquired_at_ms = k.live_acquired_at_ms, ended_handed_off = k.live_handed_off,
+         reserved_kind = NULL, reserved_after_fence = NULL, reserved_successor = NULL,
+         reserved_until_ms = NULL,
+         live_fence = NULL, live_owner = NULL, live_lease_id = NULL, live_request_id = NULL,
+         live_ttl_ms = NULL, live_acquired_at_ms = NULL, live_expires_at_ms = NULL,
+         live_lock_delay_ms = 0, live_max_recoveries = NULL, live_handed_off = false"
+        )
+    };
+}
+
+/// Undoes grants to waiter rows that nobody took (#46), at most `$3` a
+/// call: `$1` the schema's channel, `$2` the history length. Returns the
+/// key of each row it removed, whose waiters it wakes (a row whose term
+/// already ended some other way just goes).
+///
+/// A grant goes to a waiter alive in line (its row's heartbeat has not
+/// lapsed), but its server can die before it picks the grant up; the key
+/// then stayed held for the grant's whole TTL while newcomers were
+/// refused. A grant whose row is still not taken once its heartbeat has
+/// lapsed (its server stopped: killed, cut off, or its request was
+/// cancelled, see [`LAPSE_UNTAKEN`]) is undone: the term ends (see
+/// `undo_live`) and the key is notified, so the line moves on.
+///
+/// # Why no client can hold an undone grant
+/// A grant reaches a client only through its waiter row: the waiter's
+/// server reads it with [`HEARTBEAT`] or [`WAITER_GRANT`], a retried
+/// Acquire replays it after [`TAKE_REPLAYED`], and each of those marks the
+/// row taken in an autocommit statement before anyone can answer (the
+/// lease id, which renew and release need, is nowhere else but in the
+/// `keys` row). The undo deletes the row only if it is still not taken
+/// and lapsed when the delete holds its lock (READ COMMITTED re-checks a
+/// row changed since the snapshot), and ends the term only with that
+/// row's delete, in one statement: so either the taking committed first
+/// and the undo leaves the row alone, or the undo did and the taking
+/// finds no row (a waiter that finds its row gone looks at the key
+/// afresh; a replay reads the key again after taking). A grant whose
+/// taking failed midway (the statement's outcome unknown to its server)
+/// counts as taken if it committed: kept for its TTL, the safe side.
+/// A term past its deadline is left to the expiry sweep. The term ended
+/// was granted before the statement began (the row's mark commits with
+/// the grant), so its history entry is written as a release's is.
+///
+/// # Locking
+/// The keys rows first, in byte order, skipping keys another statement
+/// holds (the next sweep comes back to them), then the waiter rows, the
+/// order every transaction that touches both keeps.
+pub const UNDO_UNTAKEN: &str = concat!(
+    "WITH n AS (SELECT now_ms() AS ms),
+     untaken AS (SELECT w.id, w.key FROM waiters w, n
+                 WHERE w.granted_taken = false AND w.alive_until_ms <= n.ms
+                 ORDER BY w.key COLLATE \"C\", w.id LIMIT $3),
+     locked AS (SELECT k.key FROM keys k WHERE k.key IN (SELECT key FROM untaken)
+                ORDER BY k.key COLLATE \"C\" FOR UPDATE SKIP LOCKED),
+     gone AS (
+         DELETE FROM waiters w USING untaken u, locked l, n
+         WHERE w.id = u.id AND l.key = u.key
+           AND w.granted_taken = false AND w.alive_until_ms <= n.ms
+         RETURNING w.key, w.granted_fence, w.granted_lease_id),
+     undone AS (
+         UPDATE keys k SET ",
+    undo_live!("$2::bigint"),
+    "
+         FROM gone g, n
+         WHERE k.key = g.key AND k.live_fence = g.granted_fence
+           AND k.live_lease_id = g.granted_lease_id AND k.live_expires_at_ms > n.ms
+         RETURNING k.*),
+     ",
+    record_history!(released "undone"),
+    ",
+     ",
+    queue_end_events!("undone"),
+    "
+     SELECT g.key, pg_notify($1, g.key) FROM gone g"
+);
 
 /// List ALL: `$1` LIKE pattern of the prefix, `$2` the prefix (range start),
 /// `$3` the range end, `$4` list after this key ('' for the first page),
@@ -1104,28 +1268,45 @@ pub const SEQUENCE_EVENTS: &str = "WITH head AS (SELECT revision FROM event_head
      RETURNING revision, (SELECT coalesce(sum(a.events), 0)::bigint FROM added a) AS numbered,
                (SELECT count(*) FROM moved) AS moved";
 
-/// Trims the log to the newest `$1` revisions (idempotent; needs no lock): a
-/// row goes once its last event is older than those (a row of one event
-/// has no `keys`), and the row the cut falls inside keeps only its newer
-/// events, so the oldest revision kept is exactly the first after the cut.
-/// The index finds the rows that begin at or before the cut. Two servers
-/// trimming at once cannot clash: the second to reach the cut row re-reads
-/// it and finds it moved past its own cut (or cuts it further).
+/// Trims the log to the newest `$1` revisions (idempotent), at most `$2`
+/// log rows a call: a row goes once its last event is older than those (a
+/// row of one event has no `keys`), and the row the cut falls inside keeps
+/// only its newer events, so the oldest revision kept is exactly the first
+/// after the cut. Returns `locked`, how many rows at or below the cut it
+/// took (the sweeper calls again while that is `$2`).
+///
+/// # Locking
+/// The rows at or below the cut are locked first, in revision order, and
+/// only those are deleted or cut. Two deletes of one set of rows could
+/// otherwise lock them in different orders and deadlock (the
+/// sub-statements of a `WITH` run in no set order, and a scan can start
+/// anywhere); locked in one order, a second trim waits for the first at
+/// its first row and holds nothing meanwhile. It then re-reads each row
+/// (READ COMMITTED): a row the first deleted is gone, and the cut row the
+/// first moved is past the cut (or is cut further). Nothing else writes a
+/// row below the head (the sequencer only adds rows above it). Waiting,
+/// rather than skipping, keeps a trim's promise: when it returns, the log
+/// is trimmed to its cut.
 pub const TRIM_EVENTS: &str = "WITH cut AS (SELECT revision - $1::bigint AS at FROM event_head),
+     old AS (
+         SELECT x.revision FROM events x, cut WHERE x.revision <= cut.at
+         ORDER BY x.revision LIMIT $2 FOR UPDATE OF x),
      gone AS (
-         DELETE FROM events x USING cut
-         WHERE x.revision <= cut.at
-           AND x.revision + coalesce(cardinality(x.keys), 1) - 1 <= cut.at)
-     UPDATE events x
-     SET revision = cut.at + 1,
-         keys   = x.keys[(cut.at + 2 - x.revision)::int:],
-         kinds  = x.kinds[(cut.at + 2 - x.revision)::int:],
-         fences = x.fences[(cut.at + 2 - x.revision)::int:],
-         owners = x.owners[(cut.at + 2 - x.revision)::int:],
-         at_mss = x.at_mss[(cut.at + 2 - x.revision)::int:]
-     FROM cut
-     WHERE x.revision <= cut.at AND x.keys IS NOT NULL
-       AND x.revision + cardinality(x.keys) - 1 > cut.at";
+         DELETE FROM events x USING cut, old
+         WHERE x.revision = old.revision
+           AND x.revision + coalesce(cardinality(x.keys), 1) - 1 <= cut.at),
+     cut_row AS (
+         UPDATE events x
+         SET revision = cut.at + 1,
+             keys   = x.keys[(cut.at + 2 - x.revision)::int:],
+             kinds  = x.kinds[(cut.at + 2 - x.revision)::int:],
+             fences = x.fences[(cut.at + 2 - x.revision)::int:],
+             owners = x.owners[(cut.at + 2 - x.revision)::int:],
+             at_mss = x.at_mss[(cut.at + 2 - x.revision)::int:]
+         FROM cut, old
+         WHERE x.revision = old.revision AND x.keys IS NOT NULL
+           AND x.revision + cardinality(x.keys) - 1 > cut.at)
+     SELECT count(*) AS locked FROM old";
 
 /// The head and the oldest revision kept (NULL: the log is empty), and up to
 /// `$2` events after revision `$1` in revision order (a row with NULL

@@ -352,3 +352,103 @@ async fn a_waiter_cancelled_while_the_line_is_served_leaves_no_ghost_term() {
     let newcomer = lease_of(c.acquire(acquire("k", "b", 5_000)).await.unwrap());
     assert_eq!(newcomer.owner, "b");
 }
+
+/// Sets up what #46 saw: a key held through server `two`, a waiter in
+/// line for it through a real `leasehold serve` process, that process
+/// killed with `kill -9` (its client's call fails), and the holder's
+/// release through `two` at once, while the dead waiter's row still
+/// counts as alive: the key goes to the dead waiter. Returns the waiter's
+/// Acquire (to retry) and the fence it was granted.
+async fn grant_to_a_killed_servers_waiter(
+    schema: &Schema,
+    two: &PgServer,
+) -> (pb::AcquireRequest, u64) {
+    let mut c = two.client().await;
+    let held = lease_of(c.acquire(acquire("k", "holder", 30_000)).await.unwrap());
+    let one = pg_harness::ServeProcess::start(schema, &[]);
+    let mut w = LeaseholdClient::connect(one.url()).await.unwrap();
+    // A TTL far beyond the test: without the undo the key would stay held.
+    let request = pb::AcquireRequest {
+        request_id: "w-1".into(),
+        ..waiting("k", "w", 120_000, 60_000)
+    };
+    let wait = tokio::spawn({
+        let request = request.clone();
+        async move { w.acquire(request).await }
+    });
+    schema.in_line("k", 1).await;
+    one.kill9();
+    // The connection broke: no grant reached the client.
+    let status = wait.await.unwrap().expect_err("its server was killed");
+    assert!(
+        matches!(status.code(), Code::Unavailable | Code::Unknown),
+        "{status:?}"
+    );
+    c.release(release(&held, false)).await.unwrap();
+    let state = c.get(get("k")).await.unwrap().into_inner();
+    let granted = state.lease.expect("the key went to the dead waiter's row");
+    assert_eq!(granted.owner, "w");
+    assert!(granted.fence > held.fence);
+    (request, granted.fence)
+}
+
+/// A grant to a waiter whose server was killed before it took the grant is
+/// undone once the waiter's heartbeat lapses (a few seconds, not the
+/// grant's TTL): a newcomer waiting through another server gets the key,
+/// and the undone term shows as ended (#46).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_killed_servers_waiter_is_undone() {
+    let schema = schema_or_skip!();
+    let two = PgServer::start(&schema).await;
+    let (_, undone) = grant_to_a_killed_servers_waiter(&schema, &two).await;
+    let mut c = two.client().await;
+    // The waiter lease is 3 s: well within the wait, far within the TTL.
+    let started = Instant::now();
+    let next = c
+        .acquire(waiting("k", "next", 5_000, 15_000))
+        .await
+        .expect("the untaken grant is undone within the wait");
+    let next = lease_of(next);
+    assert_eq!(next.owner, "next");
+    assert!(next.fence > undone, "{} after {undone}", next.fence);
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let history = c
+        .history(pb::HistoryRequest {
+            key: "k".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let entry = history
+        .entries
+        .iter()
+        .find(|e| e.fence == undone)
+        .expect("the undone term is in the history");
+    assert_eq!(entry.owner, "w");
+    // It ends as the term before it did (released): nothing to recover.
+    assert_eq!(entry.end(), pb::TermEnd::Released);
+}
+
+/// The waiter's client retrying its Acquire (same request id) through
+/// another server before the undo gets the grant, replayed, and from then
+/// on the grant is taken: it is never undone under the client, which
+/// renews it through the survivor past the waiter's heartbeat lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_grant_of_a_killed_servers_waiter_is_kept() {
+    let schema = schema_or_skip!();
+    let two = PgServer::start(&schema).await;
+    let (request, fence) = grant_to_a_killed_servers_waiter(&schema, &two).await;
+    let mut c = two.client().await;
+    let reply = c.acquire(request).await.expect("the retry").into_inner();
+    assert!(reply.replayed, "the retry gets the waiter's grant");
+    let lease = reply.lease.expect("a lease");
+    assert_eq!(lease.fence, fence);
+    // Past the waiter lease (3 s) and many sweeps (every 100 ms).
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    let renewed = c.renew(renew(&lease, 0)).await.expect("still the holder");
+    assert_eq!(renewed.into_inner().lease.unwrap().fence, fence);
+    let busy = c.acquire(acquire("k", "other", 1_000)).await.unwrap_err();
+    assert_eq!(busy.code(), Code::Aborted);
+    c.release(release(&lease, false)).await.unwrap();
+}
