@@ -42,6 +42,7 @@ if [[ ! -x "$LEASEHOLD_BIN" ]]; then
   echo "test.sh: cargo built no server binary at $LEASEHOLD_BIN" >&2
   exit 1
 fi
+echo "== the clients' server binary: $LEASEHOLD_BIN"
 
 for i in "${!setup_pids[@]}"; do
   if ! wait "${setup_pids[$i]}"; then
