@@ -35,7 +35,15 @@ done
 
 phase "cargo build (every test target of the workspace)"
 cargo test --locked --no-run
-export LEASEHOLD_BIN="$PWD/target/debug/leasehold"
+# Where cargo put it: CARGO_TARGET_DIR (or a config's build.target-dir)
+# moves the whole target directory.
+LEASEHOLD_BIN="$(scripts/cargo-target-dir)/debug/leasehold"
+export LEASEHOLD_BIN
+if [[ ! -x "$LEASEHOLD_BIN" ]]; then
+  echo "test.sh: cargo built no server binary at $LEASEHOLD_BIN" >&2
+  exit 1
+fi
+echo "== the clients' server binary: $LEASEHOLD_BIN"
 
 for i in "${!setup_pids[@]}"; do
   if ! wait "${setup_pids[$i]}"; then

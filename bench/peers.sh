@@ -75,8 +75,10 @@ build_leasehold() {
     export PROTOC
   fi
   (cd "$ROOT" && cargo build --release --quiet -p leasehold-server && cargo build --release --quiet -p leasehold-bench --features peers)
-  BIN="$ROOT/target/release/leasehold"
-  BENCH="$ROOT/target/release/leasehold-bench"
+  local target_dir
+  target_dir=$("$ROOT/scripts/cargo-target-dir")
+  BIN="$target_dir/release/leasehold"
+  BENCH="$target_dir/release/leasehold-bench"
 }
 
 start_leasehold() {

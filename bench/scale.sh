@@ -30,8 +30,9 @@ trap 'exit 130' INT TERM
 
 log "building leasehold (release)"
 (cd "$ROOT" && cargo build --release --quiet)
-BIN="$ROOT/target/release/leasehold"
-BENCH="$ROOT/target/release/leasehold-bench"
+TARGET_DIR=$("$ROOT/scripts/cargo-target-dir")
+BIN="$TARGET_DIR/release/leasehold"
+BENCH="$TARGET_DIR/release/leasehold-bench"
 DB="$WORK/leasehold/leasehold.db"
 
 start_leasehold "$DB"

@@ -8,17 +8,16 @@
 # Knobs: MESSAGES (default 1000000), FORMATS, MODES (of the transcript_check
 # example: check, check-owned, repair, value), BIN (an already built
 # transcript_check, e.g. one built from an older commit), KEEP=1 keeps the
-# generated files. Uses CARGO_TARGET_DIR if set.
+# generated files. Finds the build where cargo puts it (CARGO_TARGET_DIR too).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 MESSAGES=${MESSAGES:-1000000}
 FORMATS=${FORMATS:-"openai-chat anthropic openai-responses"}
 MODES=${MODES:-"check check-owned repair value"}
-TARGET=${CARGO_TARGET_DIR:-target}
 if [[ -z "${BIN:-}" ]]; then
     cargo build --release -q -p leasehold-transcript --example transcript_check
-    BIN="$TARGET/release/examples/transcript_check"
+    BIN="$(scripts/cargo-target-dir)/release/examples/transcript_check"
 fi
 DIR=$(mktemp -d)
 if [[ "${KEEP:-0}" != 1 ]]; then

@@ -13,7 +13,7 @@
 #   scripts/chaos.sh --node "$(command -v node)"   # plus two workers on the TypeScript client
 #                                                  # (after `npm ci && npm run build` in clients/typescript)
 #   scripts/chaos.sh --minutes 2 --fault wall      # only the faults whose name starts with "wall"
-#   target/release/leasehold-chaos --check /tmp/chaos-run/history.json     # re-check a kept history
+#   "$(scripts/cargo-target-dir)"/release/leasehold-chaos --check /tmp/chaos-run/history.json     # re-check a kept history
 #
 # PostgreSQL: --pg-url, else LEASEHOLD_TEST_PG_URL, else
 # postgres://postgres@127.0.0.1:5432/test (a schema of the run's own is
@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --locked --release -p leasehold-server --bin leasehold -p leasehold-chaos --bin leasehold-chaos
-target_dir="${CARGO_TARGET_DIR:-target}"
+target_dir="$(scripts/cargo-target-dir)"
 export LEASEHOLD_BIN="${LEASEHOLD_BIN:-$target_dir/release/leasehold}"
 has_minutes=0
 for arg in "$@"; do [[ "$arg" == --minutes* ]] && has_minutes=1; done

@@ -43,6 +43,12 @@ WHERE excluded.fence >= leasehold_fence.fence`;
 /** PostgreSQL: the highest fence that has written `$1`. */
 export const PG_HIGHEST = "SELECT fence::text AS fence FROM leasehold_fence WHERE key = $1";
 
+/** SQLite: the highest fence that has written any key (as text, so no precision is lost; NULL when none has). */
+export const SQLITE_HIGHEST_OF_ALL = "SELECT CAST(max(fence) AS TEXT) AS fence FROM leasehold_fence";
+
+/** PostgreSQL: the highest fence that has written any key (as text; NULL when none has). */
+export const PG_HIGHEST_OF_ALL = "SELECT max(fence)::text AS fence FROM leasehold_fence";
+
 /** A fenced write refused: a higher fence has already written the key. */
 export class StaleFenceError extends LeaseholdError {
   readonly key: string;
@@ -51,7 +57,10 @@ export class StaleFenceError extends LeaseholdError {
   constructor(key: string, fence: bigint, highest: bigint | undefined) {
     super(
       "stale_fence",
-      `fence ${fence} for key ${JSON.stringify(key)} is stale: fence ${highest ?? "?"} has already written`,
+      `fence ${fence} for key ${JSON.stringify(key)} is stale: fence ${highest ?? "?"} has already written ` +
+        "(a newer holder wrote; or, if the lock server's store was reset or replaced, restart it with " +
+        "--fence-floor at least the highest fence stored, which sqliteFenceFloor() / pgFenceFloor() " +
+        "report: see leasehold's docs/deploy.md)",
     );
     this.name = "StaleFenceError";
     this.key = key;
@@ -424,4 +433,27 @@ export function sqliteFencedWrite<T>(
     }
     throw sqliteFenceError(key, err);
   }
+}
+
+/**
+ * The highest fence stored in `db`'s fence table for any key (0n when none
+ * is): the least `leasehold serve --fence-floor` that lets every key write
+ * again after the lock server's store was reset or replaced (its fences
+ * start at 1 again). Take the highest over every database that fences
+ * writes with this lock server.
+ * @throws the driver's error when `db` has no fence table (not the database you meant).
+ */
+export function sqliteFenceFloor(db: SqliteConnection): bigint {
+  const row = db.prepare(SQLITE_HIGHEST_OF_ALL).get() as { fence?: string | null } | undefined;
+  return row?.fence == null ? 0n : BigInt(row.fence);
+}
+
+/**
+ * {@link sqliteFenceFloor} for PostgreSQL: the highest fence stored in the
+ * fence table (in `client`'s `search_path`) for any key, 0n when none is.
+ * @throws pg's error when there is no fence table.
+ */
+export async function pgFenceFloor(client: PgQueryable): Promise<bigint> {
+  const row = (await client.query(PG_HIGHEST_OF_ALL)).rows[0] as { fence?: string | null } | undefined;
+  return row?.fence == null ? 0n : BigInt(row.fence);
 }

@@ -7,7 +7,8 @@
 //! backend (`leasehold_postgres::PgBackend`, every rule a statement
 //! on a database shared by several stateless servers). This crate also
 //! holds the vocabulary both speak and neither owns ([`Watching`],
-//! [`Commit`], [`cut_off`], [`DEFAULT_MAX_WAITERS_PER_KEY`]) and the
+//! [`Commit`], [`cut_off`], [`DEFAULT_MAX_WAITERS_PER_KEY`], the
+//! [`FenceFloor`] a start-up may raise) and the
 //! metrics writer a backend writes its numbers with ([`metrics`]), so a
 //! backend depends on this crate and the core, never on the server or on
 //! another backend.
@@ -33,7 +34,10 @@ use crate::metrics::Exposition;
 
 #[cfg(feature = "contract")]
 pub mod contract;
+pub mod fence_floor;
 pub mod metrics;
+
+pub use fence_floor::{FenceFloor, MAX_FENCE_FLOOR};
 
 /// How many Acquires may wait in one key's line unless configured
 /// (`--max-waiters-per-key`), on either backend.

@@ -69,6 +69,11 @@ pub struct PgConfig {
     /// How often a server with watchers numbers queued events and reads new
     /// ones for them (see `events`).
     pub watch_poll: Duration,
+    /// Raise the schema's fence sequence to at least this at start-up
+    /// (`--fence-floor`, 0: leave it), never lowering it, so every fence
+    /// any server on the schema grants from then on is above it (see
+    /// `fence_floor`).
+    pub fence_floor: u64,
 }
 
 impl PgConfig {
@@ -93,6 +98,7 @@ impl PgConfig {
             event_log_len: DEFAULT_EVENT_LOG_LEN,
             watch_buffer: 4096,
             watch_poll: Duration::from_millis(50),
+            fence_floor: 0,
         }
     }
 }

@@ -98,6 +98,7 @@ mod batch;
 mod config;
 mod db;
 mod events;
+mod fence_floor;
 mod health;
 mod holding;
 mod key_row;
@@ -245,6 +246,17 @@ impl PgBackend {
             })
         })?;
         migrate::migrate(&mut client, &config.schema, &origin).await?;
+        if config.fence_floor > 0 {
+            let floor = fence_floor::raise(&mut client, config.fence_floor).await?;
+            tracing::info!(
+                floor = floor.floor,
+                before = floor.before,
+                raised = floor.raised(),
+                schema = %config.schema,
+                "{}",
+                floor.describe()
+            );
+        }
         drop(client);
         let channel = channel_of(&config.schema);
         let (wakes, _) = broadcast::channel(1024);

@@ -1361,6 +1361,24 @@ pub fn record_version(schema: &str) -> String {
 pub const MIGRATION_LOCK: &str = "SELECT pg_advisory_lock(hashtextextended($1, 0))";
 pub const MIGRATION_UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
 
+/// `ALTER SEQUENCE` takes a lock on the sequence that `nextval` waits
+/// for until the transaction ends (`LOCK TABLE` refuses sequences): while
+/// [`FENCE_FLOOR_RAISE`] reads and sets the value, no server of the fleet
+/// can draw a fence in between, which would let the `setval` step below a
+/// fence already granted. `NO CYCLE` is what the sequence already is (a
+/// cycling sequence would repeat fences), so it changes nothing else.
+pub const FENCE_FLOOR_LOCK: &str = "ALTER SEQUENCE fences NO CYCLE";
+
+/// The sequence's highest value drawn (0: none yet), before the raise.
+pub const FENCE_FLOOR_BEFORE: &str =
+    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM fences";
+
+/// Raises the fence sequence so the next fence is above `$1` (a bigint),
+/// and never lowers it: below the last value drawn, it sets the same value
+/// back. Only under [`FENCE_FLOOR_LOCK`].
+pub const FENCE_FLOOR_RAISE: &str = "SELECT setval('fences', GREATEST($1, last_value), \
+     is_called OR $1 > last_value) FROM fences";
+
 #[cfg(test)]
 mod tests {
     #[test]

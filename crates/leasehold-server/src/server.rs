@@ -44,7 +44,9 @@ pub enum ServeError {
     StorageFailed(String),
 }
 
-/// Opens the SQLite database at `db` and starts an engine on it.
+/// Opens the SQLite database at `db`, raises its fence high-water mark to
+/// `config.fence_floor` (durably, never downwards), and starts an engine
+/// on it.
 ///
 /// # Errors
 /// [`StoreError`] when the database cannot be opened, is locked by another
@@ -57,6 +59,16 @@ pub fn open_engine(
 ) -> Result<Engine, StoreError> {
     let mut store = SqliteStore::open(db, sync)?;
     store.set_event_log_len(config.event_log_len);
+    if config.fence_floor > 0 {
+        let floor = store.raise_fence_floor(config.fence_floor)?;
+        tracing::info!(
+            floor = floor.floor,
+            before = floor.before,
+            raised = floor.raised(),
+            "{}",
+            floor.describe()
+        );
+    }
     Engine::start(Box::new(store), clock, config)
 }
 

@@ -38,6 +38,7 @@ use leasehold_core::store::{Batch, KeyRecord};
 use leasehold_core::stored::{ReservationKind, Stored};
 
 use crate::event_codec;
+use leasehold_backend::{FenceFloor, MAX_FENCE_FLOOR};
 use leasehold_core::store::{Snapshot, Store, StoreError};
 
 /// The schema migrations, in order. Never remove or reorder an entry; only append.
@@ -173,6 +174,48 @@ impl SqliteStore {
         tx.pragma_update(None, "user_version", supported)
             .map_err(open_err)?;
         tx.commit().map_err(open_err)
+    }
+
+    /// Raises the fence high-water mark to at least `floor`, durably (in a
+    /// transaction of its own, before [`Store::load`] reads it), and never
+    /// lowers it: `serve --fence-floor` (see [`FenceFloor`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the floor is above [`MAX_FENCE_FLOOR`] or
+    /// the database cannot be read or written.
+    pub fn raise_fence_floor(&mut self, floor: u64) -> Result<FenceFloor, StoreError> {
+        if floor > MAX_FENCE_FLOOR {
+            return Err(StoreError::Io(format!(
+                "fence floor {floor} is above the highest accepted, {MAX_FENCE_FLOOR}"
+            )));
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(io)?;
+        // The store's highest fence: the mark, or a fence in a key's row
+        // (start-up takes the highest of both; the mark alone may be low).
+        let before: i64 = tx
+            .query_row(
+                "SELECT max(
+                     coalesce((SELECT value FROM meta WHERE name = 'fence_high_water'), 0),
+                     coalesce((SELECT max(max(coalesce(live_fence, 0), coalesce(ended_fence, 0)))
+                               FROM keys), 0))",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(io)?;
+        // max(): a floor below the mark is a no-op, never a step down.
+        tx.execute(
+            "UPDATE meta SET value = max(value, ?1) WHERE name = 'fence_high_water'",
+            [floor as i64],
+        )
+        .map_err(io)?;
+        tx.commit().map_err(io)?;
+        Ok(FenceFloor {
+            floor,
+            before: before as u64,
+        })
     }
 
     /// The schema version recorded in the database.

@@ -27,7 +27,10 @@ class StaleFence(FenceError):
 
     def __init__(self, key: str, fence: int, highest: int) -> None:
         super().__init__(
-            f"fence {fence} for key {key!r} is stale: fence {highest} has already written",
+            f"fence {fence} for key {key!r} is stale: fence {highest} has already written "
+            "(a newer holder wrote; or, if the lock server's store was reset or replaced, "
+            "restart it with --fence-floor at least the highest fence stored, which "
+            "fence_floor() reports: see leasehold's docs/deploy.md)",
             code="FAILED_PRECONDITION",
             key=key,
         )

@@ -49,6 +49,9 @@ WHERE EXCLUDED.fence >= leasehold_fence.fence"""
 #: The highest fence recorded for the key.
 HIGHEST = "SELECT fence FROM leasehold_fence WHERE key = %(key)s"
 
+#: The highest fence recorded for any key (NULL when none is).
+HIGHEST_OF_ALL = "SELECT max(fence) FROM leasehold_fence"
+
 _MAX = 2**63 - 1
 
 #: How long, in seconds, the fence advance waits for the key's row while
@@ -191,6 +194,20 @@ def highest(conn: Any, key: str) -> int | None:
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(HIGHEST, {"key": key}).fetchone()
     return None if row is None else int(row[0])
+
+
+def fence_floor(conn: Any) -> int:
+    """The highest fence recorded for any key (0 when none is): the least
+    ``leasehold serve --fence-floor`` that lets every key write again after
+    the lock server's store was reset or replaced (its fences start at 1
+    again). Take the highest over every database that fences writes with
+    this lock server. Raises psycopg's ``UndefinedTable`` when the fence
+    table is not in the connection's ``search_path``."""
+    from psycopg.rows import tuple_row
+
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(HIGHEST_OF_ALL).fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
 
 
 class FencedWrite:

@@ -67,6 +67,9 @@ WHERE excluded.fence >= leasehold_fence.fence"""
 #: The highest fence recorded for ``:key``.
 HIGHEST = "SELECT fence FROM leasehold_fence WHERE key = :key"
 
+#: The highest fence recorded for any key (NULL when none is).
+HIGHEST_OF_ALL = "SELECT max(fence) FROM leasehold_fence"
+
 _MAX = 2**63 - 1
 
 #: The longest, in seconds, a transaction ``write`` began may stay open:
@@ -160,6 +163,17 @@ def highest(conn: sqlite3.Connection, key: str) -> int | None:
     """The highest fence that has written ``key``, if any has."""
     row = conn.execute(HIGHEST, {"key": key}).fetchone()
     return None if row is None else int(row[0])
+
+
+def fence_floor(conn: sqlite3.Connection) -> int:
+    """The highest fence recorded for any key (0 when none is): the least
+    ``leasehold serve --fence-floor`` that lets every key write again after
+    the lock server's store was reset or replaced (its fences start at 1
+    again). Take the highest over every database that fences writes with
+    this lock server. Raises ``sqlite3.OperationalError`` when the fence
+    table does not exist (not the database you meant)."""
+    row = conn.execute(HIGHEST_OF_ALL).fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
 
 
 class FencedWrite:

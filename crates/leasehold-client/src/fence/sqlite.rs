@@ -96,11 +96,19 @@ WHERE excluded.fence >= leasehold_fence.fence";
 /// The highest fence recorded for `:key`.
 pub const HIGHEST: &str = "SELECT fence FROM leasehold_fence WHERE key = :key";
 
+/// The highest fence recorded for any key (NULL when none is).
+pub const HIGHEST_OF_ALL: &str = "SELECT max(fence) FROM leasehold_fence";
+
 /// A fenced write that must not happen.
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
     /// A higher fence has already written this key: the writer's lease is over.
-    #[error("fence {fence} for key {key:?} is stale: fence {highest} has already written")]
+    #[error(
+        "fence {fence} for key {key:?} is stale: fence {highest} has already written \
+         (a newer holder wrote; or, if the lock server's store was reset or replaced, \
+         restart it with --fence-floor at least the highest fence stored, which \
+         fence_floor() reports: see leasehold's docs/deploy.md)"
+    )]
     Stale {
         key: String,
         fence: u64,
@@ -169,6 +177,22 @@ pub fn highest(conn: &Connection, key: &str) -> Result<Option<Fence>, FenceError
         .optional()?;
     // Stored values came from `advance`, so they are never negative.
     Ok(fence.map(|f| Fence(f as u64)))
+}
+
+/// The highest fence recorded for any key ([`Fence(0)`](Fence) when none
+/// is): the least `leasehold serve --fence-floor` that lets every key write
+/// again after the lock server's store was reset or replaced (its fences
+/// start at 1 again). Take the highest over every database that fences
+/// writes with this lock server.
+///
+/// # Errors
+/// [`FenceError::Sqlite`] when SQLite fails, for example when the fence
+/// table does not exist (not the database you meant).
+pub fn fence_floor(conn: &Connection) -> Result<Fence, FenceError> {
+    let fence: Option<i64> = conn
+        .prepare_cached(HIGHEST_OF_ALL)?
+        .query_row([], |row| row.get(0))?;
+    Ok(Fence(fence.unwrap_or(0) as u64))
 }
 
 /// Runs `work` in an immediate transaction on `conn` that first advances the

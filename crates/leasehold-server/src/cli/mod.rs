@@ -31,7 +31,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the lease server.
-    Serve(serve::ServeArgs),
+    // Boxed: its flags make it far larger than the other commands.
+    Serve(Box<serve::ServeArgs>),
     /// Diagnose or repair tool-call pairing in a transcript (JSON array or JSON lines).
     Transcript {
         #[command(subcommand)]
@@ -233,7 +234,7 @@ pub fn main() -> ExitCode {
 
 async fn run(command: Command) -> ExitCode {
     match command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Transcript { command } => transcript::run(command),
         other => ops::run(other).await,
     }

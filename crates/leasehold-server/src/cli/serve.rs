@@ -82,6 +82,16 @@ pub(super) struct ServeArgs {
     /// core to spare (400 is a good start); see docs/operations.md.
     #[arg(long)]
     writer_spin_us: Option<u64>,
+    /// Grant every fence above N: raises the store's fence high-water mark
+    /// to at least N before serving, durably, never lowering it (a floor
+    /// at or below it changes nothing, and says so in the log). For a lock
+    /// server whose store was reset or replaced while applications still
+    /// hold fences it granted: N is the highest fence their fence tables
+    /// hold (see docs/deploy.md). On PostgreSQL the whole fleet draws
+    /// above it from then on.
+    #[arg(long, value_name = "N", env = "LEASEHOLD_FENCE_FLOOR",
+          value_parser = clap::value_parser!(u64).range(0..=leasehold_server::backend::MAX_FENCE_FLOOR))]
+    fence_floor: Option<u64>,
     /// Log lines on stderr: text for people (coloured only on a terminal,
     /// and not when NO_COLOR is set), json for log pipelines (one JSON
     /// object per line). RUST_LOG picks the level (default info).
@@ -119,6 +129,7 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
         event_log_len,
         watch_buffer,
         writer_spin_us,
+        fence_floor,
         log_format,
         metrics_listen,
         console_listen,
@@ -184,6 +195,7 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
                     leasehold_server::engine::DEFAULT_WRITER_SPIN,
                     Duration::from_micros,
                 ),
+                fence_floor: fence_floor.unwrap_or(0),
                 ..EngineConfig::default()
             };
             serve(db, sync.unwrap_or(SqliteSync::Full), config, edge).await
@@ -201,6 +213,7 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
                 default_max_recoveries: (max_recoveries > 0).then_some(max_recoveries),
                 event_log_len,
                 watch_buffer,
+                fence_floor: fence_floor.unwrap_or(0),
                 ..defaults
             };
             serve_postgres(config, edge).await

@@ -108,6 +108,12 @@ pub struct EngineConfig {
     /// from the requests it waits for (docs/benchmarks-history.md,
     /// session 8).
     pub writer_spin: Duration,
+    /// Every fence granted is above this (`serve --fence-floor`, 0: no
+    /// floor). [`Engine::start`] honours it in memory; the store must hold
+    /// it durably too, which
+    /// [`SqliteStore::raise_fence_floor`](crate::sqlite::SqliteStore::raise_fence_floor)
+    /// does before the start (the server's `open_engine` calls it).
+    pub fence_floor: u64,
 }
 
 /// The writer's default [`EngineConfig::writer_spin`]: none.
@@ -125,6 +131,7 @@ impl Default for EngineConfig {
             event_log_len: DEFAULT_EVENT_LOG_LEN,
             watch_buffer: 4096,
             writer_spin: DEFAULT_WRITER_SPIN,
+            fence_floor: 0,
         }
     }
 }
@@ -306,7 +313,9 @@ impl Engine {
         let mut lessor = Lessor::restore(
             snapshot.records,
             snapshot.calls,
-            snapshot.fence_high_water,
+            // The floor, if the store does not hold it yet: a fence above
+            // it is durable in its key's row from its grant on.
+            snapshot.fence_high_water.max(config.fence_floor),
             clock.now(),
             config.retention_ms,
         );
