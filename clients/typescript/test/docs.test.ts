@@ -48,8 +48,10 @@ function blocks(page: string): Block[] {
 function pages(): string[] {
   const out = ["README.md", "clients/typescript/README.md"];
   for (const name of readdirSync(join(ROOT, "docs"))) if (name.endsWith(".md")) out.push(`docs/${name}`);
-  for (const name of readdirSync(join(ROOT, "examples"))) {
-    if (existsSync(join(ROOT, "examples", name, "README.md"))) out.push(`examples/${name}/README.md`);
+  for (const dir of ["examples", "clients/typescript/examples"]) {
+    for (const name of readdirSync(join(ROOT, dir))) {
+      if (existsSync(join(ROOT, dir, name, "README.md"))) out.push(`${dir}/${name}/README.md`);
+    }
   }
   return out;
 }
