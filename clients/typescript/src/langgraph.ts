@@ -9,10 +9,12 @@
 // cancelled); a second run of the thread waits up to `waitMs`, then
 // `BusyError`, and never writes; every checkpoint write checks the lease
 // locally, then for `SqliteSaver` (@langchain/langgraph-checkpoint-sqlite)
-// and `PostgresSaver` (-checkpoint-postgres) advances the fence in the
-// write's own transaction (`leasehold_fence`, the SQL of `sqliteFencedWrite`
-// and `pgFencedWrite`), and for any other saver runs `lease.gate()`
-// right before the write. A write outside any run (`updateState`,
+// and `PostgresSaver` (-checkpoint-postgres), their subclasses, and any
+// saver that writes through a better-sqlite3 `db` or a `pg` `pool`, advances
+// the fence in the write's own transaction (`leasehold_fence`, the SQL of
+// `sqliteFencedWrite` and `pgFencedWrite`), and for any other saver runs
+// `lease.gate()` right before the write (`saver.fencedInTransaction` says
+// which). A write outside any run (`updateState`,
 // `deleteThread`) takes the thread's lease for just that write.
 
 import { AsyncLocalStorage } from "node:async_hooks";
@@ -39,7 +41,7 @@ import {
   StaleFenceError,
 } from "./fence.js";
 import type { Lease } from "./lease.js";
-import { NotOwnedError } from "./errors.js";
+import { InvalidArgumentError, NotOwnedError } from "./errors.js";
 import { answer, ledgerCall, takeover, unknownResult } from "./owning.js";
 
 /** The configurable entry that carries a run's lease to its writes. */
@@ -84,6 +86,22 @@ interface SqliteDb {
   readonly inTransaction: boolean;
 }
 
+/** SQL that writes (what the fenced handles put behind the fence). */
+const WRITE = /^\s*(INSERT|REPLACE|UPDATE|DELETE)\b/i;
+
+/** A better-sqlite3 `Database`, by what the fenced handle needs of it. */
+function isSqliteDb(db: unknown): db is SqliteDb {
+  const d = db as Partial<Record<keyof SqliteDb, unknown>> | null;
+  return (
+    typeof d === "object" &&
+    d !== null &&
+    typeof d.prepare === "function" &&
+    typeof d.exec === "function" &&
+    typeof d.transaction === "function" &&
+    typeof d.inTransaction === "boolean"
+  );
+}
+
 /**
  * A better-sqlite3 handle whose writes, inside a fenced scope, run in one
  * `BEGIN IMMEDIATE` transaction that first advances the fence. The saver's
@@ -107,17 +125,21 @@ function fencedDb(db: SqliteDb): SqliteDb {
       if (prop === "prepare") {
         return (sql: string) => {
           const stmt = target.prepare(sql);
-          if (!/^\s*(INSERT|DELETE|UPDATE)/i.test(sql)) return stmt;
+          if (!WRITE.test(sql)) return stmt;
           return new Proxy(stmt, {
             get(s, p) {
               const value = Reflect.get(s, p, s) as unknown;
-              if (p === "run" && typeof value === "function") {
+              // run, and get/all for a write with RETURNING.
+              if ((p === "run" || p === "get" || p === "all") && typeof value === "function") {
                 return (...args: unknown[]) => fenced(() => (value as (...a: unknown[]) => unknown).apply(s, args));
               }
               return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(s) : value;
             },
           });
         };
+      }
+      if (prop === "exec") {
+        return (sql: string) => (WRITE.test(sql) ? fenced(() => target.exec(sql)) : target.exec(sql));
       }
       if (prop === "transaction") {
         return <F extends (...args: never[]) => unknown>(fn: F): F => {
@@ -146,15 +168,57 @@ interface PgPool {
 }
 
 /**
+ * A `pg` Pool, by what the fenced handle needs of it and what only a pool
+ * has (its counts): a `pg.Client` also has `connect` and `query`, but its
+ * `connect` checks out nothing.
+ */
+function isPgPool(pool: unknown): pool is PgPool {
+  const p = pool as Record<string, unknown> | null;
+  return (
+    typeof p === "object" &&
+    p !== null &&
+    typeof p.connect === "function" &&
+    typeof p.query === "function" &&
+    typeof p.totalCount === "number" &&
+    typeof p.idleCount === "number"
+  );
+}
+
+/** The text of a `pg` query given as a string or as `{ text }`. */
+function sqlOf(query: unknown): string {
+  if (typeof query === "string") return query;
+  const text = (query as { text?: unknown } | null)?.text;
+  return typeof text === "string" ? text : "";
+}
+
+function unfenced(key: string, how: string): InvalidArgumentError {
+  return new InvalidArgumentError(
+    `a checkpoint write for ${JSON.stringify(key)} ${how}: leasehold fences a PostgreSQL saver's writes ` +
+      "only inside a transaction on a client from pool.connect() (BEGIN ... COMMIT), as PostgresSaver writes",
+  );
+}
+
+/**
  * A `pg` pool whose checked-out clients, inside a fenced scope, advance the
  * fence right after the saver's own `BEGIN`: the fence and the saver's
  * statements commit or roll back together (the saver rolls back on the
- * StaleFenceError thrown here).
+ * StaleFenceError thrown here). A write that could not be fenced (through
+ * `pool.query`, or on a client outside BEGIN, each its own transaction) is
+ * refused rather than let through unchecked.
  */
 function fencedPool(pool: PgPool): PgPool {
   let installed: Promise<unknown> | undefined;
   return new Proxy(pool, {
     get(target, prop, receiver) {
+      if (prop === "query") {
+        return (text: string, values?: unknown[]) => {
+          const current = scope.getStore();
+          if (current !== undefined && WRITE.test(sqlOf(text))) {
+            return Promise.reject(unfenced(current.key, "went through pool.query"));
+          }
+          return target.query(text, values);
+        };
+      }
       if (prop === "connect") {
         return async (): Promise<PgClient> => {
           const current = scope.getStore();
@@ -170,6 +234,7 @@ function fencedPool(pool: PgPool): PgPool {
             ended ??= err;
           };
           client.on?.("error", heard);
+          let open = false; // a BEGIN whose fence advanced, not yet ended
           return new Proxy(client, {
             get(c, p) {
               const value = Reflect.get(c, p, c) as unknown;
@@ -184,9 +249,16 @@ function fencedPool(pool: PgPool): PgPool {
               }
               const query = value as PgClient["query"];
               return async (text: string, values?: unknown[]) => {
+                const sql = sqlOf(text);
+                if (!open && WRITE.test(sql)) throw unfenced(current.key, "ran outside BEGIN");
                 try {
                   const out = await query.call(c, text, values);
-                  if (/^\s*BEGIN\b/i.test(text)) await pgAdvanceBounded(c, current.key, current.fence);
+                  if (/^\s*BEGIN\b/i.test(sql)) {
+                    await pgAdvanceBounded(c, current.key, current.fence);
+                    open = true;
+                  } else if (/^\s*(COMMIT|ROLLBACK|END|ABORT)\b/i.test(sql)) {
+                    open = false;
+                  }
                   return out;
                 } catch (err) {
                   throw pgFenceError(current.key, err, ended);
@@ -202,27 +274,50 @@ function fencedPool(pool: PgPool): PgPool {
   });
 }
 
-/** A saver the database can fence, adopted as a copy on a fenced handle; or undefined. */
+/** Savers this adapter fences in the write's transaction, by class name: only to refuse one whose handle it does not recognise. */
+const FENCEABLE = new Set(["SqliteSaver", "PostgresSaver"]);
+
+/** The class names along `saver`'s prototype chain. */
+function classNames(saver: object): string[] {
+  const names: string[] = [];
+  for (let p = Object.getPrototypeOf(saver) as object | null; p !== null && p !== Object.prototype; p = Object.getPrototypeOf(p) as object | null) {
+    const ctor = (p as { constructor?: { name?: unknown } }).constructor;
+    if (typeof ctor?.name === "string") names.push(ctor.name);
+  }
+  return names;
+}
+
+/**
+ * A saver the database can fence, adopted as a copy on a fenced handle; or
+ * undefined (gate-only). Found by what the saver holds, not by its class
+ * name, so a subclass of SqliteSaver or PostgresSaver (or any saver that
+ * writes through a better-sqlite3 `db` or a `pg` `pool`) is fenced too.
+ * @throws TypeError for a SqliteSaver or PostgresSaver (or a subclass) whose
+ *   handle is not one this adapter can fence: never a silent gate-only.
+ */
 function adopt(inner: BaseCheckpointSaver): BaseCheckpointSaver | undefined {
-  const name = inner.constructor.name;
   const copy = (): BaseCheckpointSaver & Record<string, unknown> => {
     const made = Object.create(Object.getPrototypeOf(inner) as object) as BaseCheckpointSaver & Record<string, unknown>;
     Object.assign(made, inner);
     return made;
   };
-  if (name === "SqliteSaver") {
-    const db = (inner as unknown as { db?: SqliteDb }).db;
-    if (db === undefined) return undefined;
+  const handles = inner as unknown as { db?: unknown; pool?: unknown };
+  if (isSqliteDb(handles.db)) {
     const made = copy();
-    made.db = fencedDb(db);
+    made.db = fencedDb(handles.db);
     return made;
   }
-  if (name === "PostgresSaver") {
-    const pool = (inner as unknown as { pool?: PgPool }).pool;
-    if (pool === undefined) return undefined;
+  if (isPgPool(handles.pool)) {
     const made = copy();
-    made.pool = fencedPool(pool);
+    made.pool = fencedPool(handles.pool);
     return made;
+  }
+  const known = classNames(inner).find((name) => FENCEABLE.has(name));
+  if (known !== undefined) {
+    throw new TypeError(
+      `${inner.constructor.name} is a ${known} whose database handle (db: a better-sqlite3 Database, ` +
+        "pool: a pg Pool) leasehold cannot fence; its writes would only be gated",
+    );
   }
   return undefined;
 }
@@ -264,7 +359,7 @@ export class LeaseholdSaver extends BaseCheckpointSaver {
     if (!this.fencedInTransaction) return;
     const inner = this.inner as unknown as { db?: SqliteDb; pool?: PgPool; setup?: () => unknown };
     await scope.run({ key: run.key, fence: run.lease.fence }, async () => {
-      if (inner.db !== undefined) {
+      if (isSqliteDb(inner.db)) {
         inner.setup?.(); // SqliteSaver's is synchronous and runs once (PostgresSaver's is the user's to call)
         inner.db.transaction(() => undefined)();
         return;

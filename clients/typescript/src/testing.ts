@@ -6,6 +6,12 @@
 //   ...
 //   await server.close();                            // stops it and deletes the database
 //
+// A test server stops at once on close(), even with clients still connected:
+// it is started with `--drain-timeout-ms 0` (the default drain waits up to
+// 5 s for open connections to close). It still shuts down cleanly,
+// committing what it acknowledged; pass your own `--drain-timeout-ms` in
+// `args` to test draining.
+//
 // The binary is $LEASEHOLD_BIN when set, else the first `leasehold` on PATH;
 // with neither, `startTestServer` rejects with NoServerBinaryError saying so;
 // a binary older than this client (it does not speak the protocol revision
@@ -91,16 +97,22 @@ export interface TestServer {
   readonly baseUrl: string;
   /** The temporary database file. */
   readonly dbPath: string;
-  /** Stops the server (SIGTERM, then SIGKILL after 3 s) and deletes its database. */
+  /** Stops the server (SIGTERM: it does not drain, so it exits at once; SIGKILL after 3 s) and deletes its database. */
   close(): Promise<void>;
 }
+
+const DRAIN = "--drain-timeout-ms";
 
 /** Starts a server on a free loopback port with a temporary database; `args` are extra `serve` flags. */
 export async function startTestServer(args: readonly string[] = []): Promise<TestServer> {
   const binary = findBinary();
   const home = mkdtempSync(join(tmpdir(), "leasehold-test-"));
   const dbPath = join(home, "leasehold.db");
-  const child: ChildProcess = spawn(binary, ["serve", "--listen", "127.0.0.1:0", "--db", dbPath, ...args], {
+  // A client the test left open (a watch, a wait in line) would hold the
+  // default drain on every close; nothing is lost without it (acknowledged
+  // writes are durable before their reply).
+  const drain = args.some((a) => a === DRAIN || a.startsWith(`${DRAIN}=`)) ? [] : [DRAIN, "0"];
+  const child: ChildProcess = spawn(binary, ["serve", "--listen", "127.0.0.1:0", "--db", dbPath, ...drain, ...args], {
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stderr = "";

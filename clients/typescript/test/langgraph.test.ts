@@ -15,13 +15,14 @@ import { AIMessage, type BaseMessage, HumanMessage, ToolMessage } from "@langcha
 import { tool } from "@langchain/core/tools";
 import { END, MessagesAnnotation, START, StateGraph } from "@langchain/langgraph";
 import { ToolNode } from "@langchain/langgraph/prebuilt";
-import type { BaseCheckpointSaver } from "@langchain/langgraph-checkpoint";
+import type { RunnableConfig } from "@langchain/core/runnables";
+import type { BaseCheckpointSaver, PendingWrite } from "@langchain/langgraph-checkpoint";
 import { PostgresSaver } from "@langchain/langgraph-checkpoint-postgres";
 import { SqliteSaver } from "@langchain/langgraph-checkpoint-sqlite";
 import pg from "pg";
 import Database from "better-sqlite3";
 
-import { BusyError, createClient, type LeaseholdClient } from "../src/index.js";
+import { BusyError, createClient, InvalidArgumentError, type LeaseholdClient } from "../src/index.js";
 import { LeaseholdSaver, ledgeredTools, own, StaleFenceError, withFence } from "../src/langgraph.js";
 import { startServer, type TestServer, waitFor } from "./server.js";
 
@@ -190,12 +191,55 @@ describe("langgraph: one owner per thread", () => {
     const fence = (await lh.get("stale:t1")).lastEnded?.fence ?? 0n;
     await assert.rejects(
       withFence("stale:t1", fence - 1n, () => saver.inner.put(head.config, head.checkpoint, head.metadata ?? { source: "loop", step: 0, parents: {} }, {})),
-      StaleFenceError,
+      (err: unknown) => {
+        assert.ok(err instanceof StaleFenceError, String(err));
+        assert.equal(err.highest, fence);
+        assert.ok(
+          err.message.startsWith(`fence ${fence - 1n} for key "stale:t1" is stale: fence ${fence} has already written `),
+          err.message,
+        );
+        return true;
+      },
     );
     assert.deepEqual(checkpoints(path), before);
     // Nothing was left open: the next run writes as usual.
     await ga.invoke({ messages: [new HumanMessage("whoami")] }, THREAD);
     assert.ok(checkpoints(path).length > before.length);
+  });
+
+  it("a SqliteSaver subclass is fenced in the write's transaction too, not gate-only", async () => {
+    class AuditedSaver extends SqliteSaver {}
+    const path = join(dir, "subclass.db");
+    const a = new Agent(["call_1", "call_2"]);
+    const ga = own(a.graph(path, false, new AuditedSaver(new Database(path))), lh, { prefix: "sub:" });
+    const saver = ga.checkpointer as LeaseholdSaver;
+    assert.ok(saver.fencedInTransaction);
+    assert.ok(saver.inner instanceof AuditedSaver);
+    await ga.invoke({ messages: [new HumanMessage("ls")] }, THREAD);
+    const head = await saver.getTuple(THREAD);
+    assert.ok(head !== undefined);
+    await ga.invoke({ messages: [new HumanMessage("pwd")] }, THREAD);
+    const fence = (await lh.get("sub:t1")).lastEnded?.fence ?? 0n;
+    const before = checkpoints(path);
+    await assert.rejects(
+      withFence("sub:t1", fence - 1n, () => saver.inner.put(head.config, head.checkpoint, head.metadata ?? { source: "loop", step: 0, parents: {} }, {})),
+      StaleFenceError,
+    );
+    assert.deepEqual(checkpoints(path), before);
+  });
+
+  it("a SqliteSaver whose handle it cannot fence is refused, never silently gate-only", () => {
+    class Elsewhere extends SqliteSaver {
+      constructor() {
+        super(new Database(":memory:"));
+        (this as unknown as { db: unknown }).db = { remote: true };
+      }
+    }
+    assert.throws(() => own(new Agent([]).graph("", false, new Elsewhere()), lh), (err: unknown) => {
+      assert.ok(err instanceof TypeError, String(err));
+      assert.match(err.message, /Elsewhere is a SqliteSaver whose database handle .* leasehold cannot fence/);
+      return true;
+    });
   });
 
   it("a write outside any run takes the thread for just that write", async () => {
@@ -287,11 +331,50 @@ describe("langgraph: PostgresSaver fenced in its own transaction", { skip: pgUrl
     const inner = (ga.checkpointer as LeaseholdSaver).inner;
     await assert.rejects(
       withFence("pg:t1", fence - 1n, () => inner.put(head.config, head.checkpoint, head.metadata ?? { source: "loop", step: 0, parents: {} }, {})),
-      StaleFenceError,
+      (err: unknown) => {
+        assert.ok(err instanceof StaleFenceError, String(err));
+        assert.equal(err.highest, fence);
+        assert.ok(
+          err.message.startsWith(`fence ${fence - 1n} for key "pg:t1" is stale: fence ${fence} has already written `),
+          err.message,
+        );
+        return true;
+      },
     );
     await assert.rejects(withFence("pg:t1", fence - 1n, () => inner.putWrites(head.config, [["x", 1]], "task")), StaleFenceError);
     assert.deepEqual([await rows("checkpoints"), await rows("checkpoint_writes")], before);
     await ga.invoke({ messages: [new HumanMessage("whoami")] }, THREAD); // nothing was left open
     assert.ok((await rows("checkpoints")) > before[0]!);
+  });
+
+  it("a PostgresSaver subclass is fenced too, and a write it makes outside a transaction is refused", async () => {
+    // A subclass that writes its pending writes with pool.query, each
+    // statement its own transaction: nothing could fence those.
+    class Shortcut extends PostgresSaver {
+      override async putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string): Promise<void> {
+        const pool = (this as unknown as { pool: pg.Pool }).pool;
+        for (const [channel] of writes) {
+          await pool.query(`INSERT INTO ${schema}.checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob) VALUES ($1, '', $2, $3, 0, $4, 'json', '\\x00')`, [
+            config.configurable?.thread_id,
+            config.configurable?.checkpoint_id,
+            taskId,
+            channel,
+          ]);
+        }
+      }
+    }
+    const sub = new Shortcut(pool, undefined, { schema });
+    const a = new Agent(["call_1"]);
+    const ga = own(a.graph("", false, sub), lh, { prefix: "pgsub:" });
+    const saver = ga.checkpointer as LeaseholdSaver;
+    assert.ok(saver.fencedInTransaction);
+    const before = await rows("checkpoint_writes");
+    await assert.rejects(ga.invoke({ messages: [new HumanMessage("ls")] }, THREAD), (err: unknown) => {
+      assert.ok(err instanceof InvalidArgumentError, String(err));
+      assert.match(err.message, /"pgsub:t1" went through pool.query/);
+      return true;
+    });
+    assert.equal(await rows("checkpoint_writes"), before, "the unfenced write was refused, not made");
+    assert.deepEqual(a.effects, []);
   });
 });

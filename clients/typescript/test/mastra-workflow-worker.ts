@@ -34,8 +34,10 @@ const charge = createStep({
   inputSchema: z.object({ amount: z.number() }),
   outputSchema: z.object({ by: z.string() }),
   execute: async ({ inputData }) => {
-    say({ event: "charging" });
+    // On disk before it is announced: the test kills -9 on "charging", and
+    // a kill between the two lines would otherwise lose the charge.
     appendFileSync(effects, `${name} charge ${inputData.amount}\n`);
+    say({ event: "charging" });
     await sleep(chargeMs);
     return { by: name };
   },

@@ -25,6 +25,43 @@ describe("testing: startTestServer", () => {
     assert.ok(!existsSync(server.dbPath));
   });
 
+  it("closes at once with a client left open, not after the server's drain", async () => {
+    const server = await startTestServer();
+    const lh = createClient({ baseUrl: server.baseUrl });
+    try {
+      // A client left watching keeps its connection busy, which holds a
+      // draining server (an idle one the client closes on GOAWAY).
+      await (await lh.acquire("k", { ttlMs: 5_000 })).release();
+      const watch = lh.watch({ prefix: "" });
+      await watch.ready;
+      const watching = (async () => {
+        for await (const _ of watch) {
+          // left open, as a test that forgets to close its client
+        }
+      })().catch(() => undefined);
+      const started = performance.now();
+      await server.close();
+      const elapsed = performance.now() - started;
+      // A generous bound against the 5 s drain (and the 3 s SIGKILL), not a benchmark.
+      assert.ok(elapsed < 2_000, `close took ${Math.round(elapsed)} ms`);
+      assert.ok(!existsSync(server.dbPath));
+      await watching;
+    } finally {
+      lh.close();
+    }
+  });
+
+  it("passes a drain timeout of one's own as given", async () => {
+    const server = await startTestServer(["--drain-timeout-ms", "250"]);
+    const lh = createClient({ baseUrl: server.baseUrl });
+    try {
+      await (await lh.acquire("k", { ttlMs: 5_000 })).release();
+    } finally {
+      lh.close();
+      await server.close();
+    }
+  });
+
   it("finds leasehold on PATH, and says how to get one when there is none", async () => {
     const saved = { bin: process.env.LEASEHOLD_BIN, path: process.env.PATH };
     const dir = mkdtempSync(join(tmpdir(), "leasehold-path-"));

@@ -7,6 +7,7 @@
 // seeded runs, a kill -9 of the owner and a SIGSTOP past the TTL.
 
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,6 +19,7 @@ import { itemText, type InputItem, type ModelReply, type MockResponses, startMoc
 import { startServer, type TestServer, waitFor } from "./server.js";
 
 const AGENT = fileURLToPath(new URL("../examples/two-servers/agent.js", import.meta.url));
+const DEMO = fileURLToPath(new URL("../examples/two-servers/demo.js", import.meta.url));
 
 /** The scripted model: "run shell N" calls shell, "read …" calls read, a tool output gets "answer:<call ids>". */
 function script(input: readonly InputItem[]): ModelReply {
@@ -271,5 +273,24 @@ describe("two servers with leasehold on one SQLite file", () => {
     );
     assert.deepEqual(mock.rejections("p1"), []);
     assertOneAnswerPerTurn(parts);
+  });
+});
+
+describe("the example by hand (examples/two-servers/README.md)", () => {
+  it("demo.js plays both shapes and prints what happened", async () => {
+    const out = await new Promise<string>((resolve, reject) => {
+      execFile(process.execPath, [DEMO, "opencode", "leasehold"], { timeout: 60_000 }, (err, stdout, stderr) => {
+        if (err !== null) reject(new Error(`${err.message}\n${stderr}`));
+        else resolve(stdout);
+      });
+    });
+    const [opencode, leasehold] = out.split(/^== /m).slice(1);
+    assert.match(opencode ?? "", /^without leasehold/);
+    assert.match(opencode ?? "", /provider rejections: 1\n {4}No tool output found for function call call_\d+\./);
+    assert.match(leasehold ?? "", /^with leasehold/);
+    assert.match(leasehold ?? "", /provider rejections: 0\n/);
+    assert.match(leasehold ?? "", /answers to the shell's turn: 1\n/);
+    assert.match(leasehold ?? "", /event {2}b: busy a/);
+    assert.doesNotMatch(leasehold ?? "", /^ {2}b {2}(call|result|answer)/m, "B wrote nothing but its input");
   });
 });
