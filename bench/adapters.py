@@ -107,8 +107,11 @@ def disk_floor(directory: Path, n: int = 300) -> dict[str, list[float]]:
 class Metrics:
     """The server's Prometheus counters: requests by RPC, and commits."""
 
-    LINE = re.compile(r'^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)', re.M)
-    COMMITS = re.compile(r"^leasehold_commits_total (\d+)", re.M)
+    LINE = re.compile(r'^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)', re.MULTILINE)
+    COMMITS = re.compile(r"^leasehold_commits_total (\d+)", re.MULTILINE)
+    #: Seconds the server spent answering (arrival to answer, commits included).
+    SERVER = re.compile(r'^leasehold_request_seconds_sum\{rpc="[^"]+"\} (\S+)', re.MULTILINE)
+    COMMIT_SECONDS = re.compile(r"^leasehold_commit_seconds_sum (\S+)", re.MULTILINE)
 
     def __init__(self, address: str) -> None:
         self.url = f"http://{address}/metrics"
@@ -119,6 +122,14 @@ class Metrics:
         counts = {rpc: int(n) for rpc, n in self.LINE.findall(text)}
         commits = self.COMMITS.search(text)
         counts["commits"] = int(commits.group(1)) if commits else 0
+        # In microseconds, so that every value stays an int.
+        counts["server_us"] = int(
+            sum(float(x) for x in self.SERVER.findall(text)) * 1e6
+        )
+        commit_seconds = self.COMMIT_SECONDS.search(text)
+        counts["commit_us"] = (
+            int(float(commit_seconds.group(1)) * 1e6) if commit_seconds else 0
+        )
         return counts
 
     def per_run(self, runs: int, do: Callable[[int], None]) -> str:
@@ -127,12 +138,19 @@ class Metrics:
             do(i)
         after = self.read()
         diff = {k: (after.get(k, 0) - before.get(k, 0)) / runs for k in after}
+        return self.describe(diff)
+
+    @staticmethod
+    def describe(diff: dict[str, float]) -> str:
         commits = diff.pop("commits")
-        # The metrics scrape itself is no RPC; ServerInfo is the client's start.
+        server, commit = diff.pop("server_us") / 1e6, diff.pop("commit_us") / 1e6
         calls = {k: v for k, v in diff.items() if v}
         trips = sum(calls.values())
         shown = ", ".join(f"{k} {v:g}" for k, v in sorted(calls.items()))
-        return f"{trips:g} round trips ({shown or 'none'}), {commits:g} commits"
+        return (
+            f"{trips:g} round trips ({shown or 'none'}), {commits:g} commits; "
+            f"in the server {ms(server)} (commits {ms(commit)})"
+        )
 
 
 def free_port() -> int:
@@ -176,7 +194,9 @@ def langgraph(address: str, metrics: Metrics, tmp: Path, runs: int) -> None:
             configurable={"__pregel_durability": "sync"}
         )
         graphs[("owned", rounds)] = own(plain.compile(checkpointer=saver), client)
-        graphs[("owned+ledger", rounds)] = own(ledger.compile(checkpointer=saver), client)
+        graphs[("owned+ledger", rounds)] = own(
+            ledger.compile(checkpointer=saver), client
+        )
 
     def invoke(name: str, rounds: int, thread: str) -> None:
         graphs[(name, rounds)].invoke(
@@ -184,17 +204,22 @@ def langgraph(address: str, metrics: Metrics, tmp: Path, runs: int) -> None:
         )
 
     times: dict[tuple[str, int], list[float]] = {k: [] for k in graphs}
+    # CPU time of this process (all its threads): less disturbed by a
+    # loaded machine than wall time.
+    cpu: dict[tuple[str, int], float] = dict.fromkeys(graphs, 0.0)
     for i in range(runs + WARMUP):
         for name, rounds in graphs:
+            used = time.process_time()
             start = time.perf_counter()
             invoke(name, rounds, f"{name}-{rounds}-{i}")
             if i >= WARMUP:
                 times[(name, rounds)].append(time.perf_counter() - start)
+                cpu[(name, rounds)] += time.process_time() - used
     print("LangGraph (SqliteSaver), per run:")
     for (name, rounds), v in times.items():
         print(
             f"  {name:13} {2 * rounds + 1:2} super-steps: p50 {ms(p(v, 50)):>9} "
-            f"p99 {ms(p(v, 99)):>9}"
+            f"p99 {ms(p(v, 99)):>9}; CPU {ms(cpu[(name, rounds)] / runs):>9}"
         )
     steps = (2 * 9 + 1) - (2 * 1 + 1)
     for name, base in (("owned", "plain-sync"), ("owned+ledger", "plain-sync")):
@@ -234,25 +259,33 @@ def ledger(address: str, metrics: Metrics, runs: int) -> list[float]:
     """One call's Begin and Settle on a held lease, back to back (what a
     ledgered tool adds around the tool itself)."""
     samples: list[float] = []
-    with leasehold.Client(address) as client, client.acquire("ledger-bench", ttl=30) as lease:
-        for i in range(runs + WARMUP):
+    with (
+        leasehold.Client(address) as client,
+        client.acquire("ledger-bench", ttl=30) as lease,
+    ):
+
+        def one(i: int) -> None:
             call = ToolCallRequest(call_id=f"c{i}", name="shell", input_digest="")
             start = time.perf_counter()
             lease.begin_tool_calls([call])
             lease.settle_tool_call(call.call_id, "succeeded", b"ok")
             if i >= WARMUP:
                 samples.append(time.perf_counter() - start)
-        n = runs + WARMUP
 
-        def one(i: int) -> None:
-            call = ToolCallRequest(call_id=f"k{i}", name="shell", input_digest="")
-            lease.begin_tool_calls([call])
-            lease.settle_tool_call(call.call_id, "succeeded", b"ok")
-
-        counts = metrics.per_run(COUNTED, lambda i: one(n + i))
+        for i in range(WARMUP):
+            one(i)
+        # Counted around the timed calls themselves: the server's commit
+        # time here is the durable writes of these very calls.
+        before = metrics.read()
+        for i in range(WARMUP, WARMUP + runs):
+            one(i)
+        after = metrics.read()
+    diff = {k: (after.get(k, 0) - before.get(k, 0)) / runs for k in after}
+    commit = diff["commit_us"] / 1e6
     print(
         f"Ledger, one call's Begin + Settle on a held lease: p50 {ms(p(samples, 50))} "
-        f"p99 {ms(p(samples, 99))}; {counts}"
+        f"p99 {ms(p(samples, 99))}; {Metrics.describe(diff)}; beyond the server's "
+        f"commits (their mean) p50 {ms(p(samples, 50) - commit)}"
     )
     return samples
 
@@ -268,8 +301,11 @@ async def agents_sdk(address: str, metrics: Metrics, tmp: Path, runs: int) -> No
 
     model = agents_fake.FakeModel()
     plain = Agent(name="a", instructions="x", model=model, tools=[shell])
-    ledgered = Agent(name="a", instructions="x", model=model, tools=[owned_agents.ledgered(shell)])
+    ledgered = Agent(
+        name="a", instructions="x", model=model, tools=[owned_agents.ledgered(shell)]
+    )
     times: dict[str, list[float]] = {"plain": [], "owned": []}
+    cpu = {"plain": 0.0, "owned": 0.0}
     async with leasehold.AsyncClient(address) as client:
 
         async def one(name: str, sid: str) -> None:
@@ -281,10 +317,12 @@ async def agents_sdk(address: str, metrics: Metrics, tmp: Path, runs: int) -> No
 
         for i in range(runs + WARMUP):
             for name in ("plain", "owned"):
+                used = time.process_time()
                 start = time.perf_counter()
                 await one(name, f"{name}-{i}")
                 if i >= WARMUP:
                     times[name].append(time.perf_counter() - start)
+                    cpu[name] += time.process_time() - used
         before = await asyncio.to_thread(metrics.read)
         for i in range(COUNTED):
             await one("owned", f"count-{i}")
@@ -302,18 +340,20 @@ async def agents_sdk(address: str, metrics: Metrics, tmp: Path, runs: int) -> No
                 print(profiler.output_text(unicode=False, color=False))
             except ImportError:
                 print("  (pyinstrument is not installed: no profile)")
-    print("Agents SDK (SQLiteSession), one turn (two model calls, one tool call) per run:")
+    print(
+        "Agents SDK (SQLiteSession), one turn (two model calls, one tool call) per run:"
+    )
     for q in (50, 99):
         print(
             f"  p{q}: plain {ms(p(times['plain'], q))}, owned {ms(p(times['owned'], q))}, "
             f"added per run {ms(p(times['owned'], q) - p(times['plain'], q))}"
         )
-    diff = {k: (after.get(k, 0) - before.get(k, 0)) / COUNTED for k in after}
-    commits = diff.pop("commits")
-    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(diff.items()) if v)
     print(
-        f"  server per owned run: {sum(diff.values()):g} round trips ({shown}), {commits:g} commits"
+        f"  CPU per run (this process): plain {ms(cpu['plain'] / runs)}, "
+        f"owned {ms(cpu['owned'] / runs)}"
     )
+    diff = {k: (after.get(k, 0) - before.get(k, 0)) / COUNTED for k in after}
+    print(f"  server per owned run: {Metrics.describe(diff)}")
 
 
 def main() -> None:
@@ -337,8 +377,13 @@ def main() -> None:
             server.stop()
         # Again at the end: a disk busy with others' work changes in minutes.
         after = disk_floor(tmp)
-    print(f"Disk floor in the server's directory (server --sync {sync}), before / after:")
-    for name, what in (("fdatasync", "fdatasync, 4 KiB"), ("sqlite", "SQLite WAL FULL commit")):
+    print(
+        f"Disk floor in the server's directory (server --sync {sync}), before / after:"
+    )
+    for name, what in (
+        ("fdatasync", "fdatasync, 4 KiB"),
+        ("sqlite", "SQLite WAL FULL commit"),
+    ):
         print(
             f"  {what}: p50 {ms(p(floor[name], 50))} / {ms(p(after[name], 50))}, "
             f"p99 {ms(p(floor[name], 99))} / {ms(p(after[name], 99))}"
