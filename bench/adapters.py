@@ -1,27 +1,42 @@
 """What leasehold's framework adapters add to a run, against the same run
 without them, in one process and one run of this script (never pass/fail):
 
+    cargo build --release -p leasehold-server
     LEASEHOLD_BIN=target/release/leasehold clients/python/.venv/bin/python bench/adapters.py [runs]
 
 LangGraph: the test agent (model -> tools -> model: three super-steps, a
 checkpoint each) on SqliteSaver in a temporary file, plain and through
-``own()`` with the ledgered ToolNode. OpenAI Agents SDK: one turn (a tool
-call and an answer) on SQLiteSession, ``Runner.run`` and ``leasehold.agents.run``.
-Each run is a new thread / session, so every owned run acquires, claims,
-registers and settles one tool call, and releases. Prints p50 and p90 per
-run and per super-step, and the added time. Alternates plain and owned runs
-so that drift on a busy machine hits both alike.
+``own()`` with the ledgered ToolNode, at 1 and at 9 tool rounds per run (3
+and 19 super-steps): the run's fixed cost, and what each further super-step
+adds (the slope between the two). OpenAI Agents SDK: one turn (a tool call
+and an answer, two model calls) on SQLiteSession, ``Runner.run`` and
+``leasehold.agents.run``. Each run is a new thread / session, so every owned
+run acquires, claims, registers and settles its tool calls, and releases.
+Plain and owned runs alternate so that drift on a busy machine hits both
+alike. Prints p50 and p99 per run, the added time per run and per step,
+the server round trips and commits per run (the server's own Prometheus
+counters, read before and after a separate pass of runs), and the disk's
+floor in the same directory: fdatasync of a file, and a SQLite WAL
+``synchronous=FULL`` commit, against which the ledger's cost per call is set.
+
+``LEASEHOLD_BENCH_PROFILE=1`` (needs ``pip install pyinstrument``, not a
+test dependency) also profiles a pass of owned runs of each adapter.
+``LEASEHOLD_BENCH_SYNC=normal`` runs the server with ``--sync normal``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import socket
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,28 +51,134 @@ from conftest import Server
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.prebuilt import ToolNode as PlainToolNode
 from leasehold import agents as owned_agents
+from leasehold._types import ToolCallRequest
 from leasehold.langgraph import ToolNode, own
 
+WARMUP = 10
+#: Runs of each variant in the (untimed) pass that counts round trips.
+COUNTED = 20
 
-def quantiles(samples: list[float]) -> tuple[float, float]:
+
+def p(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
-    return statistics.median(ordered), ordered[int(len(ordered) * 0.9)]
+    if q == 50:
+        return statistics.median(ordered)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
-def report(name: str, plain: list[float], owned: list[float]) -> None:
-    p50, p90 = quantiles(plain)
-    o50, o90 = quantiles(owned)
-    print(
-        f"{name}: plain p50 {p50 * 1e3:.2f} ms p90 {p90 * 1e3:.2f} ms; "
-        f"owned p50 {o50 * 1e3:.2f} ms p90 {o90 * 1e3:.2f} ms; "
-        f"added p50 {(o50 - p50) * 1e3:.2f} ms per turn"
-    )
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
 
 
-def langgraph(address: str, tmp: Path, runs: int) -> None:
-    """Three variants, each at 1 and at 9 tool rounds per run (3 and 19
-    super-steps): what a run costs once (acquire, claim, release) and what
-    each further super-step adds (the slope between the two)."""
+# -- the disk's floor ----------------------------------------------------------
+def disk_floor(directory: Path, n: int = 300) -> dict[str, list[float]]:
+    """fdatasync of a 4 KiB write to a file, and one-row SQLite commits in
+    WAL mode with synchronous=FULL (as the server's default store), both in
+    ``directory`` (the server's database's directory)."""
+    out: dict[str, list[float]] = {"fdatasync": [], "sqlite": []}
+    path = directory / "floor.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for i in range(n):
+            os.pwrite(fd, os.urandom(4096), (i % 16) * 4096)
+            start = time.perf_counter()
+            os.fdatasync(fd)
+            out["fdatasync"].append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+    db = sqlite3.connect(directory / "floor.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+    for _ in range(n):
+        start = time.perf_counter()
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("INSERT INTO t (v) VALUES (?)", (os.urandom(200),))
+        db.execute("COMMIT")
+        out["sqlite"].append(time.perf_counter() - start)
+    db.close()
+    for leftover in directory.glob("floor.db*"):
+        leftover.unlink()
+    return out
+
+
+# -- the server's counters -----------------------------------------------------
+class Metrics:
+    """The server's Prometheus counters: requests by RPC, and commits."""
+
+    LINE = re.compile(r'^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)', re.MULTILINE)
+    COMMITS = re.compile(r"^leasehold_commits_total (\d+)", re.MULTILINE)
+    #: Seconds the server spent answering (arrival to answer, commits included).
+    SERVER = re.compile(r'^leasehold_request_seconds_sum\{rpc="[^"]+"\} (\S+)', re.MULTILINE)
+    COMMIT_SECONDS = re.compile(r"^leasehold_commit_seconds_sum (\S+)", re.MULTILINE)
+
+    def __init__(self, address: str) -> None:
+        self.url = f"http://{address}/metrics"
+
+    def read(self) -> dict[str, int]:
+        with urllib.request.urlopen(self.url, timeout=5) as reply:
+            text = reply.read().decode()
+        counts = {rpc: int(n) for rpc, n in self.LINE.findall(text)}
+        commits = self.COMMITS.search(text)
+        counts["commits"] = int(commits.group(1)) if commits else 0
+        # In microseconds, so that every value stays an int.
+        counts["server_us"] = int(
+            sum(float(x) for x in self.SERVER.findall(text)) * 1e6
+        )
+        commit_seconds = self.COMMIT_SECONDS.search(text)
+        counts["commit_us"] = (
+            int(float(commit_seconds.group(1)) * 1e6) if commit_seconds else 0
+        )
+        return counts
+
+    def per_run(self, runs: int, do: Callable[[int], None]) -> str:
+        before = self.read()
+        for i in range(runs):
+            do(i)
+        after = self.read()
+        diff = {k: (after.get(k, 0) - before.get(k, 0)) / runs for k in after}
+        return self.describe(diff)
+
+    @staticmethod
+    def describe(diff: dict[str, float]) -> str:
+        commits = diff.pop("commits")
+        server, commit = diff.pop("server_us") / 1e6, diff.pop("commit_us") / 1e6
+        calls = {k: v for k, v in diff.items() if v}
+        trips = sum(calls.values())
+        shown = ", ".join(f"{k} {v:g}" for k, v in sorted(calls.items()))
+        return (
+            f"{trips:g} round trips ({shown or 'none'}), {commits:g} commits; "
+            f"in the server {ms(server)} (commits {ms(commit)})"
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def profiled(name: str, do: Callable[[], None]) -> None:
+    if os.environ.get("LEASEHOLD_BENCH_PROFILE") != "1":
+        return
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        print("  (pyinstrument is not installed: no profile)")
+        return
+    profiler = Profiler(interval=0.0002)
+    profiler.start()
+    do()
+    profiler.stop()
+    print(f"--- profile: {name}")
+    print(profiler.output_text(unicode=False, color=False, show_all=False))
+
+
+# -- LangGraph -----------------------------------------------------------------
+def langgraph(address: str, metrics: Metrics, tmp: Path, runs: int) -> None:
+    """Four variants, each at 1 and at 9 tool rounds per run (3 and 19
+    super-steps)."""
     tools = lg_agent.Tools()
     conn = sqlite3.connect(tmp / "cp.db", check_same_thread=False)
     client = leasehold.Client(address)
@@ -76,31 +197,101 @@ def langgraph(address: str, tmp: Path, runs: int) -> None:
         graphs[("owned+ledger", rounds)] = own(
             ledger.compile(checkpointer=saver), client
         )
-    times: dict[tuple[str, int], list[float]] = {k: [] for k in graphs}
-    for i in range(runs + 10):
-        for (name, rounds), g in graphs.items():
-            config = {"configurable": {"thread_id": f"{name}-{rounds}-{i}"}}
-            start = time.perf_counter()
-            g.invoke({"messages": [("user", "ls")]}, config)
-            if i >= 10:  # warm-up
-                times[(name, rounds)].append(time.perf_counter() - start)
-    p50 = {k: statistics.median(v) for k, v in times.items()}
-    steps = 2 * 9 + 1 - (2 * 1 + 1)
-    slope = {name: (p50[(name, 9)] - p50[(name, 1)]) / steps for name, _ in graphs}
-    print("LangGraph (SqliteSaver), p50 per run:")
-    for (name, rounds), v in p50.items():
-        print(f"  {name:13} {2 * rounds + 1:2} super-steps: {v * 1e3:7.2f} ms")
-    for name in ("plain-sync", "owned", "owned+ledger"):
-        base = "plain" if name == "plain-sync" else "plain-sync"
-        print(
-            f"  {name} against {base}: added per run (3 steps) "
-            f"{(p50[(name, 1)] - p50[(base, 1)]) * 1e3:.2f} ms; added per further "
-            f"super-step {(slope[name] - slope[base]) * 1e3:.2f} ms"
+
+    def invoke(name: str, rounds: int, thread: str) -> None:
+        graphs[(name, rounds)].invoke(
+            {"messages": [("user", "ls")]}, {"configurable": {"thread_id": thread}}
         )
+
+    times: dict[tuple[str, int], list[float]] = {k: [] for k in graphs}
+    # CPU time of this process (all its threads): less disturbed by a
+    # loaded machine than wall time.
+    cpu: dict[tuple[str, int], float] = dict.fromkeys(graphs, 0.0)
+    for i in range(runs + WARMUP):
+        for name, rounds in graphs:
+            used = time.process_time()
+            start = time.perf_counter()
+            invoke(name, rounds, f"{name}-{rounds}-{i}")
+            if i >= WARMUP:
+                times[(name, rounds)].append(time.perf_counter() - start)
+                cpu[(name, rounds)] += time.process_time() - used
+    print("LangGraph (SqliteSaver), per run:")
+    for (name, rounds), v in times.items():
+        print(
+            f"  {name:13} {2 * rounds + 1:2} super-steps: p50 {ms(p(v, 50)):>9} "
+            f"p99 {ms(p(v, 99)):>9}; CPU {ms(cpu[(name, rounds)] / runs):>9}"
+        )
+    steps = (2 * 9 + 1) - (2 * 1 + 1)
+    for name, base in (("owned", "plain-sync"), ("owned+ledger", "plain-sync")):
+        for q in (50, 99):
+            run = p(times[(name, 1)], q) - p(times[(base, 1)], q)
+            per_step = (
+                (p(times[(name, 9)], q) - p(times[(name, 1)], q))
+                - (p(times[(base, 9)], q) - p(times[(base, 1)], q))
+            ) / steps
+            print(
+                f"  {name} against {base}, p{q}: added per run (3 steps) {ms(run)}; "
+                f"added per further super-step {ms(per_step)}"
+            )
+    # Each further round is two super-steps and one ledgered tool call.
+    for q in (50, 99):
+        per_call = (
+            (p(times[("owned+ledger", 9)], q) - p(times[("owned+ledger", 1)], q))
+            - (p(times[("owned", 9)], q) - p(times[("owned", 1)], q))
+        ) / 8
+        print(f"  the ledger, p{q}: added per tool call {ms(per_call)}")
+    print("  server round trips and commits per run (a pass of its own):")
+    for name in ("owned", "owned+ledger"):
+        for rounds in (1, 9):
+            counts = metrics.per_run(
+                COUNTED, lambda i, n=name, r=rounds: invoke(n, r, f"count-{n}-{r}-{i}")
+            )
+            print(f"    {name:13} {2 * rounds + 1:2} super-steps: {counts}")
+    profiled(
+        "LangGraph own() + ledgered ToolNode, 9 rounds, 20 runs",
+        lambda: [invoke("owned+ledger", 9, f"prof-{i}") for i in range(20)],
+    )
     client.close()
 
 
-async def agents_sdk(address: str, tmp: Path, runs: int) -> None:
+# -- the ledger alone ----------------------------------------------------------
+def ledger(address: str, metrics: Metrics, runs: int) -> list[float]:
+    """One call's Begin and Settle on a held lease, back to back (what a
+    ledgered tool adds around the tool itself)."""
+    samples: list[float] = []
+    with (
+        leasehold.Client(address) as client,
+        client.acquire("ledger-bench", ttl=30) as lease,
+    ):
+
+        def one(i: int) -> None:
+            call = ToolCallRequest(call_id=f"c{i}", name="shell", input_digest="")
+            start = time.perf_counter()
+            lease.begin_tool_calls([call])
+            lease.settle_tool_call(call.call_id, "succeeded", b"ok")
+            if i >= WARMUP:
+                samples.append(time.perf_counter() - start)
+
+        for i in range(WARMUP):
+            one(i)
+        # Counted around the timed calls themselves: the server's commit
+        # time here is the durable writes of these very calls.
+        before = metrics.read()
+        for i in range(WARMUP, WARMUP + runs):
+            one(i)
+        after = metrics.read()
+    diff = {k: (after.get(k, 0) - before.get(k, 0)) / runs for k in after}
+    commit = diff["commit_us"] / 1e6
+    print(
+        f"Ledger, one call's Begin + Settle on a held lease: p50 {ms(p(samples, 50))} "
+        f"p99 {ms(p(samples, 99))}; {Metrics.describe(diff)}; beyond the server's "
+        f"commits (their mean) p50 {ms(p(samples, 50) - commit)}"
+    )
+    return samples
+
+
+# -- OpenAI Agents SDK ---------------------------------------------------------
+async def agents_sdk(address: str, metrics: Metrics, tmp: Path, runs: int) -> None:
     set_tracing_disabled(True)
 
     @function_tool
@@ -114,34 +305,95 @@ async def agents_sdk(address: str, tmp: Path, runs: int) -> None:
         name="a", instructions="x", model=model, tools=[owned_agents.ledgered(shell)]
     )
     times: dict[str, list[float]] = {"plain": [], "owned": []}
+    cpu = {"plain": 0.0, "owned": 0.0}
     async with leasehold.AsyncClient(address) as client:
-        for i in range(runs + 10):
+
+        async def one(name: str, sid: str) -> None:
+            session = SQLiteSession(sid, tmp / "sessions.db")
+            if name == "plain":
+                await Runner.run(plain, "ls", session=session)
+            else:
+                await owned_agents.run(client, ledgered, "ls", session=session)
+
+        for i in range(runs + WARMUP):
             for name in ("plain", "owned"):
-                session = SQLiteSession(f"{name}-{i}", tmp / "sessions.db")
+                used = time.process_time()
                 start = time.perf_counter()
-                if name == "plain":
-                    await Runner.run(plain, "ls", session=session)
-                else:
-                    await owned_agents.run(client, ledgered, "ls", session=session)
-                if i >= 10:
+                await one(name, f"{name}-{i}")
+                if i >= WARMUP:
                     times[name].append(time.perf_counter() - start)
-    report(
-        "Agents SDK (SQLiteSession), one turn per run", times["plain"], times["owned"]
+                    cpu[name] += time.process_time() - used
+        before = await asyncio.to_thread(metrics.read)
+        for i in range(COUNTED):
+            await one("owned", f"count-{i}")
+        after = await asyncio.to_thread(metrics.read)
+        if os.environ.get("LEASEHOLD_BENCH_PROFILE") == "1":
+            try:
+                from pyinstrument import Profiler
+
+                profiler = Profiler(interval=0.0002, async_mode="enabled")
+                profiler.start()
+                for i in range(40):
+                    await one("owned", f"prof-{i}")
+                profiler.stop()
+                print("--- profile: Agents SDK owned runs, 40 runs")
+                print(profiler.output_text(unicode=False, color=False))
+            except ImportError:
+                print("  (pyinstrument is not installed: no profile)")
+    print(
+        "Agents SDK (SQLiteSession), one turn (two model calls, one tool call) per run:"
     )
+    for q in (50, 99):
+        print(
+            f"  p{q}: plain {ms(p(times['plain'], q))}, owned {ms(p(times['owned'], q))}, "
+            f"added per run {ms(p(times['owned'], q) - p(times['plain'], q))}"
+        )
+    print(
+        f"  CPU per run (this process): plain {ms(cpu['plain'] / runs)}, "
+        f"owned {ms(cpu['owned'] / runs)}"
+    )
+    diff = {k: (after.get(k, 0) - before.get(k, 0)) / COUNTED for k in after}
+    print(f"  server per owned run: {Metrics.describe(diff)}")
 
 
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {runs} runs")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        floor = disk_floor(tmp)
         # LEASEHOLD_BENCH_SYNC=normal: the server's --sync normal.
         sync = os.environ.get("LEASEHOLD_BENCH_SYNC", "full")
-        server = Server(tmp / "leasehold.db", extra=("--sync", sync))
+        metrics_at = f"127.0.0.1:{free_port()}"
+        server = Server(
+            tmp / "leasehold.db", extra=("--sync", sync, "--metrics-listen", metrics_at)
+        )
+        metrics = Metrics(metrics_at)
         try:
-            langgraph(server.address, tmp, runs)
-            asyncio.run(agents_sdk(server.address, tmp, runs))
+            langgraph(server.address, metrics, tmp, runs)
+            calls = ledger(server.address, metrics, runs)
+            asyncio.run(agents_sdk(server.address, metrics, tmp, runs))
         finally:
             server.stop()
+        # Again at the end: a disk busy with others' work changes in minutes.
+        after = disk_floor(tmp)
+    print(
+        f"Disk floor in the server's directory (server --sync {sync}), before / after:"
+    )
+    for name, what in (
+        ("fdatasync", "fdatasync, 4 KiB"),
+        ("sqlite", "SQLite WAL FULL commit"),
+    ):
+        print(
+            f"  {what}: p50 {ms(p(floor[name], 50))} / {ms(p(after[name], 50))}, "
+            f"p99 {ms(p(floor[name], 99))} / {ms(p(after[name], 99))}"
+        )
+    commit = min(p(floor["sqlite"], 50), p(after["sqlite"], 50))
+    print(
+        f"  the ledger's call (two commits: Begin, Settle) beyond two commits of the floor: "
+        f"p50 {ms(p(calls, 50) - 2 * commit)}"
+    )
+    print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

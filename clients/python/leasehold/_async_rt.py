@@ -240,6 +240,7 @@ async def _keep_alive(core: Standing, conn: _Connection, first: float) -> None:
                 if isinstance(judged, LeaseLost) and judged.final:
                     return
                 failures += 1
+                core.renewal_failing = True
                 next_renewal = time.monotonic() + jittered(timing.retry_pause(failures))
                 continue
             finally:

@@ -238,6 +238,10 @@ class Standing:
         self.deadline = now if basis is None else basis + timing.valid_for
         #: Set once the lease is lost for good (refused, released, suspended).
         self.final: LeaseLost | None = None
+        #: A renewal failed (unanswered, or refused for a passing reason) and
+        #: none has succeeded since: the lease is not fresh, so a
+        #: storage-fenced gate asks the server (see ``fresh``).
+        self.renewal_failing = False
         self._lock = threading.Lock()
         self._notify = notify
         self._flagged = False  # whether notify(False) was sent for the deadline
@@ -317,6 +321,7 @@ class Standing:
                 return
             self.deadline = max(self.deadline, sent + self.timing.valid_for)
             self.expires_at_ms = lease.expires_at_ms
+            self.renewal_failing = False
             back = self._flagged and time.monotonic() < self.deadline
             if back:
                 self._flagged = False
@@ -324,6 +329,14 @@ class Standing:
             # The server never ended the term (same fence and lease id were
             # renewed), so nobody held the key in between: valid again.
             self._notify(True)
+
+    def fresh(self) -> bool:
+        """Whether a gate guarding a storage-fenced write may answer without a
+        round trip: not lost, the local deadline (the send time of the last
+        successful renewal + ttl - margin, which the server's expiry cannot
+        come before) still ahead, and no renewal has failed since. While
+        renewals fail, the gate asks the server, as it did before."""
+        return self.final is None and not self.renewal_failing and time.monotonic() < self.deadline
 
     def end(self, err: LeaseLost) -> None:
         """Marks the lease lost for good, unless it already is."""

@@ -632,12 +632,22 @@ class Lease:
         except Error as err:
             raise self._core.judge(err) from None
 
-    def gate(self) -> int:
+    def gate(self, *, storage_fenced: bool = False) -> int:
         """The check before each model request and terminal write: local
         check, ``verify()``, local check again. Returns the fence. Raises
-        ``LeaseLost`` (no round trip when already invalid) or ``Unavailable``."""
+        ``LeaseLost`` (no round trip when already invalid) or ``Unavailable``.
+
+        ``storage_fenced=True`` says that every write this gate guards
+        carries the fence to a store that refuses a stale one itself (a
+        fenced SQLite or PostgreSQL transaction, the ledger's Begin): then
+        a fresh lease (its local deadline ahead, no renewal failed since
+        the last success) answers locally, with no round trip, because the
+        server cannot have ended the term before that deadline and the
+        store would refuse a write that came late anyway."""
         self._same_process()
         self._core.ensure_valid()
+        if storage_fenced and self._core.fresh():
+            return self._core.fence
         self.verify()
         self._core.ensure_valid()
         return self._core.fence

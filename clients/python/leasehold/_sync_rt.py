@@ -323,6 +323,7 @@ def _keep_alive(core: Standing, conn: _Connection, stop: threading.Event, first:
             if isinstance(judged, LeaseLost) and judged.final:
                 return None
             failures += 1
+            core.renewal_failing = True
             next_renewal = time.monotonic() + jittered(timing.retry_pause(failures))
             continue
         failures = 0

@@ -382,6 +382,38 @@ async def test_a_short_freeze_makes_the_lease_unsure_then_valid_again(server: Se
     await client.close()
 
 
+async def test_a_storage_fenced_gate_of_a_fresh_lease_needs_no_round_trip(server: Server) -> None:
+    """gate(storage_fenced=True) of a fresh lease answers with the server
+    frozen; gate() still asks it; once a renewal goes unanswered the
+    storage-fenced gate asks the server too, until a renewal succeeds."""
+    client = leasehold.AsyncClient(server.address)
+    async with client.acquire("session:1", ttl=10.0, renew_every=0.3, rpc_timeout=0.3) as lease:
+        server.pause()
+        try:
+            assert await lease.gate(storage_fenced=True) == lease.fence
+            with pytest.raises(leasehold.Unavailable):
+                await lease.gate()
+            for _ in range(300):
+                if lease._core.renewal_failing:
+                    break
+                await asyncio.sleep(0.01)
+            assert lease.is_valid()
+            with pytest.raises(leasehold.Unavailable):
+                await lease.gate(storage_fenced=True)
+        finally:
+            server.resume()
+        for _ in range(300):
+            if not lease._core.renewal_failing:
+                break
+            await asyncio.sleep(0.01)
+        server.pause()
+        try:
+            assert await lease.gate(storage_fenced=True) == lease.fence
+        finally:
+            server.resume()
+    await client.close()
+
+
 async def test_many_leases_pipeline_over_one_stream(server: Server) -> None:
     """Thirty sessions held at once by one client renew, gate and release
     over its one Session stream, each answer reaching its own caller."""

@@ -211,6 +211,31 @@ def test_server_refusals_map_to_the_hierarchy(server: Server) -> None:
         leasehold.Client(server.address).acquire("session:2", ttl=1.0)
 
 
+def test_a_storage_fenced_gate_of_a_fresh_lease_needs_no_round_trip(server: Server) -> None:
+    """As in the async twin: answered with the server frozen while fresh;
+    asks the server once a renewal went unanswered."""
+    client = leasehold.Client(server.address)
+    with client.acquire("session:1", ttl=10.0, renew_every=0.3, rpc_timeout=0.3) as lease:
+        server.pause()
+        try:
+            assert lease.gate(storage_fenced=True) == lease.fence
+            with pytest.raises(leasehold.Unavailable):
+                lease.gate()
+            assert wait_until(lambda: lease._core.renewal_failing, 3.0)
+            assert lease.is_valid()
+            with pytest.raises(leasehold.Unavailable):
+                lease.gate(storage_fenced=True)
+        finally:
+            server.resume()
+        assert wait_until(lambda: not lease._core.renewal_failing, 3.0)
+        server.pause()
+        try:
+            assert lease.gate(storage_fenced=True) == lease.fence
+        finally:
+            server.resume()
+    client.close()
+
+
 def test_loss_when_the_server_is_frozen_past_the_ttl(server: Server) -> None:
     """SIGSTOP past the TTL: is_valid() turns false before the server's expiry,
     lost is set and gate() raises; after SIGCONT the key goes to a new holder

@@ -1,19 +1,26 @@
 // What leasehold's TypeScript framework adapters add to a run, against the
 // same run without them, in one process and one run of this script (never
 // pass/fail). Needs the TypeScript client's tests built (they hold the fake
-// Responses server and the test server launcher):
+// Responses server and the test server launcher) and a release server:
 //
+//   cargo build --release -p leasehold-server
 //   cd clients/typescript && npm run build:test
 //   LEASEHOLD_BIN=../../target/release/leasehold node bench/adapters.mjs [runs]
 //
 // Each run is one turn on a new session / thread / chat: a tool call and an
 // answer (two model calls), so every owned run acquires, claims, registers
 // and settles one tool call, and releases. Plain and owned runs alternate,
-// so drift on a busy machine hits both alike. Prints p50 and p90 per run and
-// the added time.
+// so drift on a busy machine hits both alike. Prints p50 and p99 per run,
+// the added time per run and per step, and the server round trips and
+// commits of an owned run (the server's Prometheus counters around a pass
+// of runs of their own); then the lease operations alone from the same
+// client (acquire + release, a gate, a ledgered call's Begin + Settle) and
+// the disk's floor in the server's directory (fdatasync, a SQLite WAL
+// synchronous=FULL commit). Profile with `node --cpu-prof bench/adapters.mjs`.
 
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { closeSync, fdatasyncSync, mkdtempSync, openSync, rmSync, writeSync } from "node:fs";
+import { createServer } from "node:net";
+import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 
 // Bare specifiers resolve from this package (ESM, one copy of each framework).
@@ -21,38 +28,193 @@ const load = (spec) => import(spec);
 const built = (path) => import(new URL(`../dist-test/${path}`, import.meta.url).href);
 
 const runs = Number(process.argv[2] ?? "40");
+const COUNTED = 10;
 const { startMockResponses } = await built("test/mock-responses.js");
 const { startServer } = await built("test/server.js");
 const { createClient } = await built("src/index.js");
 const { script } = await built("test/framework-workers.js");
 
-const mock = await startMockResponses(script);
-const server = await startServer();
-const lh = createClient({ baseUrl: server.baseUrl, owner: "bench" });
+const freePort = () =>
+  new Promise((resolve) => {
+    const s = createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+
+console.log(`load average ${loadavg().map((x) => x.toFixed(2)).join(" ")}, ${runs} runs`);
 const dir = mkdtempSync(join(tmpdir(), "adapters-ts-"));
+const metricsAt = `127.0.0.1:${await freePort()}`;
+const mock = await startMockResponses(script);
+const server = await startServer(dir, "127.0.0.1:0", ["--sync", process.env.LEASEHOLD_BENCH_SYNC ?? "full", "--metrics-listen", metricsAt]);
+const lh = createClient({ baseUrl: server.baseUrl, owner: "bench" });
 
 const pct = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))];
+const ms = (x) => `${x.toFixed(2)} ms`;
 
-async function compare(name, plain, owned) {
+/** The server's request counts by RPC and its commits. */
+async function metrics() {
+  const text = await (await fetch(`http://${metricsAt}/metrics`)).text();
+  const out = { commits: 0 };
+  for (const m of text.matchAll(/^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)/gm)) out[m[1]] = Number(m[2]);
+  const c = /^leasehold_commits_total (\d+)/m.exec(text);
+  if (c !== null) out.commits = Number(c[1]);
+  // Seconds the server spent answering (arrival to answer, commits included).
+  out.serverSeconds = 0;
+  for (const m of text.matchAll(/^leasehold_request_seconds_sum\{rpc="[^"]+"\} (\S+)/gm)) out.serverSeconds += Number(m[1]);
+  const cs = /^leasehold_commit_seconds_sum (\S+)/m.exec(text);
+  out.commitSeconds = cs === null ? 0 : Number(cs[1]);
+  return out;
+}
+
+/** Round trips and commits per call of `fn`, over a pass of its own. */
+async function counted(fn) {
+  const before = await metrics();
+  for (let i = 0; i < COUNTED; i++) await fn(`count-${i}-${Math.random()}`);
+  const after = await metrics();
+  const per = {};
+  for (const k of Object.keys(after)) {
+    const d = (after[k] - (before[k] ?? 0)) / COUNTED;
+    if (d !== 0) per[k] = d;
+  }
+  const commits = per.commits ?? 0;
+  const serverMs = (per.serverSeconds ?? 0) * 1e3;
+  const commitMs = (per.commitSeconds ?? 0) * 1e3;
+  delete per.commits;
+  delete per.serverSeconds;
+  delete per.commitSeconds;
+  const trips = Object.values(per).reduce((a, b) => a + b, 0);
+  const shown = Object.entries(per)
+    .sort()
+    .map(([k, v]) => `${k} ${v}`)
+    .join(", ");
+  return `${trips} round trips (${shown || "none"}), ${commits} commits; in the server ${ms(serverMs)} (commits ${ms(commitMs)})`;
+}
+
+/**
+ * Alternates plain runs, owned runs and `ops` (the owned run's lease
+ * operations alone, from the same client: what the round trips and commits
+ * explain), and prints what the adapter adds and what `ops` leaves unexplained.
+ */
+async function compare(name, steps, plain, owned, ops) {
   const a = [];
   const b = [];
+  const c = [];
+  // This process's CPU time per variant (the fake model server's included,
+  // alike in each): less disturbed by a loaded machine than wall time.
+  const cpu = new Map([
+    [a, 0],
+    [b, 0],
+    [c, 0],
+  ]);
   for (let i = 0; i < 5; i++) {
     await plain(`warm-${i}`);
     await owned(`warm-${i}`);
+    await ops(`warm-${i}`);
   }
   for (let i = 0; i < runs; i++) {
-    let t = performance.now();
-    await plain(`p-${i}`);
-    a.push(performance.now() - t);
-    t = performance.now();
-    await owned(`o-${i}`);
-    b.push(performance.now() - t);
+    for (const [fn, xs, id] of [
+      [plain, a, `p-${i}`],
+      [owned, b, `o-${i}`],
+      [ops, c, `x-${i}`],
+    ]) {
+      const used = process.cpuUsage();
+      const t = performance.now();
+      await fn(id);
+      xs.push(performance.now() - t);
+      const d = process.cpuUsage(used);
+      cpu.set(xs, cpu.get(xs) + (d.user + d.system) / 1e3);
+    }
   }
-  const [p50a, p50b] = [pct(a, 50), pct(b, 50)];
+  const line = (q) => {
+    const added = pct(b, q) - pct(a, q);
+    return (
+      `p${q} plain ${ms(pct(a, q))} owned ${ms(pct(b, q))} added ${ms(added)} per run, ${ms(added / steps)} per step; ` +
+      `its lease operations alone ${ms(pct(c, q))}, the rest ${ms(added - pct(c, q))}`
+    );
+  };
+  console.log(`${name.padEnd(24)} ${line(50)}`);
+  console.log(`${"".padEnd(24)} ${line(99)}`);
+  const [ca, cb, cc] = [a, b, c].map((xs) => cpu.get(xs) / runs);
   console.log(
-    `${name.padEnd(22)} plain p50 ${p50a.toFixed(2)} ms p90 ${pct(a, 90).toFixed(2)} ms | owned p50 ${p50b.toFixed(2)} ms p90 ${pct(b, 90).toFixed(2)} ms | added ${(p50b - p50a).toFixed(2)} ms per run`,
+    `${"".padEnd(24)} CPU per run (this process): plain ${ms(ca)} owned ${ms(cb)} added ${ms(cb - ca)}; lease operations alone ${ms(cc)}`,
   );
+  console.log(`${"".padEnd(24)} owned run: ${await counted(owned)}`);
 }
+
+/**
+ * An owned run's lease operations without the framework: Acquire, the claim
+ * when the adapter makes one (a fence row upserted in one transaction of a
+ * WAL synchronous=FULL SQLite file beside the store, as the claim does),
+ * one ledgered call (Begin, Settle), Release.
+ */
+function leaseOps(claimDb) {
+  let n = 0;
+  return async (id) => {
+    const lease = await lh.acquire(`ops:${id}:${++n}:${Math.random()}`);
+    if (claimDb !== undefined) claimDb.claim.run(lease.key, lease.fence);
+    await lease.runToolCalls([{ callId: "c1", name: "shell" }], async () => "ok");
+    await lease.release();
+  };
+}
+
+async function claimDb(file) {
+  const Database = (await load("better-sqlite3")).default;
+  const db = new Database(join(dir, file));
+  db.pragma("journal_mode = WAL");
+  db.pragma("synchronous = FULL");
+  db.exec("CREATE TABLE IF NOT EXISTS fence (key TEXT PRIMARY KEY, fence INTEGER NOT NULL)");
+  const upsert = db.prepare("INSERT INTO fence (key, fence) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET fence = excluded.fence");
+  return { claim: { run: db.transaction((k, f) => upsert.run(k, f)).immediate } };
+}
+
+/** Times `fn` `n` times (after a warm-up): p50 and p99. */
+async function timed(n, fn) {
+  for (let i = 0; i < 5; i++) await fn(`warm-${i}`);
+  const xs = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    await fn(`t-${i}`);
+    xs.push(performance.now() - t);
+  }
+  return `p50 ${ms(pct(xs, 50))} p99 ${ms(pct(xs, 99))}`;
+}
+
+/** fdatasync of a 4 KiB write, and one-row SQLite commits (WAL, synchronous=FULL), in `where`. */
+async function diskFloor(where) {
+  const Database = (await load("better-sqlite3")).default;
+  const n = 300;
+  const f = [];
+  const fd = openSync(join(where, "floor.bin"), "w");
+  const buf = Buffer.alloc(4096, 7);
+  for (let i = 0; i < n; i++) {
+    writeSync(fd, buf, 0, buf.length, (i % 16) * 4096);
+    const t = performance.now();
+    fdatasyncSync(fd);
+    f.push(performance.now() - t);
+  }
+  closeSync(fd);
+  rmSync(join(where, "floor.bin"));
+  const db = new Database(join(where, "floor.db"));
+  db.pragma("journal_mode = WAL");
+  db.pragma("synchronous = FULL");
+  db.exec("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)");
+  const insert = db.prepare("INSERT INTO t (v) VALUES (?)");
+  const s = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    db.exec("BEGIN IMMEDIATE");
+    insert.run(buf.subarray(0, 200));
+    db.exec("COMMIT");
+    s.push(performance.now() - t);
+  }
+  db.close();
+  for (const suffix of ["", "-wal", "-shm"]) rmSync(join(where, `floor.db${suffix}`), { force: true });
+  return { fdatasync: f, sqlite: s };
+}
+
+const floorBefore = await diskFloor(dir);
 
 try {
   // OpenAI Agents SDK: sdk.run on SQLiteSession vs @leasehold/client/agents run.
@@ -71,8 +233,10 @@ try {
     const ownedAgent = new sdk.Agent({ name: "a", instructions: "t", model, tools: [owned.ledgered(shell)] });
     await compare(
       "agents (one turn)",
+      2,
       (id) => sdk.run(plainAgent, "run shell 0", { session: new owned.SQLiteSession(id, db) }),
       (id) => owned.run(lh, ownedAgent, "run shell 0", { session: new owned.SQLiteSession(id, db) }),
+      leaseOps(await claimDb("agents-claim.db")),
     );
   }
   // AI SDK: ai.generateText vs @leasehold/client/ai-sdk generateText.
@@ -90,8 +254,10 @@ try {
     });
     await compare(
       "ai-sdk (one turn)",
+      2,
       () => ai.generateText(args()),
       (id) => owned.generateText(lh, `chat:${id}`, args()),
+      leaseOps(undefined),
     );
   }
   // LangGraph.js: the test graph (model -> tools -> model) on SqliteSaver, plain and own()ed.
@@ -119,7 +285,7 @@ try {
     const plain = graph([shell]).compile({ checkpointer: SqliteSaver.fromConnString(join(dir, "plain.db")) });
     const owned = lg.own(graph(lg.ledgeredTools([shell])).compile({ checkpointer: SqliteSaver.fromConnString(join(dir, "owned.db")) }), lh);
     const turn = (g) => (id) => g.invoke({ messages: [new HumanMessage("ls")] }, { configurable: { thread_id: id } });
-    await compare("langgraph.js (3 steps)", turn(plain), turn(owned));
+    await compare("langgraph.js (3 steps)", 3, turn(plain), turn(owned), leaseOps(await claimDb("lg-claim.db")));
   }
   // Mastra: an Agent with LibSQL memory, plain and own()ed.
   {
@@ -141,8 +307,33 @@ try {
     const plain = make("plain-mastra.db", (t) => t);
     const own = owned.own(make("owned-mastra.db", owned.ledgered), lh);
     const turn = (agent) => (id) => agent.generate("run shell 0", { memory: { thread: id, resource: "u" } });
-    await compare("mastra (one turn)", turn(plain), turn(own));
+    // Mastra's LibSQL memory has no fence in its transactions: no claim, a
+    // Check before each step and each memory write instead (not in `ops`).
+    await compare("mastra (one turn)", 2, turn(plain), turn(own), leaseOps(undefined));
   }
+  // The lease operations alone, from the same client.
+  {
+    console.log("lease operations alone:");
+    console.log(`  acquire + release       ${await timed(runs, async (id) => (await lh.acquire(`ops:${id}:${Math.random()}`)).release())}`);
+    const held = await lh.acquire("ops:held");
+    console.log(`  gate (Check)            ${await timed(runs, () => held.gate())}`);
+    console.log(`  gate, storage-fenced    ${await timed(runs, () => held.gate({ storageFenced: true }))}`);
+    let n = 0;
+    const call = async () => {
+      const id = `c${++n}`;
+      await held.runToolCalls([{ callId: id, name: "shell" }], async () => "ok");
+    };
+    console.log(`  ledgered call (Begin + Settle) ${await timed(runs, call)}; ${await counted(call)}`);
+    await held.release();
+  }
+  const floorAfter = await diskFloor(dir);
+  console.log("disk floor in the server's directory, before / after:");
+  for (const [k, what] of [["fdatasync", "fdatasync, 4 KiB"], ["sqlite", "SQLite WAL FULL commit"]]) {
+    console.log(
+      `  ${what}: p50 ${ms(pct(floorBefore[k], 50))} / ${ms(pct(floorAfter[k], 50))}, p99 ${ms(pct(floorBefore[k], 99))} / ${ms(pct(floorAfter[k], 99))}`,
+    );
+  }
+  console.log(`load average at the end ${loadavg().map((x) => x.toFixed(2)).join(" ")}`);
 } finally {
   lh.close();
   await server.close();

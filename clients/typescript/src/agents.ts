@@ -318,8 +318,13 @@ export async function run<TAgent extends SdkAgent, TContext = undefined>(
       }
       await takeover(lease);
       const filter = options.callModelInputFilter;
+      // A SQLiteSession's writes (and a ledgered tool's Begin) carry the
+      // fence to a store that refuses a stale one, so a fresh lease passes
+      // the model-call gate with no round trip; any other session's do not,
+      // so there the gate asks the server each time.
+      const storageFenced = options.session instanceof SQLiteSession;
       const gated: typeof filter = async (args) => {
-        await lease.gate();
+        await lease.gate({ storageFenced });
         return filter === undefined ? args.modelData : filter(args);
       };
       const signal = options.signal === undefined ? lease.signal : AbortSignal.any([options.signal, lease.signal]);

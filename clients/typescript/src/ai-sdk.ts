@@ -97,7 +97,11 @@ function owning<A extends GenerateArgs | StreamArgs>(args: A, lease: Lease): A {
     tools: args.tools === undefined ? undefined : ledgered(args.tools, lease),
     abortSignal: signal,
     prepareStep: async (options: Parameters<NonNullable<typeof prepareStep>>[0]) => {
-      await lease.gate();
+      // A step's model call writes nothing; its tools are ledgered, so each
+      // call's Begin is refused by the server under a stale fence, and the
+      // terminal write (onFinish) asks the server below: a fresh lease
+      // passes this gate with no round trip.
+      await lease.gate({ storageFenced: true });
       return prepareStep === undefined ? undefined : prepareStep(options as never);
     },
     onFinish:

@@ -224,10 +224,18 @@ export class Lease implements AsyncDisposable {
    * The continuation gate: call it before each model request and each
    * terminal write. A local check, then {@link verify}, then the local check
    * again. Returns the fence to store with the write.
+   *
+   * `storageFenced: true` says that every write the gate guards carries the
+   * fence to a store that refuses a stale one itself (a fenced SQLite or
+   * PostgreSQL transaction, the ledger's Begin): then a fresh lease (its
+   * local deadline ahead, no renewal failed since the last success) answers
+   * locally, with no round trip, because the server cannot have ended the
+   * term before that deadline and the store refuses a late write anyway.
    * @throws LeaseLostError; UnavailableError.
    */
-  async gate(): Promise<bigint> {
+  async gate(options: { storageFenced?: boolean } = {}): Promise<bigint> {
     this.#ensureValid();
+    if (options.storageFenced === true && this.#fresh()) return this.fence;
     await this.verify();
     this.#ensureValid();
     return this.fence;
@@ -447,6 +455,11 @@ export class Lease implements AsyncDisposable {
 
   #checkDeadline(): void {
     if (this.#loss === undefined && now() >= this.#deadline) this.#lose("deadline");
+  }
+
+  /** Valid, and no renewal has failed since the last one that succeeded. */
+  #fresh(): boolean {
+    return this.isValid() && this.#failures === 0;
   }
 
   #ensureValid(): void {

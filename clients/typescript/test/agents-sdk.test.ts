@@ -14,7 +14,7 @@ import { z } from "zod";
 import { forkWithoutLeasehold, Harness, ownershipContract, type RunReply, script } from "./framework-workers.js";
 import type { Message } from "./worker-http.js";
 import { type MockResponses, startMockResponses } from "./mock-responses.js";
-import { startServer, type TestServer, waitFor } from "./server.js";
+import { checksAnswered, freePort, startServer, type TestServer, waitFor } from "./server.js";
 import OpenAI from "openai";
 import { currentLease, ledgered, NotOwnedError, ownedSession, run, SQLiteSession } from "../src/agents.js";
 import { BusyError, createClient, type Lease, type LeaseholdClient, LeaseLostError, sqliteFencedWrite, StaleFenceError } from "../src/index.js";
@@ -82,6 +82,28 @@ describe("agents sdk: one owner per session", () => {
     key: (id) => `agents:${id}`,
     // The SDK saves a turn when it ends: the frozen owner's turn never reached the session.
     afterFreeze: () => [["hello", "answer:hello"]],
+  });
+
+  it("the model calls of a run on a SQLiteSession ask the server nothing; on any other session each is checked", async () => {
+    const metricsAt = `127.0.0.1:${await freePort()}`;
+    const counted = await startServer(undefined, "127.0.0.1:0", ["--metrics-listen", metricsAt]);
+    const dir = mkdtempSync(join(tmpdir(), "agents-sdk-"));
+    const db = new Database(join(dir, "a.db"));
+    const client = createClient({ baseUrl: counted.baseUrl, owner: "t" });
+    try {
+      const before = await checksAnswered(metricsAt);
+      const result = await run(client, agentOf([ledgered(slowShell)]), "run shell 0", { session: new SQLiteSession("fresh", db) });
+      assert.equal(result.finalOutput?.toString().startsWith("answer:"), true, String(result.finalOutput));
+      assert.equal(await checksAnswered(metricsAt), before, "two model calls, no Check");
+      await run(client, agentOf([ledgered(slowShell)]), "run shell 0", { session: new sdk.MemorySession({ sessionId: "m" }) });
+      // Each model call (and each write of a session without a fence) asked the server.
+      assert.ok((await checksAnswered(metricsAt)) >= before + 2);
+    } finally {
+      client.close();
+      db.close();
+      rmSync(dir, { recursive: true, force: true });
+      await counted.close();
+    }
   });
 
   it("a streamed run holds the session until its run ends, read or not; a custom Runner runs owned too", () =>

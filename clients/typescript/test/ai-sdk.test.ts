@@ -12,7 +12,7 @@ import { jsonSchema, stepCountIs, tool } from "ai";
 import { BusyError, createClient, type LeaseholdClient, LeaseLostError } from "../src/index.js";
 import { currentLease, generateText, streamText, UNKNOWN_RESULT } from "../src/ai-sdk.js";
 import { itemText, type MockResponses, startMockResponses } from "./mock-responses.js";
-import { startServer, type TestServer, waitFor } from "./server.js";
+import { checksAnswered, freePort, startServer, type TestServer, waitFor } from "./server.js";
 
 /** Calls `shell` once per user message (reusing `ids` in turn when given), then answers. */
 function script(ids: string[] = []): Parameters<typeof startMockResponses>[0] {
@@ -101,6 +101,31 @@ describe("ai-sdk: generateText / streamText as the chat's owner", () => {
     assert.equal(state.lease, undefined);
     assert.equal(state.lastEnded?.end, "released");
     assert.equal(model.rejections().length, 0);
+  });
+
+  it("a step of a fresh lease asks the server nothing; onFinish's gate does", async () => {
+    const metricsAt = `127.0.0.1:${await freePort()}`;
+    const counted = await startServer(undefined, "127.0.0.1:0", ["--metrics-listen", metricsAt]);
+    const client = createClient({ baseUrl: counted.baseUrl, owner: "a" });
+    try {
+      const shell = new Shell();
+      const args = {
+        model: openai().responses("mock"),
+        prompt: "ls",
+        tools: { shell: shell.tool },
+        stopWhen: stepCountIs(4),
+      };
+      const before = await checksAnswered(metricsAt);
+      const result = await generateText(client, "chat:fresh", args);
+      assert.equal(result.text, "done: ran ls");
+      assert.equal(result.steps.length, 2);
+      assert.equal(await checksAnswered(metricsAt), before, "the two steps' gates made no Check");
+      await generateText(client, "chat:fresh-2", { ...args, onFinish: () => undefined });
+      assert.equal(await checksAnswered(metricsAt), before + 1, "the gate before onFinish asked the server");
+    } finally {
+      client.close();
+      await counted.close();
+    }
   });
 
   it("a tool call id seen before in the chat never runs again", async () => {

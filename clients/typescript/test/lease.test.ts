@@ -8,6 +8,7 @@ import {
   InvalidArgumentError,
   LeaseholdClient,
   LeaseLostError,
+  UnavailableError,
 } from "../src/index.js";
 import { startServer, type TestServer, waitFor } from "./server.js";
 
@@ -183,6 +184,52 @@ for (const transport of TRANSPORTS) {
       await new Promise((r) => setTimeout(r, 400));
       assert.equal(one.isValid(), false, "never valid again");
       await assert.rejects(one.release(), LeaseLostError);
+    });
+
+    it("answers a storage-fenced gate of a fresh lease locally, and asks the server once a renewal failed", async () => {
+      const lease = await a.acquire(key("fresh-gate"), { ttlMs: 10_000, renewEveryMs: 300, rpcTimeoutMs: 300 });
+      /** Whether the storage-fenced gate answered while the server is frozen (so without asking it). */
+      const answersFrozen = async (): Promise<boolean> => {
+        server.freeze();
+        try {
+          return (await lease.gate({ storageFenced: true })) === lease.fence;
+        } catch (err) {
+          assert.ok(err instanceof UnavailableError, `the gate failed with ${String(err)}`);
+          return false;
+        } finally {
+          server.thaw();
+        }
+      };
+      server.freeze();
+      try {
+        // Fresh: answered with no round trip, although the server is frozen.
+        assert.equal(await lease.gate({ storageFenced: true }), lease.fence);
+        // The plain gate still asks the server, which does not answer.
+        await assert.rejects(lease.gate(), UnavailableError);
+        // A renewal goes unanswered: no longer fresh, so this gate asks too.
+        let asked = false;
+        for (let i = 0; i < 20 && !asked; i++) {
+          asked = await lease.gate({ storageFenced: true }).then(
+            () => false,
+            (err: unknown) => err instanceof UnavailableError,
+          );
+          if (!asked) await new Promise((r) => setTimeout(r, 100));
+        }
+        assert.ok(asked, "the storage-fenced gate of a lease whose renewal failed asked the frozen server");
+        assert.ok(lease.isValid(), "the lease is still valid: only its freshness is in doubt");
+      } finally {
+        server.thaw();
+      }
+      // Once a renewal succeeds again, the gate answers locally again (each
+      // freeze well after the last thaw: a gate right after a quick
+      // thaw-and-freeze was once answered).
+      let fresh = false;
+      for (let i = 0; i < 20 && !fresh; i++) {
+        await new Promise((r) => setTimeout(r, 200));
+        fresh = await answersFrozen();
+      }
+      assert.ok(fresh, "the lease was fresh again after a successful renewal");
+      await lease.release();
     });
 
     it("maps a server refusal of bad input to InvalidArgumentError", async () => {

@@ -118,3 +118,25 @@ export async function waitFor(cond: () => boolean, timeoutMs: number, what: stri
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+/** A loopback port free at the time of asking (for `--metrics-listen`). */
+export async function freePort(): Promise<number> {
+  const { createServer } = await import("node:net");
+  return new Promise((resolve, reject) => {
+    const probe = createServer();
+    probe.once("error", reject);
+    probe.listen(0, "127.0.0.1", () => {
+      const address = probe.address();
+      const port = typeof address === "object" && address !== null ? address.port : 0;
+      probe.close(() => resolve(port));
+    });
+  });
+}
+
+/** How many Check requests (unary or on a Session stream) the server at `metricsAt` answered. */
+export async function checksAnswered(metricsAt: string): Promise<number> {
+  const text = await (await fetch(`http://${metricsAt}/metrics`)).text();
+  let n = 0;
+  for (const m of text.matchAll(/^leasehold_request_seconds_count\{rpc="(?:Session\.)?Check"\} (\d+)/gm)) n += Number(m[1]);
+  return n;
+}

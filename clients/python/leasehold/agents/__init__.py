@@ -195,11 +195,13 @@ async def run(
 ) -> Any:
     """``Runner.run(starting_agent, input, session=session, **kwargs)`` as
     the session's owner: the lease around the run (see :func:`owned`) and
-    ``lease.gate()`` before every model call (before the hooks you pass)."""
+    ``lease.gate()`` before every model call (before the hooks you pass;
+    answered locally while the lease is fresh when the session is fenced in
+    its writes' transaction, as ``SQLiteSession``)."""
     async with owned(
         session, client, ttl=ttl, wait=wait, prefix=prefix, on_unsettled=on_unsettled
     ) as mine:
-        hooks = _Gated(mine.run, kwargs.pop("hooks", None))
+        hooks = _Gated(mine.run, kwargs.pop("hooks", None), mine.fenced_in_transaction)
         try:
             return await Runner.run(starting_agent, input, session=mine, hooks=hooks, **kwargs)
         except Exception as err:
@@ -211,16 +213,23 @@ async def run(
 
 class _Gated(RunHooks[Any]):
     """Gates each model call on the lease, then hands every event to the
-    caller's hooks."""
+    caller's hooks.
 
-    def __init__(self, run: Run, inner: RunHooks[Any] | None) -> None:
+    With a session fenced in the write's own transaction, what a model call
+    leads to is written under the fence (the session's writes, a ledgered
+    tool's Begin), so a fresh lease passes the gate locally, without a
+    round trip (``gate(storage_fenced=True)``); with any other session, the
+    gate asks the server each time."""
+
+    def __init__(self, run: Run, inner: RunHooks[Any] | None, storage_fenced: bool) -> None:
         self._run = run
         self._inner = inner if inner is not None else RunHooks()
+        self._storage_fenced = storage_fenced
 
     async def on_llm_start(self, *args: Any, **kwargs: Any) -> None:
         lease = self._run.lease
         assert isinstance(lease, AsyncLease)
-        await lease.gate()
+        await lease.gate(storage_fenced=self._storage_fenced)
         await self._inner.on_llm_start(*args, **kwargs)
 
     async def on_llm_end(self, *args: Any, **kwargs: Any) -> None:
