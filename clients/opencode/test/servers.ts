@@ -256,5 +256,5 @@ export async function subscribe(server: Proc): Promise<Events> {
 export async function warm(server: Proc): Promise<void> {
   const session = await createSession(server);
   const r = await prompt(server, session, "warm up");
-  if (r.status !== 200) throw new Error(`warm-up prompt: ${r.status} ${r.text}`);
+  if (r.status !== 200) throw new Error(`warm-up prompt: ${r.status} ${r.text}; the server's output:\n${server.output()}`);
 }
