@@ -2,19 +2,29 @@
 // error (and, from `chat.message`, into the prompt request's failure), so
 // each says what happened and what the caller can do.
 
-/** Another server runs the session: the prompt was not saved. Retry once it is idle. */
+/**
+ * Another server runs the session. Refused at a prompt (`chat.message`):
+ * the prompt was not saved, send it again once the session is idle. Refused
+ * at a run's step (`promptSaved`): nothing went to the model, but the
+ * session's last prompt is saved and runs at the session's next run.
+ */
 export class SessionBusyError extends Error {
   readonly sessionID: string;
   /** The leasehold owner of the run in progress. */
   readonly holder: string;
   /** How long the holder's lease has left (it renews while it runs). */
   readonly remainingMs: number;
-  constructor(sessionID: string, holder: string, remainingMs: number, waitedMs: number) {
+  /** The refusal came after the prompt was saved (at a run's step, not at the prompt). */
+  readonly promptSaved: boolean;
+  constructor(sessionID: string, holder: string, remainingMs: number, waitedMs: number, promptSaved = false) {
     super(
       `session ${sessionID} is busy: another server (${holder || "a reserved term"}) is running it` +
         (waitedMs > 0 ? ` and did not finish within ${waitedMs} ms` : "") +
-        `; the prompt was not saved, send it again once the session is idle`,
+        (promptSaved
+          ? "; this run stopped before calling the model (its prompt is saved and runs when the session next runs)"
+          : "; the prompt was not saved, send it again once the session is idle"),
     );
+    this.promptSaved = promptSaved;
     this.name = "SessionBusyError";
     this.sessionID = sessionID;
     this.holder = holder;

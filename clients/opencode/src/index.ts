@@ -66,7 +66,7 @@ export function ownershipHooks(input: PluginInput, lh: LeaseholdClient, s: Setti
       // A run entered without a prompt (a resume, a command's own loop)
       // takes the lease here, before its history goes anywhere; it does not
       // wait, since it has no caller to answer.
-      const lease = leases.held(sessionID) ?? (await leases.take(sessionID, 0));
+      const lease = leases.held(sessionID) ?? (await leases.take(sessionID, 0, { promptSaved: true }));
       const foreign = unfinishedCalls(messages);
       // A recovered term follows a run that died (expired) or failed
       // (suspended): its calls without a result really were interrupted, and

@@ -41,10 +41,12 @@ export class SessionLeases {
   /**
    * The session's lease: the one held, else a new term, waiting up to
    * `waitMs` for another server's run to end.
+   * `promptSaved`: the caller is a run whose prompt is already saved (the
+   * busy error says so).
    * @throws SessionBusyError when another server still runs it; the
    *   client's errors (UnavailableError, QuarantinedError, …) otherwise.
    */
-  async take(sessionID: string, waitMs: number): Promise<Lease> {
+  async take(sessionID: string, waitMs: number, { promptSaved = false }: { promptSaved?: boolean } = {}): Promise<Lease> {
     const current = this.#held.get(sessionID);
     if (current?.ending !== undefined) await current.ending;
     else if (current !== undefined && current.lease.isValid()) return current.lease;
@@ -56,7 +58,7 @@ export class SessionLeases {
         ...(this.#settings.owner !== undefined ? { owner: this.#settings.owner } : {}),
       });
     } catch (err) {
-      if (err instanceof BusyError) throw new SessionBusyError(sessionID, err.holder, err.remainingMs, waitMs);
+      if (err instanceof BusyError) throw new SessionBusyError(sessionID, err.holder, err.remainingMs, waitMs, promptSaved);
       throw err;
     }
     const held: Held = { lease, failed: false, ending: undefined };

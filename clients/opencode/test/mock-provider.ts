@@ -31,6 +31,8 @@ export interface ProviderRequest {
   readonly rejected: string | undefined;
   /** The call the mock asked for in its answer, if it asked for one. */
   readonly called: string | undefined;
+  /** The id of the output item it answered with (OpenCode keeps it in a part's metadata.openai.itemId). */
+  readonly reply: string | undefined;
 }
 
 export interface IssuedCall {
@@ -94,7 +96,7 @@ export async function startMockProvider(signalDir: string): Promise<MockProvider
     const missing = missingOutput(input);
     if (missing !== undefined) {
       const message = `No tool output found for function call ${missing}.`;
-      requests.push({ ...base, rejected: message, called: undefined });
+      requests.push({ ...base, rejected: message, called: undefined, reply: undefined });
       res.writeHead(400, { "content-type": "application/json" });
       res.end(JSON.stringify({ error: { message, type: "invalid_request_error", param: "input", code: null } }));
       return;
@@ -124,7 +126,7 @@ export async function startMockProvider(signalDir: string): Promise<MockProvider
       const text = chat ? "ok" : "A title";
       item = { type: "message", role: "assistant", id: `msg_${k}`, status: "completed", content: [{ type: "output_text", text, annotations: [] }] };
     }
-    requests.push({ ...base, rejected: undefined, called });
+    requests.push({ ...base, rejected: undefined, called, reply: String(item.id) });
     const id = `resp_${k}`;
     const model = parsed.model ?? "mock";
     const usage = { input_tokens: 1, output_tokens: 1, total_tokens: 2 };
@@ -194,6 +196,12 @@ export function overlapOf(mock: MockProvider, session: string): Overlap {
   const unseen = calls.filter((c) => !reqs.some((r) => (outputFor(r.input, c.callID) ?? "").includes(c.result))).length;
   const rejected = reqs.filter((r) => r.rejected !== undefined).length;
   return { concurrent, liveInterrupted, unseen, rejected };
+}
+
+/** The server whose model call wrote a reply, from the output item ids in its parts. */
+export function repliedBy(mock: MockProvider, parts: ReadonlyArray<{ metadata?: { openai?: { itemId?: string } } }>): string | undefined {
+  const ids = new Set(parts.map((p) => p.metadata?.openai?.itemId).filter((id) => id !== undefined));
+  return mock.requests.find((q) => q.reply !== undefined && ids.has(q.reply))?.server;
 }
 
 export function overlapped(o: Overlap): boolean {

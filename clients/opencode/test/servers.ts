@@ -207,3 +207,54 @@ export async function messages(
   const r = await api(server, "GET", `/session/${session}/message`);
   return r.json as Array<{ info: { role: string; id: string }; parts: Array<{ type: string; text?: string }> }>;
 }
+
+/** A server's event stream (`GET /event`), collected as it comes. */
+export interface Events {
+  readonly events: Array<{ type?: string; properties?: Record<string, unknown> }>;
+  close(): void;
+}
+
+export async function subscribe(server: Proc): Promise<Events> {
+  const stop = new AbortController();
+  const res = await fetch(server.url + "/event", { signal: stop.signal });
+  if (res.body === null) throw new Error("GET /event: no body");
+  const reader = res.body.getReader();
+  const events: Events["events"] = [];
+  void (async () => {
+    const decoder = new TextDecoder();
+    let buf = "";
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) return;
+        buf += decoder.decode(value, { stream: true });
+        for (let i = buf.indexOf("\n\n"); i >= 0; i = buf.indexOf("\n\n")) {
+          for (const line of buf.slice(0, i).split("\n")) {
+            if (!line.startsWith("data:")) continue;
+            try {
+              events.push(JSON.parse(line.slice(5)) as Events["events"][number]);
+            } catch {
+              // Not JSON: not an event this test reads.
+            }
+          }
+          buf = buf.slice(i + 2);
+        }
+      }
+    } catch {
+      // Closed.
+    }
+  })();
+  return { events, close: () => stop.abort() };
+}
+
+/**
+ * One whole text turn in a session of its own: OpenCode loads the project
+ * and its plugins at a server's first request for a directory and the
+ * provider's SDK at its first model call (over a second on 2 cores), which
+ * would otherwise land inside the race a test sets up.
+ */
+export async function warm(server: Proc): Promise<void> {
+  const session = await createSession(server);
+  const r = await prompt(server, session, "warm up");
+  if (r.status !== 200) throw new Error(`warm-up prompt: ${r.status} ${r.text}; the server's output:\n${server.output()}`);
+}
