@@ -121,10 +121,18 @@ async function recover(input: PluginInput, leases: SessionLeases, lh: LeaseholdC
     }
     for (const k of keys) {
       const sessionID = k.key.slice(s.keyPrefix.length);
+      let lease;
       try {
-        await leases.take(sessionID, 0);
+        lease = await leases.take(sessionID, 0);
       } catch (err) {
         if (err instanceof SessionBusyError) continue; // Another server won it.
+        continue;
+      }
+      // Listed before another server took it, resumed it and ended its run
+      // cleanly: the key is free again, but nothing is left to recover (a
+      // second resume would run the session's last turn again).
+      if (!lease.recovered) {
+        await leases.end(sessionID);
         continue;
       }
       try {
