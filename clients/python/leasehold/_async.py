@@ -104,6 +104,11 @@ class _Node:
         self.rpc: Any = pb_grpc.LeaseholdStub(self.channel)  # type: ignore[no-untyped-call]
         self.transcripts: Any = pb_grpc.TranscriptsStub(self.channel)  # type: ignore[no-untyped-call]
         self.mux = Mux(self.rpc, metadata)
+        #: Whether the server takes the ledger's BeginToolCalls and
+        #: SettleToolCall on the Session stream (protocol revision
+        #: ``_core.LEDGER_ON_STREAM``): learned from ServerInfo on first use,
+        #: forgotten when the server does not answer (it may be replaced).
+        self.ledger_on_stream: bool | None = None
 
     async def close(self) -> None:
         self.mux.close()
@@ -930,13 +935,44 @@ class AsyncLease:
         # applied twice looks like another holder of this term. Settling
         # (the first outcome wins) and listing are.
         safe = name != "BeginToolCalls"
+        # On the Session stream when the server takes it there: an operation
+        # on it costs a fraction of a unary call (docs/benchmarks.md).
+        field = _core.LEDGER_STREAM_OPS.get(name)
+
+        async def on(node: _Node) -> Any:
+            try:
+                if field is not None and await self._ledger_on_stream(node, timeout):
+                    reply = await node.mux.call(
+                        name, pb.SessionRequest(**{field: request}), timeout
+                    )
+                    return getattr(reply, field)
+                return await unary(getattr(node.rpc, name), request, timeout, name, conn.metadata)
+            except Unavailable:
+                node.ledger_on_stream = None
+                raise
+
         try:
-            return await conn.run(
-                safe,
-                lambda node: unary(getattr(node.rpc, name), request, timeout, name, conn.metadata),
-            )
+            return await conn.run(safe, on)
         except Error as err:
             raise self._core.judge(err, ledger=True) from None
+
+    async def _ledger_on_stream(self, node: _Node, timeout: float) -> bool:
+        if node.ledger_on_stream is None:
+            try:
+                info = await unary(
+                    node.rpc.ServerInfo,
+                    pb.ServerInfoRequest(),
+                    timeout,
+                    "ServerInfo",
+                    self._conn.metadata,
+                )
+                node.ledger_on_stream = int(info.protocol) >= _core.LEDGER_ON_STREAM
+            except Unavailable:
+                raise
+            except Error:
+                # Too old to say (no ServerInfo): it speaks only unary calls.
+                node.ledger_on_stream = False
+        return node.ledger_on_stream
 
     async def begin_tool_calls(
         self, calls: Sequence[ToolCallRequest], *, turn: str = "", across_turns: bool = False

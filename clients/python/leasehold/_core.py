@@ -584,3 +584,12 @@ def concurrent_registration(ids: Sequence[str]) -> Error:
     return Unavailable(
         f"tool calls {list(ids)} were registered concurrently by another holder of this term"
     )
+
+
+#: The protocol revision that carries the ledger's BeginToolCalls and
+#: SettleToolCall on the Session stream.
+LEDGER_ON_STREAM = 2
+
+#: The ledger's operations the Session stream carries (from revision
+#: ``LEDGER_ON_STREAM``), by unary name: the request's and reply's field.
+LEDGER_STREAM_OPS = {"BeginToolCalls": "begin_tool_calls", "SettleToolCall": "settle_tool_call"}

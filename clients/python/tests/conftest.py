@@ -40,11 +40,12 @@ class Server:
         listen: str = "127.0.0.1:0",
         extra: tuple[str, ...] = (),
         store: tuple[str, ...] = (),
+        binary: str | None = None,
     ) -> None:
         self.db = db
         self.process = subprocess.Popen(
             [
-                os.environ["LEASEHOLD_BIN"],
+                binary or os.environ["LEASEHOLD_BIN"],
                 "serve",
                 "--listen",
                 listen,

@@ -548,3 +548,59 @@ def test_a_lease_survives_a_server_restart(server: Server) -> None:
         assert lease.gate() == lease.fence
         with pytest.raises(leasehold.Busy):
             leasehold.Client(server.address).acquire("session:1", ttl=1.0)
+
+
+def _answered(metrics_at: str, rpc: str) -> int:
+    """How many requests of exactly ``rpc`` the server answered."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{metrics_at}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)', text, re.M)
+    return sum(int(n) for name, n in found if name == rpc)
+
+
+def _ledger_counts(binary: str | None, tmp_path: pathlib.Path) -> tuple[int, int, int, int, int]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_at = f"127.0.0.1:{s.getsockname()[1]}"
+    server = Server(tmp_path / "l.db", extra=("--metrics-listen", metrics_at), binary=binary)
+    try:
+        with leasehold.Client(server.address) as client:
+            protocol = client.server_info().protocol
+            with client.acquire("session:counted", ttl=5.0) as lease:
+                calls = [ToolCallRequest("a", "t"), ToolCallRequest("b", "t")]
+                results = lease.run_tool_calls(calls, lambda inv: "out")
+                assert [r.state for r in results] == ["succeeded", "succeeded"]
+                again = lease.run_tool_calls(calls, lambda inv: pytest.fail("ran twice"))
+                assert [r.reused for r in again] == [True, True]
+        counts = [
+            _answered(metrics_at, rpc)
+            for rpc in (
+                "BeginToolCalls",
+                "SettleToolCall",
+                "Session.BeginToolCalls",
+                "Session.SettleToolCall",
+            )
+        ]
+        return (protocol, *counts)  # type: ignore[return-value]
+    finally:
+        server.stop()
+
+
+def test_the_ledger_goes_on_the_session_stream(tmp_path: pathlib.Path) -> None:
+    """Against a server of protocol revision 2, begin and settle travel on
+    the shared Session stream: the server answers no unary ledger call."""
+    assert _ledger_counts(None, tmp_path) == (2, 0, 0, 2, 2)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("LEASEHOLD_PREV_BIN"),
+    reason="needs a revision-1 server (LEASEHOLD_PREV_BIN)",
+)
+def test_the_ledger_falls_back_to_unary_calls_on_an_older_server(tmp_path: pathlib.Path) -> None:
+    """A server of revision 1 gets unary BeginToolCalls and SettleToolCall."""
+    assert _ledger_counts(os.environ["LEASEHOLD_PREV_BIN"], tmp_path) == (1, 2, 2, 0, 0)

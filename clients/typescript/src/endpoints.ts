@@ -21,9 +21,15 @@
 //   next server.
 
 import type { Client } from "@connectrpc/connect";
-import type { EndedTerm, Lease as PbLease, Transcripts } from "./gen/leasehold/v1/leasehold_pb.js";
+import type {
+  BeginToolCallsResponse,
+  EndedTerm,
+  Lease as PbLease,
+  SettleToolCallResponse,
+  Transcripts,
+} from "./gen/leasehold/v1/leasehold_pb.js";
 import { fromCallError, UnavailableError } from "./errors.js";
-import type { Handoff, LeaseholdRpc, LeaseOps, Term } from "./ops.js";
+import type { BeginCalls, Handoff, LeaseholdRpc, LeaseOps, SettleCall, Term } from "./ops.js";
 
 /** Whether a call may be sent again to the next server after UNAVAILABLE. */
 export type Resend = "safe" | "unsafe";
@@ -112,6 +118,17 @@ export class FailoverOps implements LeaseOps {
 
   release(term: Term, suspend: boolean, timeoutMs: number, handoff?: Handoff): Promise<EndedTerm> {
     return this.endpoints.run("safe", "Release", (n) => n.ops.release(term, suspend, timeoutMs, handoff));
+  }
+
+  beginToolCalls(request: BeginCalls, timeoutMs: number): Promise<BeginToolCallsResponse> {
+    // Not resent on another server: a registration applied twice looks like
+    // another holder of this term.
+    return this.endpoints.run("unsafe", "BeginToolCalls", (n) => n.ops.beginToolCalls(request, timeoutMs));
+  }
+
+  settleToolCall(request: SettleCall, timeoutMs: number): Promise<SettleToolCallResponse> {
+    // Safe to resend: the first outcome wins, and a resend gets the stored record back.
+    return this.endpoints.run("safe", "SettleToolCall", (n) => n.ops.settleToolCall(request, timeoutMs));
   }
 
   hold(): void {

@@ -354,11 +354,9 @@ export class Lease implements AsyncDisposable {
       turn,
     };
     try {
-      // Safe to resend on another server: the first outcome wins, and a
-      // resend gets the stored record back.
-      const reply = await this.#endpoints.run("safe", "SettleToolCall", (n) =>
-        n.rpc.settleToolCall(request, { timeoutMs: this.#timing.rpcTimeoutMs }),
-      );
+      // On the Session stream when the server takes it there; resent on
+      // another server (see FailoverOps).
+      const reply = await this.#ops.settleToolCall(request, this.#timing.rpcTimeoutMs);
       if (reply.call === undefined) throw new LeaseholdError("internal", "SettleToolCall reply carried no call");
       return toRecord(reply.call);
     } catch (err) {
@@ -399,11 +397,9 @@ export class Lease implements AsyncDisposable {
       acrossTurns,
     };
     try {
-      // Not resent on another server: a registration applied twice looks
-      // like another holder of this term.
-      return await this.#endpoints.run("unsafe", "BeginToolCalls", (n) =>
-        n.rpc.beginToolCalls(request, { timeoutMs: this.#timing.rpcTimeoutMs }),
-      );
+      // On the Session stream when the server takes it there; never resent
+      // on another server (see FailoverOps).
+      return await this.#ops.beginToolCalls(request, this.#timing.rpcTimeoutMs);
     } catch (err) {
       throw this.#judgeLedger(fromCallError(err, "BeginToolCalls"));
     }

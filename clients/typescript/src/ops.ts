@@ -5,19 +5,37 @@
 // to its response (as the Rust client does). gRPC-Web cannot carry a
 // bidirectional stream, so over "grpc-web" they are unary Renew, Check and
 // Release calls. Both give the same answers and the same errors.
+//
+// The ledger's BeginToolCalls and SettleToolCall go on the stream too when
+// the server speaks protocol revision 2 (ServerInfo, asked once per stream
+// that has not broken): a stream operation costs about a fifth of a unary
+// call in Node (docs/benchmarks.md). An older server gets them as unary
+// calls.
 
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import type { Client } from "@connectrpc/connect";
 import {
+  BeginToolCallsRequestSchema,
+  type BeginToolCallsResponse,
   type EndedTerm,
   type Lease as PbLease,
   Leasehold,
   SessionRequestSchema,
   type SessionResponse,
+  SettleToolCallRequestSchema,
+  type SettleToolCallResponse,
 } from "./gen/leasehold/v1/leasehold_pb.js";
 import { detailsFromMap, fromCallError, fromRefusal, LeaseholdError, UnavailableError } from "./errors.js";
 
 export type LeaseholdRpc = Client<typeof Leasehold>;
+
+/** The protocol revision that carries the ledger's operations on the Session stream. */
+export const LEDGER_ON_STREAM = 2;
+
+/** A BeginToolCalls request as the ops take it. */
+export type BeginCalls = MessageInitShape<typeof BeginToolCallsRequestSchema>;
+/** A SettleToolCall request as the ops take it. */
+export type SettleCall = MessageInitShape<typeof SettleToolCallRequestSchema>;
 
 /** A term as the lease presents it: key, fence and the secret lease id. */
 export interface Term {
@@ -48,6 +66,10 @@ export interface LeaseOps {
   renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease>;
   check(key: string, fence: bigint, timeoutMs: number): Promise<PbLease | undefined>;
   release(term: Term, suspend: boolean, timeoutMs: number, handoff?: Handoff): Promise<EndedTerm>;
+  /** The ledger's BeginToolCalls (never resent: see endpoints.ts). */
+  beginToolCalls(request: BeginCalls, timeoutMs: number): Promise<BeginToolCallsResponse>;
+  /** The ledger's SettleToolCall. */
+  settleToolCall(request: SettleCall, timeoutMs: number): Promise<SettleToolCallResponse>;
   /** A lease starts using these ops (keeps a stream open while any does). */
   hold(): void;
   /** A lease stopped using them. */
@@ -92,6 +114,22 @@ export class UnaryOps implements LeaseOps {
       return reply.ended;
     } catch (err) {
       throw fromCallError(err, "Release");
+    }
+  }
+
+  async beginToolCalls(request: BeginCalls, timeoutMs: number): Promise<BeginToolCallsResponse> {
+    try {
+      return await this.rpc.beginToolCalls(request, { timeoutMs });
+    } catch (err) {
+      throw fromCallError(err, "BeginToolCalls");
+    }
+  }
+
+  async settleToolCall(request: SettleCall, timeoutMs: number): Promise<SettleToolCallResponse> {
+    try {
+      return await this.rpc.settleToolCall(request, { timeoutMs });
+    } catch (err) {
+      throw fromCallError(err, "SettleToolCall");
     }
   }
 
@@ -204,12 +242,18 @@ export class StreamOps implements LeaseOps {
   private current: OpenStream | undefined;
   private nextId = 1n;
   private holders = 0;
+  /** Whether the server takes the ledger on the stream; asked again after a stream broke (the server may have been replaced). */
+  private ledgerOnStream: Promise<boolean> | undefined;
+  private readonly unary: UnaryOps;
 
-  constructor(private readonly rpc: LeaseholdRpc) {}
+  constructor(private readonly rpc: LeaseholdRpc) {
+    this.unary = new UnaryOps(rpc);
+  }
 
   private stream(): OpenStream {
     const current = this.current;
     if (current !== undefined && current.broken === undefined) return current;
+    if (current?.broken !== undefined) this.ledgerOnStream = undefined;
     const fresh = new OpenStream(this.rpc);
     this.current = fresh;
     return fresh;
@@ -279,6 +323,43 @@ export class StreamOps implements LeaseOps {
     );
     if (reply.ended === undefined) throw missing("Release");
     return reply.ended;
+  }
+
+  /**
+   * Whether the server speaks {@link LEDGER_ON_STREAM}. A server too old to
+   * answer ServerInfo gets unary calls; an unreachable one fails the
+   * operation (and is asked again next time).
+   */
+  private takesLedger(timeoutMs: number): Promise<boolean> {
+    if (this.ledgerOnStream === undefined) {
+      const asked = this.rpc.serverInfo({}, { timeoutMs }).then(
+        (info) => info.protocol >= LEDGER_ON_STREAM,
+        (err: unknown) => {
+          const mapped = fromCallError(err, "ServerInfo");
+          if (mapped instanceof UnavailableError) {
+            if (this.ledgerOnStream === asked) this.ledgerOnStream = undefined;
+            throw mapped;
+          }
+          return false;
+        },
+      );
+      this.ledgerOnStream = asked;
+    }
+    return this.ledgerOnStream;
+  }
+
+  async beginToolCalls(request: BeginCalls, timeoutMs: number): Promise<BeginToolCallsResponse> {
+    if (!(await this.takesLedger(timeoutMs))) return this.unary.beginToolCalls(request, timeoutMs);
+    const reply = await this.call("BeginToolCalls", { case: "beginToolCalls", value: request }, timeoutMs);
+    if (reply.ledger.case !== "beginToolCalls") throw new LeaseholdError("internal", "the server's BeginToolCalls reply was empty");
+    return reply.ledger.value;
+  }
+
+  async settleToolCall(request: SettleCall, timeoutMs: number): Promise<SettleToolCallResponse> {
+    if (!(await this.takesLedger(timeoutMs))) return this.unary.settleToolCall(request, timeoutMs);
+    const reply = await this.call("SettleToolCall", { case: "settleToolCall", value: request }, timeoutMs);
+    if (reply.ledger.case !== "settleToolCall") throw new LeaseholdError("internal", "the server's SettleToolCall reply was empty");
+    return reply.ledger.value;
   }
 
   hold(): void {

@@ -42,9 +42,10 @@ export async function startServer(
   listen = "127.0.0.1:0",
   extraArgs: string[] = [],
   store?: string[],
+  binary?: string,
 ): Promise<TestServer> {
   if (!listen.startsWith("127.0.0.1:")) throw new Error(`tests listen on loopback only, not ${listen}`);
-  const bin = serverBinary();
+  const bin = binary ?? serverBinary();
   const home = dir ?? mkdtempSync(join(tmpdir(), "leasehold-ts-"));
   const dbPath = join(home, "x.db");
   const storeArgs = store ?? ["--db", dbPath];
@@ -134,6 +135,14 @@ export async function freePort(): Promise<number> {
 }
 
 /** How many Check requests (unary or on a Session stream) the server at `metricsAt` answered. */
+/** How many calls of exactly `rpc` (e.g. "BeginToolCalls" or "Session.BeginToolCalls") the server answered. */
+export async function answered(metricsAt: string, rpc: string): Promise<number> {
+  const text = await (await fetch(`http://${metricsAt}/metrics`)).text();
+  let n = 0;
+  for (const m of text.matchAll(/^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)/gm)) if (m[1] === rpc) n += Number(m[2]);
+  return n;
+}
+
 export async function checksAnswered(metricsAt: string): Promise<number> {
   const text = await (await fetch(`http://${metricsAt}/metrics`)).text();
   let n = 0;

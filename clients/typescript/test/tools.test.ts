@@ -10,7 +10,7 @@ import {
   LeaseLostError,
   type ToolInvocation,
 } from "../src/index.js";
-import { startServer, type TestServer } from "./server.js";
+import { answered, freePort, startServer, type TestServer } from "./server.js";
 
 const text = (b: Uint8Array): string => new TextDecoder().decode(b);
 
@@ -25,6 +25,38 @@ for (const transport of ["grpc", "grpc-web"] as const) {
     after(async () => {
       lh.close();
       await server.close();
+    });
+
+    it(`begins and settles ${transport === "grpc" ? "on the Session stream" : "as unary calls"}`, async () => {
+      const metricsAt = `127.0.0.1:${await freePort()}`;
+      const counted = await startServer(undefined, "127.0.0.1:0", ["--metrics-listen", metricsAt]);
+      const client = createClient({ baseUrl: counted.baseUrl, transport, owner: "agent" });
+      try {
+        await client.withLease("session:counted", { ttlMs: 5_000 }, async (lease) => {
+          const calls = [
+            { callId: "a", name: "t" },
+            { callId: "b", name: "t" },
+          ];
+          const results = await lease.runToolCalls(calls, async (inv) => `out:${inv.call.callId}`);
+          assert.deepEqual(
+            results.map((r) => r.outcome.state),
+            ["succeeded", "succeeded"],
+          );
+        });
+        const [unaryBegin, unarySettle, streamBegin, streamSettle] = await Promise.all(
+          ["BeginToolCalls", "SettleToolCall", "Session.BeginToolCalls", "Session.SettleToolCall"].map((rpc) =>
+            answered(metricsAt, rpc),
+          ),
+        );
+        if (transport === "grpc") {
+          assert.deepEqual([unaryBegin, unarySettle, streamBegin, streamSettle], [0, 0, 1, 2]);
+        } else {
+          assert.deepEqual([unaryBegin, unarySettle, streamBegin, streamSettle], [1, 2, 0, 0]);
+        }
+      } finally {
+        client.close();
+        await counted.close();
+      }
     });
 
     it("runs a duplicate call id once and returns results in the provider's order", async () => {
@@ -213,3 +245,28 @@ for (const transport of ["grpc", "grpc-web"] as const) {
     });
   });
 }
+
+// A server of protocol revision 1 (LEASEHOLD_PREV_BIN, e.g. the previous
+// release's binary) takes the ledger only as unary calls: over "grpc" the
+// client falls back to them. Skipped without such a binary.
+describe("tool calls against a server older than the ledger on the stream", { skip: (process.env.LEASEHOLD_PREV_BIN ?? "") === "" }, () => {
+  it("falls back to unary BeginToolCalls and SettleToolCall", async () => {
+    const metricsAt = `127.0.0.1:${await freePort()}`;
+    const old = await startServer(undefined, "127.0.0.1:0", ["--metrics-listen", metricsAt], undefined, process.env.LEASEHOLD_PREV_BIN);
+    const client = createClient({ baseUrl: old.baseUrl, transport: "grpc", owner: "agent" });
+    try {
+      assert.equal((await client.serverInfo()).protocol, 1, "LEASEHOLD_PREV_BIN speaks revision 1");
+      await client.withLease("session:old", { ttlMs: 5_000 }, async (lease) => {
+        const results = await lease.runToolCalls([{ callId: "a", name: "t" }], async () => "out");
+        assert.equal(results[0]?.outcome.state, "succeeded");
+        const again = await lease.runToolCalls([{ callId: "a", name: "t" }], async () => assert.fail("ran twice"));
+        assert.equal(again[0]?.outcome.state, "succeeded");
+      });
+      assert.equal(await answered(metricsAt, "BeginToolCalls"), 2);
+      assert.equal(await answered(metricsAt, "SettleToolCall"), 1);
+    } finally {
+      client.close();
+      await old.close();
+    }
+  });
+});

@@ -213,6 +213,16 @@ impl Via {
                     Op::Check(request) => {
                         client.check(request).await.map_err(refused)?;
                     }
+                    Op::BeginToolCalls(request) => {
+                        let r = client.begin_tool_calls(request).await.map_err(refused)?;
+                        reply.ledger =
+                            Some(pb::session_response::Ledger::BeginToolCalls(r.into_inner()));
+                    }
+                    Op::SettleToolCall(request) => {
+                        let r = client.settle_tool_call(request).await.map_err(refused)?;
+                        reply.ledger =
+                            Some(pb::session_response::Ledger::SettleToolCall(r.into_inner()));
+                    }
                 }
                 Ok(reply)
             }

@@ -520,7 +520,7 @@ impl Client {
     /// protocol directly; applications use the guard. With several
     /// endpoints, an UNAVAILABLE answer moves on to the next server, and the
     /// operation is resent there only when that is safe (everything but an
-    /// Acquire without a request id).
+    /// Acquire without a request id and BeginToolCalls).
     ///
     /// # Errors
     /// The operation's refusal, or [`Error::Unavailable`].
@@ -531,6 +531,9 @@ impl Client {
     ) -> Result<pb::SessionResponse, ClientError> {
         let resend = match &op {
             Op::Acquire(acquire) if acquire.request_id.is_empty() => Resend::Unsafe,
+            // A registration applied twice looks like another holder of the
+            // term (as the unary BeginToolCalls, never resent).
+            Op::BeginToolCalls(_) => Resend::Unsafe,
             _ => Resend::Safe,
         };
         self.endpoints

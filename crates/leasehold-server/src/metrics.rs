@@ -26,6 +26,8 @@ pub const RPCS: &[&str] = &[
     "Session.Renew",
     "Session.Release",
     "Session.Check",
+    "Session.BeginToolCalls",
+    "Session.SettleToolCall",
 ];
 
 /// What the gRPC services measure, whatever the backend: request latency

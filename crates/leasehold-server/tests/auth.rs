@@ -290,3 +290,68 @@ async fn a_client_certificate_subject_is_a_principal() {
         .unwrap();
     unauthenticated(stranger.acquire("job:2").await.map(|_| ()));
 }
+
+/// The ledger's operations on the Session stream need the hold right, as
+/// the unary BeginToolCalls and SettleToolCall do: the holder's principal
+/// records and settles, a reader is refused naming the right.
+#[tokio::test]
+async fn the_ledger_on_the_session_stream_needs_the_hold_right() {
+    use pb::session_request::Op;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = serve(None, &dir).await;
+    let fleet = client(addr, Some("fleet-token")).await;
+    let granted = fleet
+        .session_op(
+            Op::Acquire(pb::AcquireRequest {
+                key: "session:5".into(),
+                owner: "fleet:w1".into(),
+                ttl_ms: 10_000,
+                ..Default::default()
+            }),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let lease = granted.lease.unwrap();
+    let begin = Op::BeginToolCalls(pb::BeginToolCallsRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        calls: vec![pb::ToolCallSpec {
+            call_id: "c".into(),
+            name: "shell".into(),
+            input_digest: String::new(),
+        }],
+        ..Default::default()
+    });
+    let settle = Op::SettleToolCall(pb::SettleToolCallRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        call_id: "c".into(),
+        outcome: pb::ToolCallState::Succeeded as i32,
+        ..Default::default()
+    });
+
+    let dashboard = client(addr, Some("dashboard-token")).await;
+    let timeout = Duration::from_secs(5);
+    not_allowed(
+        dashboard.session_op(begin.clone(), timeout).await,
+        "dashboard",
+        "hold",
+    );
+    fleet.session_op(begin, timeout).await.unwrap();
+    not_allowed(
+        dashboard.session_op(settle.clone(), timeout).await,
+        "dashboard",
+        "hold",
+    );
+    let settled = fleet.session_op(settle, timeout).await.unwrap();
+    let Some(pb::session_response::Ledger::SettleToolCall(reply)) = settled.ledger else {
+        panic!("no SettleToolCall reply: {settled:?}");
+    };
+    assert!(
+        !reply.already_settled,
+        "the reader's settle was not applied"
+    );
+}

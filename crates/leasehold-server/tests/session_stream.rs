@@ -315,3 +315,238 @@ async fn one_client_multiplexes_many_guards() {
         assert!(got.lease.is_none(), "s/{i} still held");
     }
 }
+
+fn begin_calls(lease: &pb::Lease, ids: &[&str]) -> Op {
+    Op::BeginToolCalls(pb::BeginToolCallsRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        calls: ids
+            .iter()
+            .map(|id| pb::ToolCallSpec {
+                call_id: (*id).into(),
+                name: "shell".into(),
+                input_digest: "sha256:abc".into(),
+            })
+            .collect(),
+        ..Default::default()
+    })
+}
+
+fn settle_call(lease: &pb::Lease, call_id: &str, outcome: pb::ToolCallState) -> Op {
+    Op::SettleToolCall(pb::SettleToolCallRequest {
+        key: lease.key.clone(),
+        fence: lease.fence,
+        lease_id: lease.lease_id.clone(),
+        call_id: call_id.into(),
+        outcome: outcome as i32,
+        result: b"ok".to_vec(),
+        ..Default::default()
+    })
+}
+
+fn begun(response: &pb::SessionResponse) -> &pb::BeginToolCallsResponse {
+    match &response.ledger {
+        Some(pb::session_response::Ledger::BeginToolCalls(begun)) => begun,
+        _ => panic!("no BeginToolCalls reply: {response:?}"),
+    }
+}
+
+fn settled(response: &pb::SessionResponse) -> &pb::SettleToolCallResponse {
+    match &response.ledger {
+        Some(pb::session_response::Ledger::SettleToolCall(settled)) => settled,
+        _ => panic!("no SettleToolCall reply: {response:?}"),
+    }
+}
+
+/// BeginToolCalls and SettleToolCall on the stream answer as the unary RPCs
+/// do: new calls recorded, a known id a duplicate with nothing recorded, the
+/// first settle wins, each committed before its reply and kept across a
+/// restart.
+#[tokio::test]
+async fn the_ledger_over_the_stream_records_and_settles_as_the_unary_rpcs() {
+    let server = TestServer::start().await;
+    let mut rpc = server.client().await;
+    let held = lease_of(rpc.acquire(acquire("k", "a", 60_000)).await.unwrap());
+    let mut pipe = Pipe::open(&server).await;
+
+    let before = server.engine.commits();
+    pipe.send(1, begin_calls(&held, &["c1", "c2"]));
+    let first = pipe.next().await;
+    assert_eq!((first.id, first.code), (1, 0), "{first:?}");
+    assert!(server.engine.commits() > before, "begun before committed");
+    let reply = begun(&first);
+    assert!(!reply.duplicate);
+    let ids: Vec<_> = reply.calls.iter().map(|c| c.call_id.as_str()).collect();
+    assert_eq!(ids, ["c1", "c2"]);
+    assert!(reply.calls.iter().all(|c| c.fence == held.fence));
+    assert!(
+        reply
+            .calls
+            .iter()
+            .all(|c| c.state == pb::ToolCallState::Running as i32)
+    );
+
+    // All or nothing, as unary: one known id records none of the batch.
+    pipe.send(2, begin_calls(&held, &["c3", "c1"]));
+    let again = pipe.next().await;
+    assert_eq!(again.code, 0, "{again:?}");
+    let reply = begun(&again);
+    assert!(reply.duplicate);
+    assert_eq!(reply.duplicate_call_ids, ["c1"]);
+    assert_eq!(reply.calls.len(), 1);
+    assert_eq!(reply.calls[0].call_id, "c1");
+
+    let before = server.engine.commits();
+    pipe.send(3, settle_call(&held, "c1", pb::ToolCallState::Succeeded));
+    let won = pipe.next().await;
+    assert_eq!((won.id, won.code), (3, 0), "{won:?}");
+    assert!(server.engine.commits() > before, "settled before committed");
+    let reply = settled(&won);
+    assert!(!reply.already_settled);
+    let call = reply.call.as_ref().unwrap();
+    assert_eq!(call.state, pb::ToolCallState::Succeeded as i32);
+    assert_eq!(
+        (call.settled_fence, call.result.as_slice()),
+        (held.fence, &b"ok"[..])
+    );
+
+    // The first terminal outcome wins.
+    pipe.send(4, settle_call(&held, "c1", pb::ToolCallState::Failed));
+    let lost = pipe.next().await;
+    let reply = settled(&lost);
+    assert!(reply.already_settled);
+    assert_eq!(
+        reply.call.as_ref().unwrap().state,
+        pb::ToolCallState::Succeeded as i32
+    );
+
+    drop(pipe);
+    drop(rpc);
+    let server = server.restart().await;
+    let calls = server
+        .client()
+        .await
+        .list_tool_calls(pb::ListToolCallsRequest {
+            key: "k".into(),
+            filter: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .calls;
+    let states: Vec<_> = calls
+        .iter()
+        .map(|c| (c.call_id.as_str(), c.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("c1", pb::ToolCallState::Succeeded as i32),
+            ("c2", pb::ToolCallState::Running as i32)
+        ]
+    );
+}
+
+/// Each ledger refusal on the stream is the unary call's refusal (same code
+/// and the same domain error), answered in the stream, which stays open.
+#[tokio::test]
+async fn ledger_refusals_on_the_stream_are_the_unary_ones_and_keep_it_open() {
+    let server = TestServer::start().await;
+    let mut rpc = server.client().await;
+    let held = lease_of(rpc.acquire(acquire("k", "a", 60_000)).await.unwrap());
+    let mut pipe = Pipe::open(&server).await;
+    pipe.send(1, begin_calls(&held, &["c"]));
+    assert_eq!(pipe.next().await.code, 0);
+
+    let mut forged = held.clone();
+    forged.lease_id = uuid::Uuid::new_v4().to_string();
+    let mut stale = held.clone();
+    stale.fence += 1;
+    let mut too_big = settle_call(&held, "c", pb::ToolCallState::Succeeded);
+    if let Op::SettleToolCall(r) = &mut too_big {
+        r.result = vec![0; 64 * 1024 + 1];
+    }
+    let cases: Vec<(&str, Op, Code)> = vec![
+        (
+            "empty batch",
+            begin_calls(&held, &[]),
+            Code::InvalidArgument,
+        ),
+        (
+            "bad call id",
+            begin_calls(&held, &["bad\nid"]),
+            Code::InvalidArgument,
+        ),
+        (
+            "running is no outcome",
+            settle_call(&held, "c", pb::ToolCallState::Running),
+            Code::InvalidArgument,
+        ),
+        ("result too big", too_big, Code::InvalidArgument),
+        (
+            "unknown call",
+            settle_call(&held, "nope", pb::ToolCallState::Failed),
+            Code::NotFound,
+        ),
+        (
+            "forged lease id",
+            begin_calls(&forged, &["d"]),
+            Code::PermissionDenied,
+        ),
+        (
+            "forged settle",
+            settle_call(&forged, "c", pb::ToolCallState::Failed),
+            Code::PermissionDenied,
+        ),
+        (
+            "stale fence",
+            begin_calls(&stale, &["d"]),
+            Code::FailedPrecondition,
+        ),
+    ];
+    for (i, (what, op, code)) in cases.into_iter().enumerate() {
+        let id = 10 + i as u64;
+        pipe.send(id, op.clone());
+        let refused = pipe.next().await;
+        assert_eq!(
+            (refused.id, refused.code),
+            (id, code as i32),
+            "{what}: {refused:?}"
+        );
+        assert!(refused.ledger.is_none(), "{what}: {refused:?}");
+        let unary = match op {
+            Op::BeginToolCalls(r) => rpc.begin_tool_calls(r).await.map(|_| ()),
+            Op::SettleToolCall(r) => rpc.settle_tool_call(r).await.map(|_| ()),
+            _ => unreachable!(),
+        }
+        .unwrap_err();
+        assert_eq!(
+            from_refusal(refused.code, &refused.message, &refused.details),
+            leasehold_wire::status::from_status(&unary),
+            "{what}"
+        );
+    }
+
+    // A term ended: its fence is refused with the reason, stream still open.
+    pipe.send(30, release(&held));
+    assert_eq!(pipe.next().await.code, 0);
+    pipe.send(31, settle_call(&held, "c", pb::ToolCallState::Unknown));
+    let late = pipe.next().await;
+    assert_eq!(late.code, Code::FailedPrecondition as i32, "{late:?}");
+    assert_eq!(late.reason, "released");
+    pipe.send(32, check("k", held.fence));
+    assert_eq!(pipe.next().await.id, 32, "the stream is still open");
+    // Nothing refused was recorded.
+    let calls = rpc
+        .list_tool_calls(pb::ListToolCallsRequest {
+            key: "k".into(),
+            filter: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .calls;
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].state, pb::ToolCallState::Running as i32);
+}

@@ -8,7 +8,7 @@
 
 /// The revision of `leasehold.v1` this code speaks (`ServerInfo.protocol`):
 /// raised by one whenever an RPC or a field a client may rely on is added.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 pub mod convert;
 pub mod pb;

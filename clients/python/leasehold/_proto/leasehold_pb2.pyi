@@ -59,21 +59,25 @@ class ServerInfoResponse(_message.Message):
     def __init__(self, version: _Optional[str] = ..., protocol: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("renew", "check", "acquire", "release", "id")
+    __slots__ = ("renew", "check", "acquire", "release", "begin_tool_calls", "settle_tool_call", "id")
     RENEW_FIELD_NUMBER: _ClassVar[int]
     CHECK_FIELD_NUMBER: _ClassVar[int]
     ACQUIRE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     renew: RenewRequest
     check: CheckRequest
     acquire: AcquireRequest
     release: ReleaseRequest
+    begin_tool_calls: BeginToolCallsRequest
+    settle_tool_call: SettleToolCallRequest
     id: int
-    def __init__(self, renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., check: _Optional[_Union[CheckRequest, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., id: _Optional[int] = ...) -> None: ...
+    def __init__(self, renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., check: _Optional[_Union[CheckRequest, _Mapping]] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., begin_tool_calls: _Optional[_Union[BeginToolCallsRequest, _Mapping]] = ..., settle_tool_call: _Optional[_Union[SettleToolCallRequest, _Mapping]] = ..., id: _Optional[int] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("code", "message", "reason", "lease", "previous", "replayed", "unsettled_tool_calls", "ended", "id", "details")
+    __slots__ = ("code", "message", "reason", "lease", "previous", "replayed", "unsettled_tool_calls", "ended", "id", "details", "begin_tool_calls", "settle_tool_call")
     class DetailsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +95,8 @@ class SessionResponse(_message.Message):
     ENDED_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
     reason: str
@@ -101,7 +107,9 @@ class SessionResponse(_message.Message):
     ended: EndedTerm
     id: int
     details: _containers.ScalarMap[str, bytes]
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., previous: _Optional[_Union[EndedTerm, _Mapping]] = ..., replayed: _Optional[bool] = ..., unsettled_tool_calls: _Optional[int] = ..., ended: _Optional[_Union[EndedTerm, _Mapping]] = ..., id: _Optional[int] = ..., details: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    begin_tool_calls: BeginToolCallsResponse
+    settle_tool_call: SettleToolCallResponse
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., previous: _Optional[_Union[EndedTerm, _Mapping]] = ..., replayed: _Optional[bool] = ..., unsettled_tool_calls: _Optional[int] = ..., ended: _Optional[_Union[EndedTerm, _Mapping]] = ..., id: _Optional[int] = ..., details: _Optional[_Mapping[str, bytes]] = ..., begin_tool_calls: _Optional[_Union[BeginToolCallsResponse, _Mapping]] = ..., settle_tool_call: _Optional[_Union[SettleToolCallResponse, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("key", "fence", "owner", "lease_id", "ttl_ms", "acquired_at_ms", "expires_at_ms")

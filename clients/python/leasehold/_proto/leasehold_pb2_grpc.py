@@ -219,9 +219,11 @@ class LeaseholdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Session(self, request_iterator, context):
-        """Acquire, Renew, Check and Release over one long-lived stream (like
+        """Acquire, Renew, Check and Release, and the ledger's BeginToolCalls and
+        SettleToolCall (protocol revision 2), over one long-lived stream (like
         etcd's LeaseKeepAlive): far cheaper per operation than unary calls, with
-        the same rules and durability. Many operations may be in flight on one
+        the same rules, rights and durability (a reply is sent once what it
+        reports is durable). Many operations may be in flight on one
         stream (pipelining), so one stream can carry the checks and renewals of
         every session a process holds:
         - the server applies operations in the order they arrive on the stream,

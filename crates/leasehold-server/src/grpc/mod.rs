@@ -26,7 +26,7 @@ use crate::metrics::ServiceMetrics;
 use leasehold_core::error::Error;
 use leasehold_core::events::Selector;
 use leasehold_core::lease::{Fence, Key, Ttl};
-use leasehold_core::ledger::BeginOutcome;
+use leasehold_core::ledger::{BeginOutcome, ToolCall};
 use leasehold_core::lessor::Acquire;
 use leasehold_wire::pb;
 use leasehold_wire::pb::leasehold_server::Leasehold;
@@ -180,6 +180,34 @@ impl LeaseholdService {
 }
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// The reply to BeginToolCalls (unary or on the Session stream).
+fn begun_response(key: &Key, outcome: BeginOutcome) -> pb::BeginToolCallsResponse {
+    match outcome {
+        BeginOutcome::Recorded(calls) => pb::BeginToolCallsResponse {
+            calls: calls.iter().map(|c| convert::tool_call(key, c)).collect(),
+            duplicate: false,
+            duplicate_call_ids: Vec::new(),
+        },
+        BeginOutcome::Duplicate { ids, existing } => pb::BeginToolCallsResponse {
+            calls: existing
+                .iter()
+                .map(|c| convert::tool_call(key, c))
+                .collect(),
+            duplicate: true,
+            duplicate_call_ids: ids,
+        },
+    }
+}
+
+/// The reply to SettleToolCall (unary or on the Session stream): the winning
+/// record, and whether an earlier settle had won.
+fn settled_response(key: &Key, (call, already): (ToolCall, bool)) -> pb::SettleToolCallResponse {
+    pb::SettleToolCallResponse {
+        call: Some(convert::tool_call(key, &call)),
+        already_settled: already,
+    }
+}
 
 fn reply<T>(result: Result<T, Error>) -> Reply<T> {
     result.map(Response::new).map_err(status::to_status)
@@ -404,23 +432,7 @@ impl Leasehold for LeaseholdService {
                     .begin_tool_calls(&key, Fence(r.fence), lease_id, specs),
             )
             .await;
-        reply(outcome.map(|outcome| {
-            match outcome {
-                BeginOutcome::Recorded(calls) => pb::BeginToolCallsResponse {
-                    calls: calls.iter().map(|c| convert::tool_call(&key, c)).collect(),
-                    duplicate: false,
-                    duplicate_call_ids: Vec::new(),
-                },
-                BeginOutcome::Duplicate { ids, existing } => pb::BeginToolCallsResponse {
-                    calls: existing
-                        .iter()
-                        .map(|c| convert::tool_call(&key, c))
-                        .collect(),
-                    duplicate: true,
-                    duplicate_call_ids: ids,
-                },
-            }
-        }))
+        reply(outcome.map(|outcome| begun_response(&key, outcome)))
     }
 
     async fn settle_tool_call(
@@ -442,10 +454,7 @@ impl Leasehold for LeaseholdService {
                     .settle_tool_call(&key, Fence(r.fence), lease_id, settlement),
             )
             .await;
-        reply(settled.map(|(call, already)| pb::SettleToolCallResponse {
-            call: Some(convert::tool_call(&key, &call)),
-            already_settled: already,
-        }))
+        reply(settled.map(|settled| settled_response(&key, settled)))
     }
 
     async fn list_tool_calls(
@@ -647,6 +656,7 @@ fn session_step(
     message: pb::SessionRequest,
 ) -> BoxFuture<'static, pb::SessionResponse> {
     use pb::session_request::Op;
+    use pb::session_response::Ledger;
     let id = message.id;
     let step = Step {
         id,
@@ -752,6 +762,53 @@ fn session_step(
                     ended: Some(convert::ended(&e)),
                     ..Default::default()
                 }
+            })
+        }
+        Some(Op::BeginToolCalls(r)) => {
+            // As the unary BeginToolCalls: the same parsing, right and
+            // backend call, so the same answers and durability.
+            let step = step.named("Session.BeginToolCalls");
+            let (key, lease_id) = match convert::held(r.key, &r.lease_id) {
+                Ok(held) => held,
+                Err(err) => return step.refused(err),
+            };
+            if let Err(err) = allowed(who, Right::Hold, &key) {
+                return step.refused(err);
+            }
+            let specs = r
+                .calls
+                .into_iter()
+                .map(|spec| convert::call_spec(spec, &r.turn, r.across_turns))
+                .collect();
+            let begun = backend.begin_tool_calls(&key, Fence(r.fence), lease_id, specs);
+            step.respond(begun, move |outcome| pb::SessionResponse {
+                ledger: Some(Ledger::BeginToolCalls(begun_response(&key, outcome))),
+                ..Default::default()
+            })
+        }
+        Some(Op::SettleToolCall(r)) => {
+            let step = step.named("Session.SettleToolCall");
+            let (key, lease_id) = match convert::held(r.key, &r.lease_id) {
+                Ok(held) => held,
+                Err(err) => return step.refused(err),
+            };
+            if let Err(err) = allowed(who, Right::Hold, &key) {
+                return step.refused(err);
+            }
+            let settlement = match convert::settlement(
+                r.turn,
+                r.call_id,
+                r.outcome,
+                r.result_digest,
+                r.result,
+            ) {
+                Ok(settlement) => settlement,
+                Err(err) => return step.refused(err),
+            };
+            let settled = backend.settle_tool_call(&key, Fence(r.fence), lease_id, settlement);
+            step.respond(settled, move |settled| pb::SessionResponse {
+                ledger: Some(Ledger::SettleToolCall(settled_response(&key, settled))),
+                ..Default::default()
             })
         }
         None => {
