@@ -164,7 +164,7 @@ pub use leasehold_core::lease::{
 pub use leasehold_core::ledger::{CallState, ToolCall};
 pub use leasehold_core::lessor::{Acquire, ListFilter};
 pub use leasehold_core::{Error, StaleReason};
-pub use ops::{Granted, HistoryPage, KeyPage, ServerInfo};
+pub use ops::{Granted, HistoryPage, KeyPage, NEEDS_PROTOCOL, ServerInfo};
 pub use tools::{ToolCallRequest, ToolCalls, ToolInvocation, ToolOutcome, ToolResult};
 pub use watch::Watch;
 

@@ -48,11 +48,17 @@ pub struct ServerInfo {
     pub backend: String,
 }
 
+/// The oldest revision of `leasehold.v1` whose RPCs this client calls. It
+/// lags [`leasehold_wire::PROTOCOL`] when a revision only adds what this
+/// client does not use (revision 2 put the tool-call ledger on the Session
+/// stream; this client calls the ledger's unary RPCs).
+pub const NEEDS_PROTOCOL: u32 = 1;
+
 impl ServerInfo {
     /// Whether this client can speak to that server: it speaks at least
-    /// the revision this client was built for.
+    /// the revision this client needs ([`NEEDS_PROTOCOL`]).
     pub fn is_compatible(&self) -> bool {
-        self.protocol >= leasehold_wire::PROTOCOL
+        self.protocol >= NEEDS_PROTOCOL
     }
 }
 
