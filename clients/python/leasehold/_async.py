@@ -48,7 +48,7 @@ import grpc.aio  # async-only
 from . import _core, _tls
 from ._async_rt import AsyncWatch, Mux, Renewer, unary
 from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered
-from ._errors import Error, LeaseLost, Unavailable
+from ._errors import Error, LeaseLost, StreamRefused, Unavailable
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
 from ._tls import Pem
@@ -193,6 +193,35 @@ class _Connection:
         # unasync: end
         for node in self.nodes:
             await node.close()
+
+
+async def _grant(
+    node: _Node, request: pb.AcquireRequest, timeout: float, conn: _Connection
+) -> pb.AcquireResponse:
+    """One Acquire attempt on ``node``. One that does not wait goes on the
+    node's Session stream (every protocol revision takes it there, at a
+    fraction of a unary call's cost); one that waits is a unary call, so that
+    waiters never hold the stream's window (the server runs at most
+    SESSION_WINDOW of its operations at once) ahead of the renewals sharing it."""
+    if request.wait_ms > 0:
+        reply: pb.AcquireResponse = await unary(
+            node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
+        )
+        return reply
+    try:
+        answer = await node.mux.call("Acquire", pb.SessionRequest(acquire=request), timeout)
+    except StreamRefused as err:
+        if err.refusal is None:
+            raise
+        raise copy.copy(err.refusal) from None
+    granted = pb.AcquireResponse(
+        lease=answer.lease,
+        replayed=answer.replayed,
+        unsettled_tool_calls=answer.unsettled_tool_calls,
+    )
+    if answer.HasField("previous"):
+        granted.previous.CopyFrom(answer.previous)
+    return granted
 
 
 class AsyncClient:
@@ -423,12 +452,7 @@ class AsyncClient:
             try:
                 # Safe to resend on another server: the request id makes the
                 # server replay a grant whose reply was lost.
-                reply: pb.AcquireResponse = await conn.run(
-                    True,
-                    lambda node: unary(
-                        node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
-                    ),
-                )
+                reply = await conn.run(True, lambda node: _grant(node, request, timeout, conn))
                 break
             except Unavailable:
                 if attempt >= ATTEMPTS:

@@ -23,7 +23,7 @@ import grpc.aio
 
 from . import _core
 from ._core import Metadata, Standing, jittered, millis
-from ._errors import Error, LeaseLost, Unavailable, from_aio_error, from_refusal
+from ._errors import Error, LeaseLost, StreamRefused, Unavailable, from_aio_error, from_refusal
 from ._proto import leasehold_pb2 as pb
 from ._types import WatchEvent
 
@@ -73,7 +73,7 @@ class _Stream:
         except grpc.aio.AioRpcError as err:
             why = from_aio_error(err)
             if not isinstance(why, Unavailable):
-                why = Unavailable(f"the Session stream failed: {why}")
+                why = StreamRefused(f"the Session stream failed: {why}", why)
         except asyncio.CancelledError:
             why = Unavailable("the Session stream was closed")
         except Exception as err:  # pragma: no cover - grpc internals

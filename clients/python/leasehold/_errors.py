@@ -235,6 +235,18 @@ class Unavailable(Error):
     down, or its storage failed. Retrying later may succeed."""
 
 
+class StreamRefused(Unavailable):
+    """A Session stream the server refused as a whole (no credential, too
+    many streams): its operations fail as :class:`Unavailable`, so that a
+    lease's renewals retry on a new stream, and keep the refusal in
+    ``refusal`` for an operation that answers what its unary call would
+    (Acquire). Not exported."""
+
+    def __init__(self, message: str, refusal: Error | None = None) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+
+
 def _text(details: Mapping[str, str | bytes], name: str) -> str:
     value = details.get(name, "")
     if isinstance(value, bytes):

@@ -28,7 +28,7 @@ import grpc
 
 from . import _core, _tls
 from ._core import ATTEMPTS, Metadata, Standing, Timing, jittered
-from ._errors import Error, LeaseLost, Unavailable
+from ._errors import Error, LeaseLost, StreamRefused, Unavailable
 from ._proto import leasehold_pb2 as pb
 from ._proto import leasehold_pb2_grpc as pb_grpc
 from ._sync_rt import Mux, Renewer, Watch, clients, inherited, unary
@@ -135,6 +135,35 @@ class _Connection:
     def close(self) -> None:
         for node in self.nodes:
             node.close()
+
+
+def _grant(
+    node: _Node, request: pb.AcquireRequest, timeout: float, conn: _Connection
+) -> pb.AcquireResponse:
+    """One Acquire attempt on ``node``. One that does not wait goes on the
+    node's Session stream (every protocol revision takes it there, at a
+    fraction of a unary call's cost); one that waits is a unary call, so that
+    waiters never hold the stream's window (the server runs at most
+    SESSION_WINDOW of its operations at once) ahead of the renewals sharing it."""
+    if request.wait_ms > 0:
+        reply: pb.AcquireResponse = unary(
+            node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
+        )
+        return reply
+    try:
+        answer = node.mux.call("Acquire", pb.SessionRequest(acquire=request), timeout)
+    except StreamRefused as err:
+        if err.refusal is None:
+            raise
+        raise copy.copy(err.refusal) from None
+    granted = pb.AcquireResponse(
+        lease=answer.lease,
+        replayed=answer.replayed,
+        unsettled_tool_calls=answer.unsettled_tool_calls,
+    )
+    if answer.HasField("previous"):
+        granted.previous.CopyFrom(answer.previous)
+    return granted
 
 
 class Client:
@@ -335,12 +364,7 @@ class Client:
             try:
                 # Safe to resend on another server: the request id makes the
                 # server replay a grant whose reply was lost.
-                reply: pb.AcquireResponse = conn.run(
-                    True,
-                    lambda node: unary(
-                        node.rpc.Acquire, request, timeout, "Acquire", conn.metadata
-                    ),
-                )
+                reply = conn.run(True, lambda node: _grant(node, request, timeout, conn))
                 break
             except Unavailable:
                 if attempt >= ATTEMPTS:

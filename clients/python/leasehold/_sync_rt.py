@@ -25,7 +25,7 @@ import grpc
 
 from . import _core
 from ._core import Metadata, Standing, jittered, millis
-from ._errors import Error, LeaseLost, Unavailable, from_refusal, from_rpc_error
+from ._errors import Error, LeaseLost, StreamRefused, Unavailable, from_refusal, from_rpc_error
 from ._proto import leasehold_pb2 as pb
 from ._types import WatchEvent
 
@@ -63,7 +63,7 @@ class _Stream:
         except grpc.RpcError as err:
             why = from_rpc_error(err)
             if not isinstance(why, Unavailable):
-                why = Unavailable(f"the Session stream failed: {why}")
+                why = StreamRefused(f"the Session stream failed: {why}", why)
         except Exception as err:  # pragma: no cover - grpc internals
             why = Unavailable(f"the Session stream failed: {err!r}")
         self._break(why)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import pathlib
@@ -9,6 +10,7 @@ import signal
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 from conftest import Server, wait_until
@@ -604,3 +606,54 @@ def test_the_ledger_goes_on_the_session_stream(tmp_path: pathlib.Path) -> None:
 def test_the_ledger_falls_back_to_unary_calls_on_an_older_server(tmp_path: pathlib.Path) -> None:
     """A server of revision 1 gets unary BeginToolCalls and SettleToolCall."""
     assert _ledger_counts(os.environ["LEASEHOLD_PREV_BIN"], tmp_path) == (1, 2, 2, 0, 0)
+
+
+def _acquire_counts(tmp_path: pathlib.Path, use: Any) -> list[int]:
+    """Runs ``use(address)`` against a server with metrics and returns how
+    many Acquire (unary), Session.Acquire and Session.Release it answered."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_at = f"127.0.0.1:{s.getsockname()[1]}"
+    server = Server(tmp_path / "a.db", extra=("--metrics-listen", metrics_at))
+    try:
+        use(server.address)
+        return [
+            _answered(metrics_at, rpc) for rpc in ("Acquire", "Session.Acquire", "Session.Release")
+        ]
+    finally:
+        server.stop()
+
+
+def test_an_acquire_that_does_not_wait_goes_on_the_session_stream(tmp_path: pathlib.Path) -> None:
+    """A grant without a wait is an operation of the shared stream (with the
+    same errors); one that waits is a unary call, so waiters never hold the
+    stream's window ahead of the renewals sharing it."""
+
+    def use(address: str) -> None:
+        with leasehold.Client(address) as client:
+            with client.acquire("session:fresh", ttl=5.0):
+                with pytest.raises(leasehold.Busy) as busy:
+                    client.acquire("session:fresh", ttl=5.0, owner="other")
+                assert busy.value.fence >= 1
+            with client.acquire("session:waited", ttl=5.0, wait=1.0):
+                pass
+
+    # Two fresh Acquires (one refused busy), one waited; two releases.
+    assert _acquire_counts(tmp_path, use) == [1, 2, 2]
+
+
+def test_an_async_acquire_that_does_not_wait_goes_on_the_session_stream(
+    tmp_path: pathlib.Path,
+) -> None:
+    async def go(address: str) -> None:
+        async with leasehold.AsyncClient(address) as client:
+            async with client.acquire("session:fresh", ttl=5.0) as lease:
+                assert not lease.recovered
+            async with client.acquire("session:fresh", ttl=5.0) as again:
+                assert again.previous is not None and again.previous.end == "released"
+            async with client.acquire("session:waited", ttl=5.0, wait=1.0):
+                pass
+
+    assert _acquire_counts(tmp_path, lambda address: asyncio.run(go(address))) == [1, 2, 3]

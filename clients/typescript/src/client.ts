@@ -222,27 +222,31 @@ export class LeaseholdClient implements AsyncDisposable {
     // Taken once, before the first attempt: a grant that a retry's reply
     // replays was made after this send, never before it.
     const firstSent = now();
-    for (let attempt = 1; ; attempt++) {
-      try {
-        // Safe to resend on another server: the request id makes the server
-        // replay a grant whose reply was lost.
-        const reply = await this.#endpoints.run("safe", "Acquire", (n) =>
-          n.rpc.acquire(request, { timeoutMs: waitMs + t.rpcTimeoutMs }),
-        );
-        // A fresh grant happened after our first send, so that send time is a
-        // safe basis for the local deadline. A replayed one happened at some
-        // earlier attempt: ours if we made up the id, of unknown age (another
-        // process's, perhaps long ago) if the caller supplied it.
-        const sentAt = !reply.replayed || generatedId ? firstSent : undefined;
-        return await Lease.start({ endpoints: this.#endpoints, ops: this.#ops, timing: t, reply, sentAt });
-      } catch (err) {
-        const mapped = fromCallError(err, "Acquire");
-        if (mapped instanceof UnavailableError && attempt < ACQUIRE_ATTEMPTS) {
-          await sleep(retryPause(t, attempt + 1));
-          continue;
+    // Held from the Acquire until the lease holds the ops itself, so that the
+    // Session stream the Acquire went on stays open for the lease's renewals
+    // and release (an idle stream is closed the moment its last reply lands).
+    this.#ops.hold();
+    try {
+      for (let attempt = 1; ; attempt++) {
+        try {
+          const reply = await this.#ops.acquire(request, waitMs + t.rpcTimeoutMs);
+          // A fresh grant happened after our first send, so that send time is a
+          // safe basis for the local deadline. A replayed one happened at some
+          // earlier attempt: ours if we made up the id, of unknown age (another
+          // process's, perhaps long ago) if the caller supplied it.
+          const sentAt = !reply.replayed || generatedId ? firstSent : undefined;
+          return await Lease.start({ endpoints: this.#endpoints, ops: this.#ops, timing: t, reply, sentAt });
+        } catch (err) {
+          const mapped = fromCallError(err, "Acquire");
+          if (mapped instanceof UnavailableError && attempt < ACQUIRE_ATTEMPTS) {
+            await sleep(retryPause(t, attempt + 1));
+            continue;
+          }
+          throw mapped;
         }
-        throw mapped;
       }
+    } finally {
+      this.#ops.unhold();
     }
   }
 

@@ -29,7 +29,7 @@ import type {
   Transcripts,
 } from "./gen/leasehold/v1/leasehold_pb.js";
 import { fromCallError, UnavailableError } from "./errors.js";
-import type { BeginCalls, Handoff, LeaseholdRpc, LeaseOps, SettleCall, Term } from "./ops.js";
+import type { AcquireCall, BeginCalls, Grant, Handoff, LeaseholdRpc, LeaseOps, SettleCall, Term } from "./ops.js";
 
 /** Whether a call may be sent again to the next server after UNAVAILABLE. */
 export type Resend = "safe" | "unsafe";
@@ -107,6 +107,12 @@ export class Endpoints {
  */
 export class FailoverOps implements LeaseOps {
   constructor(private readonly endpoints: Endpoints) {}
+
+  acquire(request: AcquireCall, timeoutMs: number): Promise<Grant> {
+    // Safe to resend on another server: the request id makes the server
+    // replay a grant whose reply was lost.
+    return this.endpoints.run("safe", "Acquire", (n) => n.ops.acquire(request, timeoutMs));
+  }
 
   renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease> {
     return this.endpoints.run("safe", "Renew", (n) => n.ops.renew(term, ttlMs, timeoutMs));

@@ -2,7 +2,6 @@
 // can no longer be sure it holds the key.
 
 import {
-  type AcquireResponse,
   ListToolCallsRequest_Filter,
   type Lease as PbLease,
   type ToolCall as PbToolCall,
@@ -20,7 +19,7 @@ import {
 } from "./errors.js";
 import type { Endpoints } from "./endpoints.js";
 import { type Ended, toEnded } from "./lifecycle.js";
-import type { Handoff, LeaseOps, Term } from "./ops.js";
+import type { Grant, Handoff, LeaseOps, Term } from "./ops.js";
 import { jitterRenewal, now, retryPause, sleep, type Timing, validFor } from "./timing.js";
 import {
   outcomeToWire,
@@ -71,7 +70,7 @@ export interface LeaseInit {
   /** Renew, Check and Release (failing over between the servers). */
   readonly ops: LeaseOps;
   readonly timing: Timing;
-  readonly reply: AcquireResponse;
+  readonly reply: Grant;
   /**
    * The local time of the first Acquire attempt when the grant surely came
    * after it (a fresh grant, or a replay of a request id made up by this

@@ -6,15 +6,22 @@
 // bidirectional stream, so over "grpc-web" they are unary Renew, Check and
 // Release calls. Both give the same answers and the same errors.
 //
-// The ledger's BeginToolCalls and SettleToolCall go on the stream too when
-// the server speaks protocol revision 2 (ServerInfo, asked once per stream
-// that has not broken): a stream operation costs about a fifth of a unary
-// call in Node (docs/benchmarks.md). An older server gets them as unary
-// calls.
+// An Acquire that does not wait goes on the stream too (every revision of
+// the protocol takes it there): a stream operation costs about a fifth of a
+// unary call in Node (docs/benchmarks.md). One that waits is a unary call,
+// so that many waiters cannot fill the stream's window (the server runs at
+// most SESSION_WINDOW operations of one stream at once) and hold back the
+// renewals that share it.
+//
+// The ledger's BeginToolCalls and SettleToolCall go on the stream when the
+// server speaks protocol revision 2 (ServerInfo, asked once per stream that
+// has not broken); an older server gets them as unary calls.
 
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import type { Client } from "@connectrpc/connect";
 import {
+  type AcquireRequestSchema,
+  type AcquireResponse,
   BeginToolCallsRequestSchema,
   type BeginToolCallsResponse,
   type EndedTerm,
@@ -31,6 +38,11 @@ export type LeaseholdRpc = Client<typeof Leasehold>;
 
 /** The protocol revision that carries the ledger's operations on the Session stream. */
 export const LEDGER_ON_STREAM = 2;
+
+/** An Acquire request as the ops take it. */
+export type AcquireCall = MessageInitShape<typeof AcquireRequestSchema> & { readonly waitMs: bigint };
+/** What a lease is built from: an Acquire's answer, unary or on the stream. */
+export type Grant = Pick<AcquireResponse, "lease" | "previous" | "replayed" | "unsettledToolCalls">;
 
 /** A BeginToolCalls request as the ops take it. */
 export type BeginCalls = MessageInitShape<typeof BeginToolCallsRequestSchema>;
@@ -61,8 +73,10 @@ function releaseFields(term: Term, suspend: boolean, handoff: Handoff | undefine
   };
 }
 
-/** The three operations a held lease needs. */
+/** The operations a lease needs, from its grant to its release. */
 export interface LeaseOps {
+  /** Acquire (safe to resend: the request id makes a server replay a grant). */
+  acquire(request: AcquireCall, timeoutMs: number): Promise<Grant>;
   renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease>;
   check(key: string, fence: bigint, timeoutMs: number): Promise<PbLease | undefined>;
   release(term: Term, suspend: boolean, timeoutMs: number, handoff?: Handoff): Promise<EndedTerm>;
@@ -85,6 +99,14 @@ function missing(call: string): LeaseholdError {
 /** Renew, Check and Release as unary calls (the gRPC-Web transport). */
 export class UnaryOps implements LeaseOps {
   constructor(private readonly rpc: LeaseholdRpc) {}
+
+  async acquire(request: AcquireCall, timeoutMs: number): Promise<Grant> {
+    try {
+      return await this.rpc.acquire(request, { timeoutMs });
+    } catch (err) {
+      throw fromCallError(err, "Acquire");
+    }
+  }
 
   async renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease> {
     try {
@@ -299,6 +321,24 @@ export class StreamOps implements LeaseOps {
       this.current = undefined;
       current.finish();
     }
+  }
+
+  async acquire(request: AcquireCall, timeoutMs: number): Promise<Grant> {
+    if (request.waitMs > 0n) return this.unary.acquire(request, timeoutMs);
+    let reply: SessionResponse;
+    try {
+      reply = await this.call("Acquire", { case: "acquire", value: request }, timeoutMs);
+    } catch (err) {
+      // A stream the server refused as a whole (no credential, too many
+      // streams) fails its operations as UnavailableError, so that a lease's
+      // renewals retry on a new one; an Acquire answers what the unary call
+      // would have: the refusal itself.
+      const refused = err instanceof UnavailableError ? err.cause : undefined;
+      if (refused instanceof LeaseholdError && !(refused instanceof UnavailableError)) throw refused;
+      throw err;
+    }
+    const { lease, previous, replayed, unsettledToolCalls } = reply;
+    return { lease, previous, replayed, unsettledToolCalls };
   }
 
   async renew(term: Term, ttlMs: number, timeoutMs: number): Promise<PbLease> {

@@ -10,7 +10,7 @@ import {
   LeaseLostError,
   UnavailableError,
 } from "../src/index.js";
-import { startServer, type TestServer, waitFor } from "./server.js";
+import { answered, freePort, startServer, type TestServer, waitFor } from "./server.js";
 
 const TRANSPORTS = ["grpc", "grpc-web"] as const;
 
@@ -269,3 +269,41 @@ for (const transport of TRANSPORTS) {
     });
   });
 }
+
+describe("where Acquire goes", () => {
+  it("an Acquire that does not wait rides the Session stream its lease then renews and releases on; one that waits is unary", async () => {
+    const metricsAt = `127.0.0.1:${await freePort()}`;
+    const counted = await startServer(undefined, "127.0.0.1:0", ["--metrics-listen", metricsAt]);
+    // Every call the client starts, by method name (a Session stream is one call).
+    const started: string[] = [];
+    const client = createClient({
+      baseUrl: counted.baseUrl,
+      owner: "graph-a",
+      interceptors: [
+        (next) => async (req) => {
+          started.push(req.method.name);
+          return await next(req);
+        },
+      ],
+    });
+    try {
+      const lease = await client.acquire("where:fresh", { ttlMs: 5_000 });
+      await lease.gate();
+      await lease.release();
+      assert.deepEqual(started, ["Session"], "one stream for the grant, the check and the release");
+      const counts = async (): Promise<number[]> =>
+        Promise.all(["Acquire", "Session.Acquire", "Session.Check", "Session.Release"].map((rpc) => answered(metricsAt, rpc)));
+      assert.deepEqual(await counts(), [0, 1, 1, 1]);
+
+      // A waiting Acquire must not hold a slot of the shared stream.
+      started.length = 0;
+      const waited = await client.acquire("where:waited", { ttlMs: 5_000, waitMs: 1_000 });
+      await waited.release();
+      assert.deepEqual(started, ["Acquire", "Session"]);
+      assert.deepEqual(await counts(), [1, 1, 1, 2]);
+    } finally {
+      client.close();
+      await counted.close();
+    }
+  });
+});

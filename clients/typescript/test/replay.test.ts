@@ -10,7 +10,11 @@ import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { createClient, type Lease, UnavailableError } from "../src/index.js";
 import { startServer, type TestServer } from "./server.js";
 
-/** Fails every renewal (unary Renew or the Session stream that carries them) at the client. */
+/**
+ * Fails every renewal (unary Renew or the Session stream that carries them) at
+ * the client. The acquires below wait (`waitMs: 1`) so that they are unary
+ * calls, not operations of the stream this cuts.
+ */
 const cutRenewals: Interceptor = (next) => async (req) => {
   if (req.method.name === "Renew" || req.method.name === "Session") {
     throw new ConnectError("renewals cut by the test", Code.Unavailable);
@@ -40,7 +44,7 @@ for (const transport of ["grpc", "grpc-web"] as const) {
       try {
         // The grant may be nearly over on the server: the send time of this
         // acquire proves nothing about it, and no renewal gets through.
-        const outcome = await late.acquire(k, { ttlMs: 3_000, requestId: "R1" }).then(
+        const outcome = await late.acquire(k, { ttlMs: 3_000, requestId: "R1", waitMs: 1 }).then(
           (lease): Lease | Error => lease,
           (err: unknown): Lease | Error => (err instanceof Error ? err : new Error(String(err))),
         );
@@ -76,7 +80,7 @@ for (const transport of ["grpc", "grpc-web"] as const) {
       };
       const lh = createClient({ baseUrl: server.baseUrl, transport, owner: "graph-b", interceptors: [loseFirstReply, cutRenewals] });
       try {
-        const lease = await lh.acquire(k, { ttlMs: 1_500 });
+        const lease = await lh.acquire(k, { ttlMs: 1_500, waitMs: 1 });
         assert.equal(acquires, 2, "the lost reply was retried");
         assert.equal(lease.replayed, true);
         // Its own request id: the grant came after the first send, so the
