@@ -56,13 +56,16 @@ async def test_a_replay_of_a_supplied_request_id_trusts_nothing_until_a_renewal(
 ) -> None:
     """The asyncio twin of the sync test: with every renewal refused, a replay
     of a caller-supplied request id is never valid."""
+    # The acquires wait (a little), so that they are unary calls: an
+    # Acquire without a wait goes on the Session stream, which this server
+    # refuses.
     srv = Server(tmp_path / "db", extra=("--max-streams-per-connection", "0"))
     try:
         worker = leasehold.AsyncClient(srv.address)
-        first = await worker.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+        first = await worker.acquire("session:r", ttl=3.0, owner="w", request_id="R1", wait=0.01)
         late = leasehold.AsyncClient(srv.address)
         try:
-            again = await late.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+            again = await late.acquire("session:r", ttl=3.0, owner="w", request_id="R1", wait=0.01)
         except leasehold.Unavailable:
             pass
         else:

@@ -97,13 +97,16 @@ def test_a_replay_of_a_supplied_request_id_trusts_nothing_until_a_renewal(
     ago by another process: with every renewal refused (the server allows no
     Session stream), the replayed lease is never valid. The same case as the
     Rust (client_guard.rs) and TypeScript (replay.test.ts) clients' tests."""
+    # The acquires wait (a little), so that they are unary calls: an
+    # Acquire without a wait goes on the Session stream, which this server
+    # refuses.
     srv = Server(tmp_path / "db", extra=("--max-streams-per-connection", "0"))
     try:
         worker = leasehold.Client(srv.address)
-        first = worker.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+        first = worker.acquire("session:r", ttl=3.0, owner="w", request_id="R1", wait=0.01)
         late = leasehold.Client(srv.address)
         try:
-            again = late.acquire("session:r", ttl=3.0, owner="w", request_id="R1")
+            again = late.acquire("session:r", ttl=3.0, owner="w", request_id="R1", wait=0.01)
         except leasehold.Unavailable:
             pass
         else:
