@@ -36,6 +36,9 @@ import { detailsFromMap, fromCallError, fromRefusal, LeaseholdError, Unavailable
 
 export type LeaseholdRpc = Client<typeof Leasehold>;
 
+/** How long an idle Session stream stays open for the next operation (see StreamOps). */
+export const STREAM_LINGER_MS = 250;
+
 /** The protocol revision that carries the ledger's operations on the Session stream. */
 export const LEDGER_ON_STREAM = 2;
 
@@ -257,11 +260,14 @@ class OpenStream {
  * One pipelined Session stream per client, opened on first use and again
  * after it breaks. Operations in flight when it breaks fail with
  * {@link UnavailableError}, as unary calls would; the lease's retries then go
- * over a new stream. The stream is half-closed when no lease holds it and no
- * operation is in flight, so an idle process can exit.
+ * over a new stream. The stream is half-closed once no lease has held it and
+ * no operation has been in flight for {@link STREAM_LINGER_MS}, so an idle
+ * process can exit.
  */
 export class StreamOps implements LeaseOps {
   private current: OpenStream | undefined;
+  /** The timer that closes an idle stream (see closeIfIdle). */
+  private lingering: NodeJS.Timeout | undefined;
   private nextId = 1n;
   private holders = 0;
   /** Whether the server takes the ledger on the stream; asked again after a stream broke (the server may have been replaced). */
@@ -315,12 +321,29 @@ export class StreamOps implements LeaseOps {
     });
   }
 
+  /**
+   * Half-closes the stream once no lease holds it and nothing is in flight,
+   * after {@link STREAM_LINGER_MS} more of the same: a process running one
+   * session after another keeps its stream (opening one costs about 0.5 ms
+   * in Node), and an idle process still exits soon after its last release
+   * (an open stream keeps Node's event loop alive).
+   */
   private closeIfIdle(): void {
-    const current = this.current;
-    if (this.holders === 0 && current !== undefined && current.waiting.size === 0) {
-      this.current = undefined;
-      current.finish();
-    }
+    if (!this.idle()) return;
+    clearTimeout(this.lingering);
+    this.lingering = setTimeout(() => {
+      this.lingering = undefined;
+      const current = this.current;
+      if (current !== undefined && this.idle()) {
+        this.current = undefined;
+        current.finish();
+      }
+    }, STREAM_LINGER_MS);
+    this.lingering.unref();
+  }
+
+  private idle(): boolean {
+    return this.holders === 0 && this.current !== undefined && this.current.waiting.size === 0;
   }
 
   async acquire(request: AcquireCall, timeoutMs: number): Promise<Grant> {
@@ -412,6 +435,8 @@ export class StreamOps implements LeaseOps {
   }
 
   close(): void {
+    clearTimeout(this.lingering);
+    this.lingering = undefined;
     const current = this.current;
     this.current = undefined;
     if (current !== undefined) {

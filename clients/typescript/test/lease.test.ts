@@ -10,6 +10,7 @@ import {
   LeaseLostError,
   UnavailableError,
 } from "../src/index.js";
+import { STREAM_LINGER_MS } from "../src/ops.js";
 import { answered, freePort, startServer, type TestServer, waitFor } from "./server.js";
 
 const TRANSPORTS = ["grpc", "grpc-web"] as const;
@@ -295,15 +296,39 @@ describe("where Acquire goes", () => {
         Promise.all(["Acquire", "Session.Acquire", "Session.Check", "Session.Release"].map((rpc) => answered(metricsAt, rpc)));
       assert.deepEqual(await counts(), [0, 1, 1, 1]);
 
-      // A waiting Acquire must not hold a slot of the shared stream.
-      started.length = 0;
+      // A waiting Acquire must not hold a slot of the shared stream; its
+      // release goes on the stream, still open from the first lease.
       const waited = await client.acquire("where:waited", { ttlMs: 5_000, waitMs: 1_000 });
       await waited.release();
-      assert.deepEqual(started, ["Acquire", "Session"]);
+      assert.deepEqual(started, ["Session", "Acquire"]);
       assert.deepEqual(await counts(), [1, 1, 1, 2]);
     } finally {
       client.close();
       await counted.close();
+    }
+  });
+
+  it("keeps an idle Session stream for the next session a moment, then closes it", async () => {
+    const server = await startServer();
+    const started: string[] = [];
+    const client = createClient({
+      baseUrl: server.baseUrl,
+      interceptors: [
+        (next) => async (req) => {
+          started.push(req.method.name);
+          return await next(req);
+        },
+      ],
+    });
+    try {
+      for (let i = 0; i < 3; i++) await (await client.acquire("linger:a", { ttlMs: 5_000 })).release();
+      assert.deepEqual(started, ["Session"], "one session after another shares one stream");
+      await new Promise((r) => setTimeout(r, STREAM_LINGER_MS + 250));
+      await (await client.acquire("linger:a", { ttlMs: 5_000 })).release();
+      assert.deepEqual(started, ["Session", "Session"], "the idle stream was closed, and a new one opened");
+    } finally {
+      client.close();
+      await server.close();
     }
   });
 });
