@@ -141,20 +141,21 @@ async function compare(name, steps, plain, owned, ops) {
     `${"".padEnd(24)} CPU per run (this process): plain ${ms(ca)} owned ${ms(cb)} added ${ms(cb - ca)}; lease operations alone ${ms(cc)}`,
   );
   console.log(`${"".padEnd(24)} owned run: ${await counted(owned)}`);
+  return { p50: pct(b, 50) - pct(a, 50), p99: pct(b, 99) - pct(a, 99) };
 }
 
 /**
  * An owned run's lease operations without the framework: Acquire, the claim
  * when the adapter makes one (a fence row upserted in one transaction of a
  * WAL synchronous=FULL SQLite file beside the store, as the claim does),
- * one ledgered call (Begin, Settle), Release.
+ * one ledgered call (Begin, Settle) unless `ledgered` is false, Release.
  */
-function leaseOps(claimDb) {
+function leaseOps(claimDb, ledgered = true) {
   let n = 0;
   return async (id) => {
     const lease = await lh.acquire(`ops:${id}:${++n}:${Math.random()}`);
     if (claimDb !== undefined) claimDb.claim.run(lease.key, lease.fence);
-    await lease.runToolCalls([{ callId: "c1", name: "shell" }], async () => "ok");
+    if (ledgered) await lease.runToolCalls([{ callId: "c1", name: "shell" }], async () => "ok");
     await lease.release();
   };
 }
@@ -270,14 +271,15 @@ try {
     const lg = await built("src/langgraph.js");
     const shell = tool(async () => "ok", { name: "shell", description: "d", schema: { type: "object", properties: {} } });
     let n = 0;
-    const model = async (state) => {
-      const last = state.messages.at(-1);
-      if (last instanceof ToolMessage) return { messages: [new AIMessage("done")] };
+    // `rounds` tool calls, one per model turn: 2 * rounds + 1 super-steps.
+    const modelOf = (rounds) => async (state) => {
+      const results = state.messages.filter((m) => m instanceof ToolMessage).length;
+      if (results >= rounds) return { messages: [new AIMessage("done")] };
       return { messages: [new AIMessage({ content: "", tool_calls: [{ id: `call_${++n}`, name: "shell", args: {} }] })] };
     };
-    const graph = (tools) =>
+    const graph = (tools, rounds = 1) =>
       new StateGraph(MessagesAnnotation)
-        .addNode("agent", model)
+        .addNode("agent", modelOf(rounds))
         .addNode("tools", new ToolNode(tools))
         .addEdge(START, "agent")
         .addConditionalEdges("agent", (s) => (s.messages.at(-1).tool_calls?.length ? "tools" : END))
@@ -286,6 +288,21 @@ try {
     const owned = lg.own(graph(lg.ledgeredTools([shell])).compile({ checkpointer: SqliteSaver.fromConnString(join(dir, "owned.db")) }), lh);
     const turn = (g) => (id) => g.invoke({ messages: [new HumanMessage("ls")] }, { configurable: { thread_id: id } });
     await compare("langgraph.js (3 steps)", 3, turn(plain), turn(owned), leaseOps(await claimDb("lg-claim.db")));
+    // The adapter's cost per further super-step, without the ledger: the
+    // slope between 3 and 19 super-steps of the same graph, plain tools.
+    const saver = (file) => ({ checkpointer: SqliteSaver.fromConnString(join(dir, file)) });
+    const bare = leaseOps(await claimDb("lg-claim-bare.db"), false);
+    const added = [];
+    for (const rounds of [1, 9]) {
+      const steps = 2 * rounds + 1;
+      const p = graph([shell], rounds).compile(saver(`plain-${rounds}.db`));
+      const o = lg.own(graph([shell], rounds).compile(saver(`owned-${rounds}.db`)), lh);
+      added.push(await compare(`langgraph.js (${steps}, no ledger)`, steps, turn(p), turn(o), bare));
+    }
+    const [three, nineteen] = added;
+    console.log(
+      `langgraph.js own() per further super-step: p50 ${ms((nineteen.p50 - three.p50) / 16)}, p99 ${ms((nineteen.p99 - three.p99) / 16)}`,
+    );
   }
   // Mastra: an Agent with LibSQL memory, plain and own()ed.
   {
