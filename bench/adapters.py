@@ -10,8 +10,12 @@ checkpoint each) on SqliteSaver in a temporary file, plain and through
 and 19 super-steps): the run's fixed cost, and what each further super-step
 adds (the slope between the two). OpenAI Agents SDK: one turn (a tool call
 and an answer, two model calls) on SQLiteSession, ``Runner.run`` and
-``leasehold.agents.run``. Each run is a new thread / session, so every owned
-run acquires, claims, registers and settles its tool calls, and releases.
+``leasehold.agents.run``. Google ADK: the same turn in a new session on
+SqliteSessionService, a plain and an ``own()``ed Runner. pydantic-ai: the
+same turn as one load-run-save cycle of a new conversation, plain and
+through ``leasehold.pydantic_ai.run`` with the ledgered toolset. Each run
+is a new thread / session, so every owned run acquires, claims, registers
+and settles its tool calls, and releases.
 Plain and owned runs alternate so that drift on a busy machine hits both
 alike. Prints p50 and p99 per run, the added time per run and per step,
 the server round trips and commits per run (the server's own Prometheus
@@ -27,6 +31,7 @@ test dependency) also profiles a pass of owned runs of each adapter.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import socket
@@ -38,18 +43,20 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "clients" / "python" / "tests"))
 
 import agents_fake
-import leasehold
 import lg_agent
 from agents import Agent, Runner, function_tool, set_tracing_disabled
 from agents.memory import SQLiteSession
 from conftest import Server
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.prebuilt import ToolNode as PlainToolNode
+
+import leasehold
 from leasehold import agents as owned_agents
 from leasehold._types import ToolCallRequest
 from leasehold.langgraph import ToolNode, own
@@ -356,6 +363,152 @@ async def agents_sdk(address: str, metrics: Metrics, tmp: Path, runs: int) -> No
     print(f"  server per owned run: {Metrics.describe(diff)}")
 
 
+async def alternate(
+    title: str,
+    runs: int,
+    metrics: Metrics,
+    steps: int,
+    plain: Callable[[str], Any],
+    owned: Callable[[str], Any],
+) -> None:
+    """Alternates ``plain(run_id)`` and ``owned(run_id)`` (coroutine
+    functions), prints p50/p99 per run and per step, CPU per run, and the
+    server's round trips and commits per owned run (a pass of its own)."""
+    times: dict[str, list[float]] = {"plain": [], "owned": []}
+    cpu = {"plain": 0.0, "owned": 0.0}
+    fns = {"plain": plain, "owned": owned}
+    for i in range(runs + WARMUP):
+        for name in ("plain", "owned"):
+            used = time.process_time()
+            start = time.perf_counter()
+            await fns[name](f"{name}-{i}")
+            if i >= WARMUP:
+                times[name].append(time.perf_counter() - start)
+                cpu[name] += time.process_time() - used
+    before = await asyncio.to_thread(metrics.read)
+    for i in range(COUNTED):
+        await owned(f"count-{i}")
+    after = await asyncio.to_thread(metrics.read)
+    print(title)
+    for q in (50, 99):
+        added = p(times["owned"], q) - p(times["plain"], q)
+        print(
+            f"  p{q}: plain {ms(p(times['plain'], q))}, owned {ms(p(times['owned'], q))}, "
+            f"added per run {ms(added)}, per step ({steps}) {ms(added / steps)}"
+        )
+    print(
+        f"  CPU per run (this process): plain {ms(cpu['plain'] / runs)}, "
+        f"owned {ms(cpu['owned'] / runs)}"
+    )
+    diff = {k: (after.get(k, 0) - before.get(k, 0)) / COUNTED for k in after}
+    print(f"  server per owned run: {Metrics.describe(diff)}")
+
+
+async def adk(address: str, metrics: Metrics, tmp: Path, runs: int) -> None:
+    """Google ADK: a Runner on SqliteSessionService, one turn (two model
+    calls, one tool call) in a new session per run, plain and ``own()``ed
+    (the session claimed and its appends fenced, the tool ledgered)."""
+    import adk_fake
+    from google.adk.agents import LlmAgent
+    from google.adk.runners import Runner as AdkRunner
+    from google.adk.sessions.sqlite_session_service import SqliteSessionService
+    from google.genai import types
+
+    from leasehold.adk import own as own_adk
+
+    # The fake model reports no token usage, which ADK warns of per call.
+    logging.getLogger("google_adk").setLevel(logging.ERROR)
+
+    async def shell(cmd: str) -> dict[str, str]:
+        """Runs a shell command."""
+        return {"out": f"ran {cmd}"}
+
+    def runner(db: str) -> AdkRunner:
+        agent = LlmAgent(
+            name="agent", model=adk_fake.FakeLlm(), instruction="help", tools=[shell]
+        )
+        return AdkRunner(
+            agent=agent, app_name="app", session_service=SqliteSessionService(str(tmp / db))
+        )
+
+    message = types.Content(role="user", parts=[types.Part(text="ls")])
+    async with leasehold.AsyncClient(address) as client:
+        plain, owned = runner("adk-plain.db"), own_adk(runner("adk-owned.db"), client)
+
+        def turn(r: AdkRunner) -> Callable[[str], Any]:
+            async def one(sid: str) -> None:
+                await r.session_service.create_session(app_name="app", user_id="u", session_id=sid)
+                async for _ in r.run_async(user_id="u", session_id=sid, new_message=message):
+                    pass
+
+            return one
+
+        await alternate(
+            "Google ADK (SqliteSessionService), a new session, one turn (two model calls, "
+            "one tool call) per run:",
+            runs,
+            metrics,
+            2,
+            turn(plain),
+            turn(owned),
+        )
+
+
+async def pydantic_ai(address: str, metrics: Metrics, runs: int) -> None:
+    """pydantic-ai: an Agent on a FunctionModel, one load-run-save cycle of a
+    new conversation (two model calls, one tool call) per run, plain and
+    through ``leasehold.pydantic_ai.run`` with the ledgered toolset."""
+    from pydantic_ai import Agent as PydanticAgent
+    from pydantic_ai.conversation import Conversation
+    from pydantic_ai.conversation_store import InMemoryConversationStore
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from leasehold import pydantic_ai as owned_pai
+
+    calls = iter(range(1, 1 << 30))
+
+    def respond(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        last = messages[-1].parts[-1]
+        if isinstance(last, ToolReturnPart):
+            return ModelResponse(parts=[TextPart(f"done: {last.content}")])
+        name = info.function_tools[0].name
+        return ModelResponse(
+            parts=[ToolCallPart(name, {"cmd": "ls"}, tool_call_id=f"call_{next(calls)}")]
+        )
+
+    async def shell(cmd: str) -> str:
+        """Runs a shell command."""
+        return f"ran {cmd}"
+
+    toolset: Any = FunctionToolset([shell])
+    plain_agent: Any = PydanticAgent(FunctionModel(respond), toolsets=[toolset])
+    owned_agent: Any = PydanticAgent(
+        FunctionModel(respond), toolsets=[owned_pai.ledgered(FunctionToolset([shell]))]
+    )
+    store = InMemoryConversationStore()
+    async with leasehold.AsyncClient(address) as client:
+
+        async def plain(cid: str) -> None:
+            conversation = await store.load(cid) or Conversation(conversation_id=cid)
+            result = await plain_agent.run("ls", conversation=conversation)
+            await store.save(result)
+
+        async def owned(cid: str) -> None:
+            await owned_pai.run(client, owned_agent, "ls", conversation_id=cid, store=store)
+
+        await alternate(
+            "pydantic-ai (InMemoryConversationStore), a new conversation, one turn (two "
+            "model calls, one tool call) per run:",
+            runs,
+            metrics,
+            2,
+            plain,
+            owned,
+        )
+
+
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {runs} runs")
@@ -373,6 +526,8 @@ def main() -> None:
             langgraph(server.address, metrics, tmp, runs)
             calls = ledger(server.address, metrics, runs)
             asyncio.run(agents_sdk(server.address, metrics, tmp, runs))
+            asyncio.run(adk(server.address, metrics, tmp, runs))
+            asyncio.run(pydantic_ai(server.address, metrics, runs))
         finally:
             server.stop()
         # Again at the end: a disk busy with others' work changes in minutes.

@@ -169,17 +169,25 @@ class _FencedSqliteSessionService(SqliteSessionService):
 
 
 class _Ledger(BasePlugin):
-    """Gates each model call; sends each tool call through the ledger."""
+    """Gates each model call; sends each tool call through the ledger.
 
-    def __init__(self) -> None:
+    With ``SqliteSessionService`` (fenced in each append's own transaction)
+    what a model call leads to is written under the fence: the session's
+    appends, and every tool call's Begin (this plugin ledgers them all). A
+    fresh lease then passes the model call's gate locally, without a round
+    trip (``gate(storage_fenced=True)``); with any other service the gate
+    asks the server each time."""
+
+    def __init__(self, storage_fenced: bool = False) -> None:
         super().__init__(name="leasehold")
+        self._storage_fenced = storage_fenced
 
     @staticmethod
     def _lease() -> AsyncLease:
         return async_lease_of(_CURRENT.get(), "a model or tool call")
 
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> Any:
-        await self._lease().gate()
+        await self._lease().gate(storage_fenced=self._storage_fenced)
         return None
 
     async def before_tool_callback(
@@ -234,8 +242,9 @@ def own(
     session it runs: see the module doc."""
     if isinstance(runner.session_service, OwnedSessionService):
         raise TypeError("this runner is already owned")
-    runner.session_service = OwnedSessionService(runner.session_service, prefix)
-    runner.plugin_manager.register_plugin(_Ledger())
+    service = OwnedSessionService(runner.session_service, prefix)
+    runner.session_service = service
+    runner.plugin_manager.register_plugin(_Ledger(storage_fenced=service.fenced_in_transaction))
     cls = type(runner)
     made = _CLASSES.get(cls)
     if made is None:
