@@ -327,6 +327,17 @@ try {
     // Mastra's LibSQL memory has no fence in its transactions: no claim, a
     // Check before each step and each memory write instead (not in `ops`).
     await compare("mastra (one turn)", 2, turn(plain), turn(own), leaseOps(undefined));
+    // What Mastra itself does more when a run passes the four callbacks the
+    // adapter passes (prepareStep, onFinish, onError, onAbort), as no-ops on
+    // the plain agent, without leasehold.
+    const callbacks = {
+      prepareStep: async () => undefined,
+      onFinish: async () => undefined,
+      onError: async () => undefined,
+      onAbort: async () => undefined,
+    };
+    const withCallbacks = (agent) => (id) => agent.generate("run shell 0", { memory: { thread: id, resource: "u" }, ...callbacks });
+    await compare("mastra, callbacks alone", 2, turn(plain), withCallbacks(plain), async () => undefined);
   }
   // The lease operations alone, from the same client.
   {
