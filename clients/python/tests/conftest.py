@@ -193,3 +193,29 @@ def worker_effects(path: str) -> list[tuple[str, str, str]]:
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS effects (worker TEXT, tool TEXT, cmd TEXT)")
         return [(r[0], r[1], r[2]) for r in conn.execute("SELECT worker, tool, cmd FROM effects")]
+
+
+def metrics_address() -> str:
+    """A loopback address free at the time of asking, for ``--metrics-listen``."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def answered(metrics_at: str, *rpcs: str) -> int:
+    """How many requests of exactly the named RPCs (e.g. ``"Check"``,
+    ``"Session.Check"``) the server at ``metrics_at`` answered."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{metrics_at}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)', text, re.M)
+    return sum(int(n) for name, n in found if name in rpcs)
+
+
+def checks_answered(metrics_at: str) -> int:
+    """How many Check requests (unary or on a Session stream) the server answered."""
+    return answered(metrics_at, "Check", "Session.Check")

@@ -12,7 +12,7 @@ from typing import Any
 
 import adk_fake
 import pytest
-from conftest import Server
+from conftest import Server, checks_answered, metrics_address
 from google.adk.agents import LlmAgent
 from google.adk.errors import StaleSessionError
 from google.adk.events import Event
@@ -218,38 +218,21 @@ async def test_a_run_that_raises_leaves_the_session_recoverable(
         assert state.last_ended.end == "suspended"
 
 
-def _checks(metrics_at: str) -> int:
-    """How many Check requests (unary or on a Session stream) the server answered."""
-    import re
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{metrics_at}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    found = re.findall(
-        r'^leasehold_request_seconds_count\{rpc="(?:Session\.)?Check"\} (\d+)', text, re.M
-    )
-    return sum(int(n) for n in found)
-
-
 async def test_model_calls_of_a_fenced_session_ask_the_server_nothing(tmp_path: Path) -> None:
     """On SqliteSessionService (fenced in each append's transaction) a fresh
     lease passes each model call's gate locally: no Check reaches the
     server; with any other service every model call is checked there."""
-    import socket
-
     from google.adk.sessions import InMemorySessionService
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_at = f"127.0.0.1:{s.getsockname()[1]}"
+    metrics_at = metrics_address()
     server = Server(tmp_path / "leasehold.db", extra=("--metrics-listen", metrics_at))
     try:
         async with leasehold.AsyncClient(server.address) as client:
             fenced = own(_runner(tmp_path / "sessions.db", Tools()), client)
             await fenced.session_service.create_session(**IDS)
-            before = _checks(metrics_at)
+            before = checks_answered(metrics_at)
             assert (await _run(fenced, "ls"))[-1] == "done: {'out': 'ran ls'}"
-            assert _checks(metrics_at) == before
+            assert checks_answered(metrics_at) == before
             agent = LlmAgent(
                 name="agent", model=adk_fake.FakeLlm(), instruction="help", tools=[Tools().shell]
             )
@@ -260,6 +243,6 @@ async def test_model_calls_of_a_fenced_session_ask_the_server_nothing(tmp_path: 
             await other.session_service.create_session(**IDS)
             await _run(other, "ls")
             # Each of its two model calls (and each append) asked the server.
-            assert _checks(metrics_at) >= before + 2
+            assert checks_answered(metrics_at) >= before + 2
     finally:
         server.stop()

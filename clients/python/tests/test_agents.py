@@ -7,10 +7,7 @@ twice."""
 from __future__ import annotations
 
 import asyncio
-import re
-import socket
 import sqlite3
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +16,7 @@ import pytest
 from agents import Agent, Runner, function_tool, set_tracing_disabled
 from agents.exceptions import UserError
 from agents.memory import SessionABC, SQLiteSession
-from conftest import Server
+from conftest import Server, checks_answered, metrics_address
 
 import leasehold
 from leasehold import agents as owned
@@ -233,35 +230,23 @@ async def test_any_other_session_is_gated(server: Server) -> None:
         assert len(session.items) == 4
 
 
-def _checks(metrics_at: str) -> int:
-    """How many Check requests (unary or on a Session stream) the server answered."""
-    with urllib.request.urlopen(f"http://{metrics_at}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    found = re.findall(
-        r'^leasehold_request_seconds_count\{rpc="(?:Session\.)?Check"\} (\d+)', text, re.M
-    )
-    return sum(int(n) for n in found)
-
-
 async def test_model_calls_of_a_fenced_session_ask_the_server_nothing(tmp_path: Path) -> None:
     """With a SQLiteSession (fenced in its writes' transaction) a fresh
     lease passes each model call's gate locally: no Check reaches the
     server; with any other session every model call is checked there."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_at = f"127.0.0.1:{s.getsockname()[1]}"
+    metrics_at = metrics_address()
     server = Server(tmp_path / "leasehold.db", extra=("--metrics-listen", metrics_at))
     try:
         async with leasehold.AsyncClient(server.address) as client:
             fenced = SQLiteSession("s1", tmp_path / "c.db")
-            before = _checks(metrics_at)
+            before = checks_answered(metrics_at)
             result = await owned.run(client, _agent(Tools()), "ls", session=fenced)
             assert result.final_output == "done: ran ls"
-            assert _checks(metrics_at) == before
+            assert checks_answered(metrics_at) == before
             other = MemorySession("m1")
             await owned.run(client, _agent(Tools()), "ls", session=other)
             # Each model call and each session write asked the server.
-            assert _checks(metrics_at) >= before + 2
+            assert checks_answered(metrics_at) >= before + 2
     finally:
         server.stop()
 

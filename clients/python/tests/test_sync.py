@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import Server, wait_until
+from conftest import Server, answered, metrics_address, wait_until
 
 import leasehold
 from leasehold import ToolCallRequest, ToolInvocation, ToolOutcome
@@ -555,23 +555,8 @@ def test_a_lease_survives_a_server_restart(server: Server) -> None:
             leasehold.Client(server.address).acquire("session:1", ttl=1.0)
 
 
-def _answered(metrics_at: str, rpc: str) -> int:
-    """How many requests of exactly ``rpc`` the server answered."""
-    import re
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://{metrics_at}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    found = re.findall(r'^leasehold_request_seconds_count\{rpc="([^"]+)"\} (\d+)', text, re.M)
-    return sum(int(n) for name, n in found if name == rpc)
-
-
 def _ledger_counts(binary: str | None, tmp_path: pathlib.Path) -> tuple[int, int, int, int, int]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_at = f"127.0.0.1:{s.getsockname()[1]}"
+    metrics_at = metrics_address()
     server = Server(tmp_path / "l.db", extra=("--metrics-listen", metrics_at), binary=binary)
     try:
         with leasehold.Client(server.address) as client:
@@ -583,7 +568,7 @@ def _ledger_counts(binary: str | None, tmp_path: pathlib.Path) -> tuple[int, int
                 again = lease.run_tool_calls(calls, lambda inv: pytest.fail("ran twice"))
                 assert [r.reused for r in again] == [True, True]
         counts = [
-            _answered(metrics_at, rpc)
+            answered(metrics_at, rpc)
             for rpc in (
                 "BeginToolCalls",
                 "SettleToolCall",
@@ -614,16 +599,12 @@ def test_the_ledger_falls_back_to_unary_calls_on_an_older_server(tmp_path: pathl
 def _acquire_counts(tmp_path: pathlib.Path, use: Any) -> list[int]:
     """Runs ``use(address)`` against a server with metrics and returns how
     many Acquire (unary), Session.Acquire and Session.Release it answered."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_at = f"127.0.0.1:{s.getsockname()[1]}"
+    metrics_at = metrics_address()
     server = Server(tmp_path / "a.db", extra=("--metrics-listen", metrics_at))
     try:
         use(server.address)
         return [
-            _answered(metrics_at, rpc) for rpc in ("Acquire", "Session.Acquire", "Session.Release")
+            answered(metrics_at, rpc) for rpc in ("Acquire", "Session.Acquire", "Session.Release")
         ]
     finally:
         server.stop()
