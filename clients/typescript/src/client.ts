@@ -222,31 +222,26 @@ export class LeaseholdClient implements AsyncDisposable {
     // Taken once, before the first attempt: a grant that a retry's reply
     // replays was made after this send, never before it.
     const firstSent = now();
-    // Held from the Acquire until the lease holds the ops itself, so that the
-    // Session stream the Acquire went on stays open for the lease's renewals
-    // and release (an idle stream is closed the moment its last reply lands).
-    this.#ops.hold();
-    try {
-      for (let attempt = 1; ; attempt++) {
-        try {
-          const reply = await this.#ops.acquire(request, waitMs + t.rpcTimeoutMs);
-          // A fresh grant happened after our first send, so that send time is a
-          // safe basis for the local deadline. A replayed one happened at some
-          // earlier attempt: ours if we made up the id, of unknown age (another
-          // process's, perhaps long ago) if the caller supplied it.
-          const sentAt = !reply.replayed || generatedId ? firstSent : undefined;
-          return await Lease.start({ endpoints: this.#endpoints, ops: this.#ops, timing: t, reply, sentAt });
-        } catch (err) {
-          const mapped = fromCallError(err, "Acquire");
-          if (mapped instanceof UnavailableError && attempt < ACQUIRE_ATTEMPTS) {
-            await sleep(retryPause(t, attempt + 1));
-            continue;
-          }
-          throw mapped;
+    for (let attempt = 1; ; attempt++) {
+      try {
+        // On the Session stream when it does not wait (see ops.ts); the
+        // stream lingers after the reply, so the lease's renewals and
+        // release reuse it.
+        const reply = await this.#ops.acquire(request, waitMs + t.rpcTimeoutMs);
+        // A fresh grant happened after our first send, so that send time is a
+        // safe basis for the local deadline. A replayed one happened at some
+        // earlier attempt: ours if we made up the id, of unknown age (another
+        // process's, perhaps long ago) if the caller supplied it.
+        const sentAt = !reply.replayed || generatedId ? firstSent : undefined;
+        return await Lease.start({ endpoints: this.#endpoints, ops: this.#ops, timing: t, reply, sentAt });
+      } catch (err) {
+        const mapped = fromCallError(err, "Acquire");
+        if (mapped instanceof UnavailableError && attempt < ACQUIRE_ATTEMPTS) {
+          await sleep(retryPause(t, attempt + 1));
+          continue;
         }
+        throw mapped;
       }
-    } finally {
-      this.#ops.unhold();
     }
   }
 
