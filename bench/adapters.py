@@ -311,29 +311,23 @@ async def agents_sdk(address: str, metrics: Metrics, tmp: Path, runs: int) -> No
     ledgered = Agent(
         name="a", instructions="x", model=model, tools=[owned_agents.ledgered(shell)]
     )
-    times: dict[str, list[float]] = {"plain": [], "owned": []}
-    cpu = {"plain": 0.0, "owned": 0.0}
     async with leasehold.AsyncClient(address) as client:
 
-        async def one(name: str, sid: str) -> None:
-            session = SQLiteSession(sid, tmp / "sessions.db")
-            if name == "plain":
-                await Runner.run(plain, "ls", session=session)
-            else:
-                await owned_agents.run(client, ledgered, "ls", session=session)
+        async def plain_run(sid: str) -> None:
+            await Runner.run(plain, "ls", session=SQLiteSession(sid, tmp / "sessions.db"))
 
-        for i in range(runs + WARMUP):
-            for name in ("plain", "owned"):
-                used = time.process_time()
-                start = time.perf_counter()
-                await one(name, f"{name}-{i}")
-                if i >= WARMUP:
-                    times[name].append(time.perf_counter() - start)
-                    cpu[name] += time.process_time() - used
-        before = await asyncio.to_thread(metrics.read)
-        for i in range(COUNTED):
-            await one("owned", f"count-{i}")
-        after = await asyncio.to_thread(metrics.read)
+        async def owned_run(sid: str) -> None:
+            session = SQLiteSession(sid, tmp / "sessions.db")
+            await owned_agents.run(client, ledgered, "ls", session=session)
+
+        await alternate(
+            "Agents SDK (SQLiteSession), one turn (two model calls, one tool call) per run:",
+            runs,
+            metrics,
+            2,
+            plain_run,
+            owned_run,
+        )
         if os.environ.get("LEASEHOLD_BENCH_PROFILE") == "1":
             try:
                 from pyinstrument import Profiler
@@ -341,26 +335,12 @@ async def agents_sdk(address: str, metrics: Metrics, tmp: Path, runs: int) -> No
                 profiler = Profiler(interval=0.0002, async_mode="enabled")
                 profiler.start()
                 for i in range(40):
-                    await one("owned", f"prof-{i}")
+                    await owned_run(f"prof-{i}")
                 profiler.stop()
                 print("--- profile: Agents SDK owned runs, 40 runs")
                 print(profiler.output_text(unicode=False, color=False))
             except ImportError:
                 print("  (pyinstrument is not installed: no profile)")
-    print(
-        "Agents SDK (SQLiteSession), one turn (two model calls, one tool call) per run:"
-    )
-    for q in (50, 99):
-        print(
-            f"  p{q}: plain {ms(p(times['plain'], q))}, owned {ms(p(times['owned'], q))}, "
-            f"added per run {ms(p(times['owned'], q) - p(times['plain'], q))}"
-        )
-    print(
-        f"  CPU per run (this process): plain {ms(cpu['plain'] / runs)}, "
-        f"owned {ms(cpu['owned'] / runs)}"
-    )
-    diff = {k: (after.get(k, 0) - before.get(k, 0)) / COUNTED for k in after}
-    print(f"  server per owned run: {Metrics.describe(diff)}")
 
 
 async def alternate(
