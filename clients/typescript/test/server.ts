@@ -2,7 +2,7 @@
 // free loopback port with a database in a temporary directory.
 
 import { type ChildProcess, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -21,6 +21,34 @@ export interface TestServer {
   stop(): Promise<void>;
   /** Stops the server and deletes its database. */
   close(): Promise<void>;
+}
+
+/**
+ * Returns once the kernel reports every thread of `pid` stopped (state `T`
+ * in /proc/<pid>/task/<tid>/stat): SIGSTOP is delivered asynchronously, and
+ * a server thread still running on the other core could answer one more
+ * request (seen: a Check sent right after the freeze was answered).
+ * Bounded: gives up after 2 s, and at once where /proc is missing.
+ */
+function stoppedForSure(pid: number): void {
+  const until = Date.now() + 2_000;
+  const stopped = (tid: string): boolean => {
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
+    } catch {
+      return true; // the thread has exited
+    }
+    // The state follows the parenthesised command name.
+    return stat.slice(stat.lastIndexOf(")") + 2).startsWith("T");
+  };
+  while (Date.now() < until) {
+    try {
+      if (readdirSync(`/proc/${pid}/task`).every(stopped)) return;
+    } catch {
+      return;
+    }
+  }
 }
 
 export function serverBinary(): string {
@@ -101,7 +129,10 @@ export async function startServer(
       child.kill("SIGKILL");
       await exited;
     },
-    freeze: () => process.kill(pid, "SIGSTOP"),
+    freeze: () => {
+      process.kill(pid, "SIGSTOP");
+      stoppedForSure(pid);
+    },
     thaw: () => process.kill(pid, "SIGCONT"),
     stop,
     close: async () => {
